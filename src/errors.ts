@@ -1,0 +1,120 @@
+/**
+ * The one table of errors the service answers with. Every HTTP error body is built here
+ * and nowhere else: the standard `{detail: string}`, the structured 409
+ * `{detail: {message, expected, actual}}`, the flat initialize-session 409 and the
+ * Pydantic-style 422 array. Callers match on `code`, never on message text.
+ */
+
+export interface ValidationIssue {
+  type: string;
+  loc: (string | number)[];
+  msg: string;
+  input?: unknown;
+  ctx?: Record<string, unknown>;
+}
+
+export interface InitConflictBody {
+  status: 'already_exists' | 'workflow_running';
+  session_status: string;
+  upload_uuid: string;
+  message: string;
+}
+
+export const ERROR_CODES = {
+  AUTH_REQUIRED: 401,
+  CLIENT_ID_MISSING: 400,
+  IP_NOT_ALLOWED: 403,
+  SESSION_NOT_INITIALIZED: 400,
+  INVALID_UPLOAD_UUID: 403,
+  SESSION_NOT_FOUND: 404,
+  UNKNOWN_ENTITY: 400,
+  INVALID_SESSION_STATUS: 409,
+  INIT_CONFLICT: 409,
+  UPLOAD_TASKS_IN_PROGRESS: 409,
+  CONNECTOR_REJECTED: 409,
+  INVALID_PAYLOAD: 422,
+  VALIDATION_FAILED: 422,
+  DATE_BEFORE_MINIMUM: 400,
+  NO_ENTITIES: 400,
+  WORKFLOW_NOT_RUNNING: 404,
+  WORKFLOW_STOP_FAILED: 404,
+  CONNECTOR_ERROR: 500,
+  CONNECTOR_UNREACHABLE: 502,
+  WEBHOOK_UNAUTHORIZED: 401,
+  BODY_TOO_LARGE: 413,
+  REQUEST_TIMEOUT: 408,
+  RATE_LIMITED: 503,
+  ROUTE_NOT_FOUND: 404,
+  METHOD_NOT_ALLOWED: 405,
+  UNSUPPORTED_MEDIA_TYPE: 415,
+  INTERNAL: 500,
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+export class ServiceError extends Error {
+  override readonly name = 'ServiceError';
+  readonly code: ErrorCode;
+  readonly statusCode: number;
+  /** The response body, exactly as sent. */
+  readonly body: unknown;
+  readonly headers: Readonly<Record<string, string>>;
+
+  constructor(
+    code: ErrorCode,
+    message: string,
+    opts: { statusCode?: number; body?: unknown; headers?: Record<string, string>; cause?: unknown } = {},
+  ) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.code = code;
+    this.statusCode = opts.statusCode ?? ERROR_CODES[code];
+    this.body = opts.body ?? { detail: message };
+    this.headers = opts.headers ?? {};
+  }
+}
+
+export const INVALID_SESSION_STATUS_MESSAGE = 'Invalid upload session status';
+
+/** Factories, one per code, so call sites never spell a message twice. */
+export const errors = {
+  authRequired: () => new ServiceError('AUTH_REQUIRED', 'User not authenticated'),
+  clientIdMissing: () => new ServiceError('CLIENT_ID_MISSING', 'Client-ID header is missing'),
+  ipNotAllowed: () => new ServiceError('IP_NOT_ALLOWED', 'IP address not allowed'),
+  sessionNotInitialized: () => new ServiceError('SESSION_NOT_INITIALIZED', 'Upload session not initialized'),
+  invalidUploadUuid: () => new ServiceError('INVALID_UPLOAD_UUID', 'Invalid upload UUID'),
+  sessionNotFound: () => new ServiceError('SESSION_NOT_FOUND', 'Upload session not found'),
+  unknownEntity: (name: string) => new ServiceError('UNKNOWN_ENTITY', `Unknown entity: ${name}`),
+  invalidSessionStatus: (expected: string, actual: string | undefined) =>
+    new ServiceError('INVALID_SESSION_STATUS', INVALID_SESSION_STATUS_MESSAGE, {
+      body: { detail: { message: INVALID_SESSION_STATUS_MESSAGE, expected, actual: actual ?? 'UNKNOWN' } },
+    }),
+  initConflict: (body: InitConflictBody) => new ServiceError('INIT_CONFLICT', body.message, { body }),
+  uploadTasksInProgress: () => new ServiceError('UPLOAD_TASKS_IN_PROGRESS', 'Upload tasks are still in progress'),
+  connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
+  invalidPayload: (message: string) => new ServiceError('INVALID_PAYLOAD', message),
+  validationFailed: (issues: ValidationIssue[]) =>
+    new ServiceError('VALIDATION_FAILED', issues[0]?.msg ?? 'Validation failed', { body: { detail: issues } }),
+  dateBeforeMinimum: (minDate: string) =>
+    new ServiceError('DATE_BEFORE_MINIMUM', `date_from cannot be earlier than ${minDate}`),
+  noEntities: () => new ServiceError('NO_ENTITIES', 'No entities were uploaded in this session'),
+  workflowNotRunning: () => new ServiceError('WORKFLOW_NOT_RUNNING', 'Workflow is not running'),
+  workflowStopFailed: (statusCode: 404 | 409 | 500) =>
+    new ServiceError('WORKFLOW_STOP_FAILED', 'Failed to stop workflow', { statusCode }),
+  connectorError: (statusCode: number, text: string) =>
+    new ServiceError('CONNECTOR_ERROR', text, { statusCode }),
+  connectorUnreachable: (cause?: unknown) =>
+    new ServiceError('CONNECTOR_UNREACHABLE', 'Failed to connect to Connector service', { cause }),
+  webhookUnauthorized: () => new ServiceError('WEBHOOK_UNAUTHORIZED', 'Invalid webhook signature'),
+  bodyTooLarge: () => new ServiceError('BODY_TOO_LARGE', 'Request body too large'),
+  requestTimeout: () => new ServiceError('REQUEST_TIMEOUT', 'Request timeout'),
+  rateLimited: (retryAfterSeconds: number) =>
+    new ServiceError('RATE_LIMITED', 'Rate limit exceeded', { headers: { 'Retry-After': String(retryAfterSeconds) } }),
+  routeNotFound: () => new ServiceError('ROUTE_NOT_FOUND', 'Not Found'),
+  methodNotAllowed: () => new ServiceError('METHOD_NOT_ALLOWED', 'Method Not Allowed'),
+  unsupportedMediaType: () => new ServiceError('UNSUPPORTED_MEDIA_TYPE', 'Unsupported Media Type'),
+  internal: (cause?: unknown) => new ServiceError('INTERNAL', 'Internal server error', { cause }),
+};
+
+export function isServiceError(err: unknown): err is ServiceError {
+  return err instanceof ServiceError;
+}

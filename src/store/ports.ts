@@ -1,0 +1,111 @@
+/**
+ * The three ports the domain talks to. Each has an embedded (file-backed) adapter and a
+ * distributed one (NATS JetStream KV / JetStream stream / S3); both pass the same contract
+ * suites in test/contract/. Nothing above these interfaces knows which adapter it runs on.
+ */
+
+/** A value together with the revision that a compare-and-set must name. */
+export interface Versioned<T> {
+  value: T;
+  revision: number;
+}
+
+/**
+ * Code of the error thrown by `create` when the key exists and by `update`/`delete` when
+ * the revision is stale. Callers re-read and retry (or answer) on it.
+ */
+export const STORE_CONFLICT = 'STORE_CONFLICT';
+
+export class StoreConflictError extends Error {
+  override readonly name = 'StoreConflictError';
+  readonly code = STORE_CONFLICT;
+  constructor(key: string, options?: { cause?: unknown }) {
+    super(`Conflicting write to ${key}`, options);
+  }
+}
+
+export function isStoreConflict(err: unknown): boolean {
+  return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === STORE_CONFLICT;
+}
+
+/**
+ * Session state: a key-value store of JSON documents with compare-and-set.
+ * Keys are `[A-Za-z0-9_.=-]+` (callers encode anything else); values are JSON-serialisable.
+ * Revisions are positive integers that grow with every write to the key.
+ */
+export interface SessionStore {
+  get<T>(key: string): Promise<Versioned<T> | null>;
+  /** Writes only if the key holds no value (never written, or deleted). Throws STORE_CONFLICT otherwise. */
+  create<T>(key: string, value: T): Promise<number>;
+  /** Writes only if the key's current revision is `revision`. Throws STORE_CONFLICT otherwise. */
+  update<T>(key: string, value: T, revision: number): Promise<number>;
+  /** Removes the key; with `revision`, only if it is still current (STORE_CONFLICT otherwise). */
+  delete(key: string, revision?: number): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** What identifies one accepted package: its rows land in exactly one stored object. */
+export interface PackageMeta {
+  package_id: string;
+  client_id: string;
+  upload_uuid: string;
+  entity: string;
+  columns: string[];
+}
+
+/** A package being written: batches stay invisible to consumers until `commit` resolves. */
+export interface PackageWriter {
+  /** Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. */
+  append(batch: Uint8Array): Promise<void>;
+  /** Makes the package durable and visible to consumers, with its totals. Resolves once durable. */
+  commit(totals: { rows: number; bytes: number }): Promise<void>;
+  /** Drops everything appended; the package is never seen. Safe to call after a failed append. */
+  abort(): Promise<void>;
+}
+
+export interface CommittedPackage {
+  meta: PackageMeta;
+  rows: number;
+  bytes: number;
+  /** Delivery attempt, from 1. */
+  attempt: number;
+  /** The package's batches, in append order. May be read once per delivery. */
+  batches(): AsyncIterable<Uint8Array>;
+}
+
+export interface QueueConsumer {
+  /** Stops taking new packages and waits for the one in hand. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Durable queue of validated batches between the gateway and the uploader.
+ * Delivery is at-least-once: a package is acked only when the handler resolves; a throwing
+ * handler (or a crashed consumer) gets it delivered again later.
+ */
+export interface BatchQueue {
+  open(meta: PackageMeta): Promise<PackageWriter>;
+  consume(handler: (pkg: CommittedPackage) => Promise<void>): QueueConsumer;
+  /** Committed packages of the session not yet acked by a consumer. */
+  pending(uploadUuid: string): Promise<number>;
+  /** Drops every package of the session, committed or not. */
+  purge(uploadUuid: string): Promise<void>;
+  close(): Promise<void>;
+}
+
+export interface StoredObject {
+  key: string;
+  size: number;
+}
+
+/** Object storage. A `put` is atomic: readers see the whole object or none of it. */
+export interface ObjectStore {
+  /** Stores the stream under `key`, replacing any object there. Resolves once durable. */
+  put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject>;
+  get(key: string): Promise<AsyncIterable<Uint8Array> | null>;
+  /** Objects whose key starts with `prefix`, in key order. */
+  list(prefix: string): Promise<StoredObject[]>;
+  /** Removes every object whose key starts with `prefix`. */
+  deletePrefix(prefix: string): Promise<void>;
+  close(): Promise<void>;
+}
