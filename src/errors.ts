@@ -41,6 +41,7 @@ export const ERROR_CODES = {
   CONNECTOR_ERROR: 500,
   CONNECTOR_UNREACHABLE: 502,
   WEBHOOK_UNAUTHORIZED: 401,
+  INVALID_CONTENT_LENGTH: 400,
   BODY_TOO_LARGE: 413,
   REQUEST_TIMEOUT: 408,
   RATE_LIMITED: 503,
@@ -105,6 +106,7 @@ export const errors = {
   connectorUnreachable: (cause?: unknown) =>
     new ServiceError('CONNECTOR_UNREACHABLE', 'Failed to connect to Connector service', { cause }),
   webhookUnauthorized: () => new ServiceError('WEBHOOK_UNAUTHORIZED', 'Invalid webhook signature'),
+  invalidContentLength: () => new ServiceError('INVALID_CONTENT_LENGTH', 'Invalid Content-Length header'),
   bodyTooLarge: () => new ServiceError('BODY_TOO_LARGE', 'Request body too large'),
   requestTimeout: () => new ServiceError('REQUEST_TIMEOUT', 'Request timeout'),
   rateLimited: (retryAfterSeconds: number) =>

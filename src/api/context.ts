@@ -1,0 +1,25 @@
+/** What every handler gets from the composition root, and the authentication step they share. */
+import type { BlockList } from 'node:net';
+import type { ValidationPool } from '../ingest/pool.js';
+import type { Client, ClientRegistry } from '../http/auth.js';
+import { clientAddress } from '../http/auth.js';
+import type { Request } from '../http/server.js';
+import type { SessionService } from '../session/service.js';
+import type { BatchQueue } from '../store/ports.js';
+
+export interface ApiDeps {
+  service: SessionService;
+  clients: ClientRegistry;
+  trustedProxies: BlockList | null;
+  pool: ValidationPool;
+  queue: BatchQueue;
+  webhook: { secret: string; toleranceSeconds: number };
+  clock: () => number;
+}
+
+export function authenticate(deps: ApiDeps, req: Request): Client {
+  const address = clientAddress(req.remoteAddress, req.headers.get('x-forwarded-for'), deps.trustedProxies);
+  return deps.clients.authenticate(req.headers.get('authorization'), req.headers.get('client-id'), address);
+}
+
+export const json = (body: unknown, status = 200) => ({ status, body });

@@ -1,0 +1,192 @@
+/**
+ * Configuration: `config/default.json`, then an optional file named by `CONFIG_FILE`, then
+ * the environment names of DECISIONS.md. Validated once (typia) with errors that name the
+ * bad key, then frozen and passed down; nothing else reads `process.env`.
+ */
+import { readFileSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import typia, { tags } from 'typia';
+
+type Port = number & tags.Type<'uint32'> & tags.Maximum<65535>;
+type PositiveInt = number & tags.Type<'uint32'> & tags.Minimum<1>;
+type Count = number & tags.Type<'uint32'>;
+type IsoDateOrNull = null | (string & tags.Pattern<'^\\d{4}-\\d{2}-\\d{2}$'>);
+
+export interface Config {
+  host: string & tags.MinLength<1>;
+  port: Port;
+  /** Base URL the Connector calls back on; default `http://<host>:<port>`. */
+  publicUrl: null | (string & tags.Format<'uri'>);
+  dataDir: string & tags.MinLength<1>;
+  /** Clients file; null = the demo clients (embedded default only). */
+  clientsFile: null | (string & tags.MinLength<1>);
+  /** Peers whose `X-Forwarded-For` is believed (CIDR or single addresses). */
+  trustedProxies: string[];
+  limits: {
+    ingestBodyBytes: PositiveInt;
+    otherBodyBytes: PositiveInt;
+    requestTimeoutMs: PositiveInt;
+  };
+  ingest: {
+    /** Validation worker threads; 0 = one per core. */
+    workers: Count;
+    /** Tasks allowed to wait for a worker before requests are turned away. */
+    maxQueue: PositiveInt;
+    /** Upper bound of one encoded batch (NATS max_payload is 1 MiB). */
+    batchBytes: number & tags.Type<'uint32'> & tags.Minimum<1024> & tags.Maximum<1000000>;
+    /** How long an in-flight ingest counts against `upload_tasks_finished` if its instance dies. */
+    inFlightLeaseMs: PositiveInt;
+  };
+  storage: {
+    objectPrefix: string;
+    inProcessUploader: boolean;
+  };
+  connector: {
+    url: null | (string & tags.Format<'uri'>);
+    timeoutMs: PositiveInt;
+    connectTimeoutMs: PositiveInt;
+    webhookSecret: null | (string & tags.MinLength<16>);
+    webhookToleranceSeconds: PositiveInt;
+    emulatorDelayMs: Count;
+  };
+  nats: { url: null | (string & tags.MinLength<1>) };
+  s3: {
+    endpoint: null | (string & tags.Format<'uri'>);
+    bucket: null | (string & tags.MinLength<1>);
+    region: string & tags.MinLength<1>;
+    accessKeyId: null | string;
+    secretAccessKey: null | string;
+  };
+}
+
+export class ConfigError extends Error {
+  override readonly name = 'ConfigError';
+  readonly code = 'CONFIG_INVALID';
+}
+
+/** Environment names (DECISIONS.md plus our own) and the key each overrides. */
+const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'list' }> = {
+  HOST: { path: ['host'], type: 'string' },
+  PORT: { path: ['port'], type: 'int' },
+  PUBLIC_URL: { path: ['publicUrl'], type: 'string' },
+  DATA_DIR: { path: ['dataDir'], type: 'string' },
+  CLIENTS_FILE: { path: ['clientsFile'], type: 'string' },
+  TRUSTED_PROXIES: { path: ['trustedProxies'], type: 'list' },
+  INGEST_WORKERS: { path: ['ingest', 'workers'], type: 'int' },
+  INGEST_MAX_QUEUE: { path: ['ingest', 'maxQueue'], type: 'int' },
+  CONNECTOR_URL: { path: ['connector', 'url'], type: 'string' },
+  CONNECTOR_TIMEOUT_MS: { path: ['connector', 'timeoutMs'], type: 'int' },
+  CONNECTOR_WEBHOOK_SECRET: { path: ['connector', 'webhookSecret'], type: 'string' },
+  CONNECTOR_EMULATOR_DELAY_MS: { path: ['connector', 'emulatorDelayMs'], type: 'int' },
+  NATS_URL: { path: ['nats', 'url'], type: 'string' },
+  S3_ENDPOINT: { path: ['s3', 'endpoint'], type: 'string' },
+  S3_BUCKET: { path: ['s3', 'bucket'], type: 'string' },
+  S3_REGION: { path: ['s3', 'region'], type: 'string' },
+  S3_ACCESS_KEY_ID: { path: ['s3', 'accessKeyId'], type: 'string' },
+  S3_SECRET_ACCESS_KEY: { path: ['s3', 'secretAccessKey'], type: 'string' },
+};
+
+export const DEFAULT_CONFIG_PATH = fileURLToPath(new URL('../../../config/default.json', import.meta.url));
+export const DEMO_CLIENTS_PATH = fileURLToPath(new URL('../../../config/clients.demo.json', import.meta.url));
+
+/** A fresh copy of the defaults (never a shared live instance). */
+export function defaultConfig(): Config {
+  return JSON.parse(readFileSync(DEFAULT_CONFIG_PATH, 'utf8')) as Config;
+}
+
+const validateConfig = typia.createValidate<Config>();
+
+export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: DeepPartial<Config> = {}): Readonly<Config> {
+  let raw: Record<string, unknown> = defaultConfig() as unknown as Record<string, unknown>;
+  if (env.CONFIG_FILE) {
+    let file: unknown;
+    try {
+      file = JSON.parse(readFileSync(env.CONFIG_FILE, 'utf8'));
+    } catch (err) {
+      throw new ConfigError(`CONFIG_FILE ${env.CONFIG_FILE}: ${(err as Error).message}`);
+    }
+    raw = merge(raw, file, []);
+  }
+  for (const [name, { path, type }] of Object.entries(ENV)) {
+    const value = env[name];
+    if (value === undefined || value === '') continue;
+    setPath(raw, path, parseEnv(name, value, type));
+  }
+  raw = merge(raw, overrides, []);
+
+  const result = validateConfig(raw);
+  if (!result.success) {
+    const lines = result.errors.map((e) => `${e.path.replace(/^\$input\.?/, '') || '(root)'}: expected ${e.expected}, got ${JSON.stringify(e.value)}`);
+    throw new ConfigError(`Invalid configuration:\n  ${lines.join('\n  ')}`);
+  }
+  const config = result.data;
+  if ((config.s3.endpoint === null) !== (config.s3.bucket === null)) {
+    throw new ConfigError('Invalid configuration:\n  s3.endpoint and s3.bucket (S3_ENDPOINT, S3_BUCKET) are set together');
+  }
+  if (config.connector.url !== null && config.connector.webhookSecret === null) {
+    throw new ConfigError('Invalid configuration:\n  connector.webhookSecret (CONNECTOR_WEBHOOK_SECRET) is required when connector.url is set');
+  }
+  if (config.nats.url !== null && config.clientsFile === null) {
+    throw new ConfigError('Invalid configuration:\n  clientsFile (CLIENTS_FILE) is required outside the embedded default');
+  }
+  return deepFreeze(config);
+}
+
+export function resolvedWorkers(config: Config): number {
+  return config.ingest.workers === 0 ? availableParallelism() : config.ingest.workers;
+}
+
+export type DeepPartial<T> = { [K in keyof T]?: T[K] extends object ? (T[K] extends unknown[] ? T[K] : DeepPartial<T[K]>) : T[K] };
+
+function parseEnv(name: string, value: string, type: 'string' | 'int' | 'bool' | 'list'): unknown {
+  switch (type) {
+    case 'string':
+      return value;
+    case 'list':
+      return value.split(',').map((s) => s.trim()).filter(Boolean);
+    case 'bool':
+      if (value === 'true' || value === '1') return true;
+      if (value === 'false' || value === '0') return false;
+      throw new ConfigError(`Invalid configuration:\n  ${name}: expected true or false, got ${JSON.stringify(value)}`);
+    case 'int':
+      if (!/^\d+$/.test(value)) {
+        throw new ConfigError(`Invalid configuration:\n  ${name}: expected a whole number, got ${JSON.stringify(value)}`);
+      }
+      return Number(value);
+  }
+}
+
+function setPath(target: Record<string, unknown>, path: string[], value: unknown): void {
+  let node = target;
+  for (const key of path.slice(0, -1)) node = node[key] as Record<string, unknown>;
+  node[path[path.length - 1]!] = value;
+}
+
+/** Merges `patch` into `base`; a key `base` does not know is an error that names it. */
+function merge(base: Record<string, unknown>, patch: unknown, at: string[]): Record<string, unknown> {
+  if (patch === null || typeof patch !== 'object' || Array.isArray(patch)) {
+    throw new ConfigError(`Invalid configuration:\n  ${at.join('.') || '(root)'}: expected an object`);
+  }
+  const out: Record<string, unknown> = { ...base };
+  for (const [key, value] of Object.entries(patch)) {
+    if (value === undefined) continue;
+    if (!(key in base)) {
+      throw new ConfigError(`Invalid configuration:\n  ${[...at, key].join('.')}: unknown key`);
+    }
+    const current = base[key];
+    out[key] =
+      current !== null && typeof current === 'object' && !Array.isArray(current)
+        ? merge(current as Record<string, unknown>, value, [...at, key])
+        : value;
+  }
+  return out;
+}
+
+function deepFreeze<T>(value: T): T {
+  if (value !== null && typeof value === 'object') {
+    for (const v of Object.values(value)) deepFreeze(v);
+    Object.freeze(value);
+  }
+  return value;
+}

@@ -1,0 +1,123 @@
+import { Pool } from 'undici';
+import { errors } from '../errors.js';
+import type { Connector, WorkflowStart } from './types.js';
+
+export interface HttpConnectorOptions {
+  /** Base URL (`CONNECTOR_URL`); its origin and path are used, a trailing slash is ignored. */
+  url: string;
+  /** Deadline of one call, from sending the request to the end of the answer's body. */
+  timeoutMs: number;
+  connectTimeoutMs: number;
+  /** Largest response body read (default 1 MiB); a longer one counts as an invalid answer. */
+  maxBodyBytes?: number;
+}
+
+const REJECTED_FALLBACK = 'Connector rejected the upload start, please contact support';
+const ERROR_FALLBACK = 'Connector error';
+const INVALID_RESPONSE = 'Invalid response from Connector service';
+const utf8 = new TextDecoder();
+
+interface Answer {
+  status: number;
+  /** Undefined when the body exceeded the read limit. */
+  text: string | undefined;
+}
+
+/** The real Connector over HTTP: one keep-alive pool for its origin. Mapping in `types.ts`. */
+export class HttpConnector implements Connector {
+  readonly #pool: Pool;
+  readonly #basePath: string;
+  readonly #timeoutMs: number;
+  readonly #maxBodyBytes: number;
+
+  constructor(opts: HttpConnectorOptions) {
+    const base = new URL(opts.url);
+    this.#basePath = base.pathname.replace(/\/+$/, '');
+    this.#timeoutMs = opts.timeoutMs;
+    this.#maxBodyBytes = opts.maxBodyBytes ?? 1024 * 1024;
+    this.#pool = new Pool(base.origin, {
+      connect: { timeout: opts.connectTimeoutMs },
+      headersTimeout: opts.timeoutMs,
+      bodyTimeout: opts.timeoutMs,
+    });
+  }
+
+  async start(req: WorkflowStart): Promise<unknown> {
+    const { status, text } = await this.#post('/workflows', JSON.stringify(req), true);
+    if (status >= 200 && status < 300) {
+      if (text !== undefined) {
+        try {
+          return JSON.parse(text) as unknown;
+        } catch {
+          // not JSON: answered below as an invalid response
+        }
+      }
+      throw errors.connectorError(502, INVALID_RESPONSE);
+    }
+    if (status === 409) throw errors.connectorRejected(answerText(text) ?? REJECTED_FALLBACK);
+    if (status >= 400 && status <= 599) throw errors.connectorError(status, answerText(text) ?? ERROR_FALLBACK);
+    throw errors.connectorError(502, INVALID_RESPONSE);
+  }
+
+  async terminate(uploadUuid: string): Promise<void> {
+    const { status } = await this.#post(`/workflows/${encodeURIComponent(uploadUuid)}/terminate`, null, false);
+    if (status >= 200 && status < 300) return;
+    throw errors.workflowStopFailed(status === 404 || status === 409 ? status : 500);
+  }
+
+  async close(): Promise<void> {
+    await this.#pool.close();
+  }
+
+  async #post(path: string, body: string | null, readBody: boolean): Promise<Answer> {
+    try {
+      const res = await this.#pool.request({
+        method: 'POST',
+        path: this.#basePath + path,
+        headers: body === null ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
+        body,
+        headersTimeout: this.#timeoutMs,
+        bodyTimeout: this.#timeoutMs,
+        // undici checks its own timeouts on a coarse clock (about ±0.5 s, at least 1 s); this keeps the deadline exact
+        signal: AbortSignal.timeout(this.#timeoutMs),
+      });
+      if (!readBody) {
+        await res.body.dump();
+        return { status: res.statusCode, text: undefined };
+      }
+      return { status: res.statusCode, text: await readBounded(res.body, this.#maxBodyBytes) };
+    } catch (err) {
+      throw errors.connectorUnreachable(err);
+    }
+  }
+}
+
+/** Reads at most `limit` bytes; past it the body is destroyed (closing the socket) and undefined returned. */
+async function readBounded(body: AsyncIterable<Uint8Array>, limit: number): Promise<string | undefined> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += chunk.byteLength;
+    if (size > limit) return undefined; // leaving the loop destroys the stream
+    chunks.push(chunk);
+  }
+  return utf8.decode(Buffer.concat(chunks, size)); // drops a BOM, which JSON.parse would refuse
+}
+
+/** The Connector's own words: JSON `detail` or `message` when a non-blank string, else the body text. */
+function answerText(text: string | undefined): string | undefined {
+  const trimmed = text?.trim();
+  if (!trimmed) return undefined;
+  try {
+    const parsed = JSON.parse(trimmed) as unknown;
+    if (typeof parsed === 'object' && parsed !== null) {
+      for (const key of ['detail', 'message'] as const) {
+        const value = (parsed as Record<string, unknown>)[key];
+        if (typeof value === 'string' && value.trim()) return value.trim();
+      }
+    }
+  } catch {
+    // plain text body
+  }
+  return trimmed;
+}

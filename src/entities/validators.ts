@@ -1,0 +1,251 @@
+/**
+ * Validation of an ingest body against an entity of the catalog, in the check order of
+ * DECISIONS.md (the first failing check answers):
+ *
+ * 1. not JSON: `Invalid JSON format.` (the caller parses; see `INVALID_JSON`)
+ * 2. shape of `{columns: string[], data: unknown[][]}`: `bodyIssue`, one Pydantic v2 issue
+ * 3–6. the column list: `columnsError`
+ * 7. every row, in order: the checker returned by `compileRowCheck`
+ *
+ * Messages never echo more than 100 characters of one client string, and never a row.
+ */
+import typia, { type tags } from 'typia';
+import type { ValidationIssue } from '../errors.js';
+import { ENTITIES, TYPE_LABELS, type ColumnType, type EntitySpec } from './catalog.js';
+import { isCalendarDate } from './dates.js';
+
+export const INVALID_JSON = 'Invalid JSON format.';
+
+// typia leaves `number` unchecked for Infinity (its `finite` option is off in our
+// tsconfig), so finiteness and integrality are tags that expand to the global checks.
+type Finite = tags.TagBase<{ target: 'number'; kind: 'finite'; value: undefined; validate: 'Number.isFinite($input)' }>;
+type Integer = tags.TagBase<{ target: 'number'; kind: 'integer'; value: undefined; validate: 'Number.isInteger($input)' }>;
+
+/**
+ * The TypeScript type of a non-null cell of each column type. `date` and `datetime` are
+ * plain strings here and checked by `isCalendarDate`/`isDateTime` afterwards: typia's
+ * `Format<"date">` accepts 2024-02-31.
+ */
+interface Cell {
+  string: string;
+  id: string & tags.MinLength<1>;
+  number: number & Finite;
+  nonNegativeNumber: number & Finite & tags.Minimum<0>;
+  integer: number & Integer;
+  positiveInteger: number & Integer & tags.Minimum<1>;
+  boolean: boolean;
+  date: string;
+  datetime: string;
+}
+
+type Check = (value: unknown) => boolean;
+
+const isString = typia.createIs<Cell['string']>();
+
+const IS: Readonly<Record<ColumnType, Check>> = {
+  string: isString,
+  id: typia.createIs<Cell['id']>(),
+  number: typia.createIs<Cell['number']>(),
+  nonNegativeNumber: typia.createIs<Cell['nonNegativeNumber']>(),
+  integer: typia.createIs<Cell['integer']>(),
+  positiveInteger: typia.createIs<Cell['positiveInteger']>(),
+  boolean: typia.createIs<Cell['boolean']>(),
+  date: (v) => isString(v) && isCalendarDate(v),
+  datetime: (v) => isString(v) && isDateTime(v),
+};
+
+/**
+ * Whole-row validators for rows in catalog column order, keyed by entity name. They
+ * skip the calendar checks of date/datetime columns, which `compileRowCheck` adds.
+ * An entity without an entry here is simply validated column by column.
+ */
+const TUPLES: Readonly<Record<string, Check>> = {
+  stores: typia.createIs<[Cell['id'], Cell['string'], Cell['string'] | null, Cell['date'] | null]>(),
+  catalogs: typia.createIs<[Cell['id'], Cell['string'], Cell['id'] | null]>(),
+  products: typia.createIs<
+    [
+      Cell['id'],
+      Cell['string'],
+      Cell['id'] | null,
+      Cell['string'] | null,
+      Cell['string'] | null,
+      Cell['nonNegativeNumber'] | null,
+      Cell['boolean'] | null,
+    ]
+  >(),
+  stock: typia.createIs<[Cell['id'], Cell['id'], Cell['date'], Cell['number']]>(),
+  receipts: typia.createIs<[Cell['id'], Cell['id'], Cell['datetime'], Cell['number']]>(),
+  receipt_lines: typia.createIs<
+    [Cell['id'], Cell['positiveInteger'], Cell['id'], Cell['number'], Cell['number'], Cell['number'] | null]
+  >(),
+};
+
+// Keyed by the catalog's own objects: a look-alike EntitySpec never gets a tuple that
+// may not match its columns.
+const TUPLE_OF = new Map<EntitySpec, Check>();
+for (const entity of ENTITIES) {
+  const tuple = TUPLES[entity.name];
+  if (tuple) TUPLE_OF.set(entity, tuple);
+}
+
+/** A row's 422 detail (`Invalid data types in payload: …`), or null when the row is valid. */
+export type RowCheck = (row: readonly unknown[], index: number) => string | null;
+
+const TYPES_PREFIX = 'Invalid data types in payload: ';
+
+/**
+ * Compiles the checker for one request. `columns` must have passed `columnsError`.
+ * Columns in exactly the catalog order take the typia tuple fast path; the column-by-column
+ * path then only runs for a rejected row, to name the offending cell.
+ */
+export function compileRowCheck(entity: EntitySpec, columns: readonly string[]): RowCheck {
+  const specs = columns.map((name) => {
+    const spec = entity.columns.find((c) => c.name === name);
+    if (!spec) throw new TypeError(`Column ${name} is not in entity ${entity.name}`);
+    return spec;
+  });
+  const checks = specs.map(({ type, required }): Check => {
+    const is = IS[type];
+    return required ? is : (v) => v === null || is(v);
+  });
+  const width = columns.length;
+
+  const slow: RowCheck = (row, index) => {
+    if (row.length !== width) return `${TYPES_PREFIX}row ${index}: expected ${width} values, got ${row.length}`;
+    for (let j = 0; j < width; j++) {
+      const value = row[j];
+      if (!checks[j]!(value)) {
+        const { name, type } = specs[j]!;
+        return `${TYPES_PREFIX}row ${index}, column "${name}": expected ${TYPE_LABELS[type].expected}, got ${show(value)}`;
+      }
+    }
+    return null;
+  };
+
+  const tuple = TUPLE_OF.get(entity);
+  if (!tuple || width !== entity.columns.length || specs.some((s, j) => s !== entity.columns[j])) return slow;
+  const calendar = specs.flatMap((s, j) => (s.type === 'date' || s.type === 'datetime' ? [j] : []));
+  return (row, index) => (tuple(row) && calendar.every((j) => checks[j]!(row[j])) ? null : slow(row, index));
+}
+
+/**
+ * Step 2: the first structural problem of a parsed body, as Pydantic v2 reports it for
+ * `{columns: list[str], data: list[list[Any]]}` (fields in that order, whatever the key
+ * order of the body). `input` is the offending value only when it is a scalar.
+ */
+export function bodyIssue(body: unknown): ValidationIssue | null {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+    return issue('model_attributes_type', ['body'], 'Input should be a valid dictionary or object to extract fields from', body);
+  }
+  const fields = body as Record<string, unknown>;
+  if (!Object.hasOwn(fields, 'columns')) return issue('missing', ['body', 'columns'], 'Field required', null);
+  const { columns } = fields;
+  if (!Array.isArray(columns)) return listIssue(['body', 'columns'], columns);
+  for (let i = 0; i < columns.length; i++) {
+    if (typeof columns[i] !== 'string') {
+      return issue('string_type', ['body', 'columns', i], 'Input should be a valid string', columns[i]);
+    }
+  }
+  if (!Object.hasOwn(fields, 'data')) return issue('missing', ['body', 'data'], 'Field required', null);
+  const { data } = fields;
+  if (!Array.isArray(data)) return listIssue(['body', 'data'], data);
+  for (let i = 0; i < data.length; i++) {
+    if (!Array.isArray(data[i])) return listIssue(['body', 'data', i], data[i]);
+  }
+  return null;
+}
+
+/**
+ * Steps 3–6, on a column list that passed `bodyIssue`: empty, duplicate (the first name
+ * seen twice), unknown (the first in the client's order), missing required (catalog order).
+ */
+export function columnsError(entity: EntitySpec, columns: readonly string[]): string | null {
+  if (columns.length === 0) return 'The columns array cannot be empty.';
+  const seen = new Set<string>();
+  for (const name of columns) {
+    if (seen.has(name)) return `Duplicate column: ${clip(name)}`;
+    seen.add(name);
+  }
+  const known = new Set(entity.columns.map((c) => c.name));
+  for (const name of columns) if (!known.has(name)) return `Unknown column: ${clip(name)}`;
+  const missing = entity.columns.filter((c) => c.required && !seen.has(c.name)).map((c) => c.name);
+  return missing.length > 0 ? `Missing required columns: ${missing.join(', ')}` : null;
+}
+
+/**
+ * RFC 3339 `date-time`: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `T`/`Z` in either case,
+ * a real calendar date and time of day. Leap seconds (`:60`) are refused: neither JS
+ * `Date` nor most stores downstream can hold them.
+ */
+export function isDateTime(s: string): boolean {
+  if (s.length < 20 || (s[10] !== 'T' && s[10] !== 't') || !isCalendarDate(s.slice(0, 10)) || !isTimeAt(s, 11)) {
+    return false;
+  }
+  const second = num(s, 17, 2);
+  if (s[16] !== ':' || second < 0 || second > 59) return false;
+  let i = 19;
+  if (s[i] === '.') {
+    const start = ++i;
+    while (i < s.length && isDigit(s.charCodeAt(i))) i++;
+    if (i === start) return false;
+  }
+  if (i === s.length - 1) return s[i] === 'Z' || s[i] === 'z';
+  return i === s.length - 6 && (s[i] === '+' || s[i] === '-') && isTimeAt(s, i + 1);
+}
+
+/** `HH:MM` at `at`, a valid hour and minute. */
+function isTimeAt(s: string, at: number): boolean {
+  const hour = num(s, at, 2);
+  const minute = num(s, at + 3, 2);
+  return s[at + 2] === ':' && hour >= 0 && hour <= 23 && minute >= 0 && minute <= 59;
+}
+
+/** The decimal value of `length` ASCII digits at `at`, or -1 (never a valid field) otherwise. */
+function num(s: string, at: number, length: number): number {
+  let value = 0;
+  for (let i = at; i < at + length; i++) {
+    const code = s.charCodeAt(i); // NaN past the end
+    if (!isDigit(code)) return -1;
+    value = value * 10 + code - 48;
+  }
+  return value;
+}
+
+const isDigit = (code: number) => code >= 48 && code <= 57;
+
+const CLIP = 100;
+
+/** At most 100 UTF-16 units of `s` (never half a surrogate pair), `…` when cut. */
+function clip(s: string): string {
+  if (s.length <= CLIP) return s;
+  const end = s.charCodeAt(CLIP - 1) >= 0xd800 && s.charCodeAt(CLIP - 1) <= 0xdbff ? CLIP - 1 : CLIP;
+  return `${s.slice(0, end)}…`;
+}
+
+/** A cell value as shown after `got` in a 422 detail. */
+function show(value: unknown): string {
+  if (typeof value === 'string') return JSON.stringify(clip(value));
+  // JSON.stringify would print Infinity (from e.g. 1e400) as null and -0 as 0.
+  if (typeof value === 'number') return Object.is(value, -0) ? '-0' : String(value);
+  if (typeof value !== 'object' || value === null) return String(value);
+  let json: string;
+  try {
+    json = JSON.stringify(value);
+  } catch {
+    return Array.isArray(value) ? 'array' : 'object';
+  }
+  return clip(json);
+}
+
+function issue(type: string, loc: (string | number)[], msg: string, input: unknown): ValidationIssue {
+  return { type, loc, msg, input: scalarInput(input) };
+}
+
+function listIssue(loc: (string | number)[], input: unknown): ValidationIssue {
+  return issue('list_type', loc, 'Input should be a valid list', input);
+}
+
+function scalarInput(value: unknown): unknown {
+  if (typeof value === 'string') return clip(value);
+  return typeof value === 'object' ? null : value;
+}

@@ -1,0 +1,127 @@
+/**
+ * Client authentication: tokens at rest only as SHA-256, compared in constant time; the
+ * check order of DECISIONS.md (token, Client-Id, token-to-client, source IP).
+ */
+import { createHash, timingSafeEqual } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { BlockList, isIP } from 'node:net';
+import typia, { tags } from 'typia';
+import { errors } from '../errors.js';
+
+export interface ClientEntry {
+  client_id: string & tags.MinLength<1> & tags.MaxLength<128>;
+  token_sha256: string & tags.Pattern<'^[0-9a-f]{64}$'>;
+  allowed_ips: string[];
+  min_date: string & tags.Pattern<'^\\d{4}-\\d{2}-\\d{2}$'>;
+}
+
+export interface ClientsFile {
+  clients: ClientEntry[];
+}
+
+export interface Client {
+  readonly id: string;
+  /** Earliest `date_from` this client may ask for, `YYYY-MM-DD`. */
+  readonly minDate: string;
+}
+
+interface LoadedClient extends Client {
+  hash: Buffer;
+  allowed: BlockList;
+}
+
+const validateClientsFile = typia.createValidate<ClientsFile>();
+
+export function hashToken(token: string): string {
+  return createHash('sha256').update(token, 'utf8').digest('hex');
+}
+
+/** Builds a BlockList from CIDRs or single addresses (IPv4 and IPv6). Throws on a bad entry. */
+export function addressList(entries: readonly string[], what: string): BlockList {
+  const list = new BlockList();
+  for (const entry of entries) {
+    const [addr, bits, ...rest] = entry.split('/');
+    const family = isIP(addr ?? '');
+    const prefix = bits === undefined ? (family === 6 ? 128 : 32) : Number(bits);
+    if (!family || rest.length || !Number.isInteger(prefix) || prefix < 0 || prefix > (family === 6 ? 128 : 32)) {
+      throw new Error(`${what}: not an IP address or CIDR: ${JSON.stringify(entry)}`);
+    }
+    list.addSubnet(addr!, prefix, family === 6 ? 'ipv6' : 'ipv4');
+  }
+  return list;
+}
+
+export function addressAllowed(list: BlockList, address: string): boolean {
+  const family = isIP(address);
+  return family !== 0 && list.check(address, family === 6 ? 'ipv6' : 'ipv4');
+}
+
+export class ClientRegistry {
+  private readonly byHash = new Map<string, LoadedClient>();
+
+  constructor(file: ClientsFile, source = 'clients file') {
+    const result = validateClientsFile(file);
+    if (!result.success) {
+      const e = result.errors[0]!;
+      throw new Error(`${source}: ${e.path.replace(/^\$input\.?/, '')}: expected ${e.expected}`);
+    }
+    const ids = new Set<string>();
+    for (const [i, c] of file.clients.entries()) {
+      if (ids.has(c.client_id)) throw new Error(`${source}: clients[${i}].client_id: duplicate ${JSON.stringify(c.client_id)}`);
+      if (this.byHash.has(c.token_sha256)) throw new Error(`${source}: clients[${i}].token_sha256: shared with another client`);
+      ids.add(c.client_id);
+      this.byHash.set(c.token_sha256, {
+        id: c.client_id,
+        minDate: c.min_date,
+        hash: Buffer.from(c.token_sha256, 'hex'),
+        allowed: addressList(c.allowed_ips, `${source}: clients[${i}].allowed_ips`),
+      });
+    }
+  }
+
+  static fromFile(path: string): ClientRegistry {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(readFileSync(path, 'utf8'));
+    } catch (err) {
+      throw new Error(`clients file ${path}: ${(err as Error).message}`);
+    }
+    return new ClientRegistry(parsed as ClientsFile, `clients file ${path}`);
+  }
+
+  get size(): number {
+    return this.byHash.size;
+  }
+
+  /**
+   * Answers the client or throws the first failing check's error. The token is looked up by
+   * its SHA-256 (a uniformly random key, so the lookup's timing says nothing about the
+   * token) and then confirmed with a constant-time comparison.
+   */
+  authenticate(authorization: string | undefined, clientId: string | undefined, address: string): Client {
+    const token = authorization?.startsWith('Bearer ') ? authorization.slice(7).trim() : authorization?.trim();
+    if (!token) throw errors.authRequired();
+    const presented = createHash('sha256').update(token, 'utf8').digest();
+    const client = this.byHash.get(presented.toString('hex'));
+    if (!client || !timingSafeEqual(presented, client.hash)) throw errors.authRequired();
+    if (!clientId) throw errors.clientIdMissing();
+    if (clientId !== client.id) throw errors.authRequired();
+    if (!addressAllowed(client.allowed, address)) throw errors.ipNotAllowed();
+    return client;
+  }
+}
+
+/**
+ * The client's address: the socket peer, or — when the peer is a trusted proxy — the
+ * right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
+ */
+export function clientAddress(remote: string, forwardedFor: string | undefined, trusted: BlockList | null): string {
+  if (!trusted || !forwardedFor || !addressAllowed(trusted, remote)) return remote;
+  const hops = forwardedFor.split(',').map((s) => s.trim()).filter(Boolean);
+  for (let i = hops.length - 1; i >= 0; i--) {
+    const hop = hops[i]!;
+    if (!isIP(hop)) return remote;
+    if (!addressAllowed(trusted, hop)) return hop;
+  }
+  return hops[0] ?? remote;
+}

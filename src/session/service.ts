@@ -1,0 +1,232 @@
+/**
+ * The session service: runs the pure decisions of `state.ts` against the three ports.
+ * Every state change is a compare-and-set on the session record, retried on conflict, so
+ * any number of gateway instances can serve one client without locks of their own.
+ */
+import { randomUUID } from 'node:crypto';
+import type { Connector, WorkflowStart } from '../connector/types.js';
+import { errors, type ValidationIssue } from '../errors.js';
+import { activeKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
+import { isStoreConflict, type BatchQueue, type ObjectStore, type SessionStore, type Versioned } from '../store/ports.js';
+import {
+  decideDelete,
+  decideIngestBegin,
+  decideIngestCommit,
+  decideIngestRelease,
+  decideInitialize,
+  decideStart,
+  decideStartFailed,
+  decideTerminate,
+  decideWebhook,
+  entityTotals,
+  newSession,
+  statusView,
+  type ActivePointer,
+  type Decision,
+  type SessionRecord,
+  type StatusView,
+  type WebhookEvent,
+} from './state.js';
+
+export interface SessionServiceDeps {
+  sessions: SessionStore;
+  queue: BatchQueue;
+  objects: ObjectStore;
+  connector: Connector;
+  objectPrefix: string;
+  /** How long an in-flight ingest holds `upload_tasks_finished` false if its instance dies. */
+  inFlightLeaseMs: number;
+  callbackUrl: string;
+  clock?: () => number;
+  /** Background failures (clean-up after delete); never client errors. */
+  onBackgroundError?: (err: unknown, what: string) => void;
+}
+
+export interface ClientRef {
+  readonly id: string;
+  readonly minDate: string;
+}
+
+const MAX_CAS_ATTEMPTS = 32;
+
+export class SessionService {
+  private readonly now: () => number;
+
+  constructor(private readonly deps: SessionServiceDeps) {
+    this.now = deps.clock ?? Date.now;
+  }
+
+  async initialize(client: ClientRef): Promise<{ upload_uuid: string; previous_upload_uuid?: string }> {
+    const key = activeKey(client.id);
+    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
+      const pointer = await this.deps.sessions.get<ActivePointer>(key);
+      const current = pointer ? await this.record(pointer.value.upload_uuid) : null;
+      const decision = decideInitialize(current && !current.value.deleted ? current.value : null);
+      if (!decision.create) throw decision.error;
+
+      const uploadUuid = randomUUID();
+      await this.deps.sessions.create(sessionKey(uploadUuid), newSession(uploadUuid, client.id, this.now(), decision.previous));
+      try {
+        if (pointer) await this.deps.sessions.update<ActivePointer>(key, { upload_uuid: uploadUuid }, pointer.revision);
+        else await this.deps.sessions.create<ActivePointer>(key, { upload_uuid: uploadUuid });
+      } catch (err) {
+        await this.deps.sessions.delete(sessionKey(uploadUuid)).catch(() => undefined);
+        if (isStoreConflict(err)) continue; // another call won: answer against its session
+        throw err;
+      }
+      return { upload_uuid: uploadUuid, ...(decision.previous ? { previous_upload_uuid: decision.previous } : {}) };
+    }
+    throw errors.internal(new Error('initialize-session: too much contention'));
+  }
+
+  /** The session-access checks of path-bound endpoints: 400 no active session, 403 another uuid. */
+  async requireActive(client: ClientRef, uploadUuid: string): Promise<Versioned<SessionRecord>> {
+    const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(client.id));
+    if (!pointer) throw errors.sessionNotInitialized();
+    if (pointer.value.upload_uuid !== uploadUuid) throw errors.invalidUploadUuid();
+    const record = await this.record(uploadUuid);
+    if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotInitialized();
+    return record;
+  }
+
+  async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
+    const record = await this.record(uploadUuid);
+    if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
+    const pending = await this.deps.queue.pending(uploadUuid);
+    return statusView(record.value, pending, this.now());
+  }
+
+  /** Registers an ingest (its lease keeps `upload_tasks_finished` false) and returns its package id. */
+  async beginIngest(client: ClientRef, uploadUuid: string): Promise<string> {
+    const packageId = randomUUID();
+    await this.mutate(client, uploadUuid, (r) => decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs));
+    return packageId;
+  }
+
+  async commitIngest(
+    client: ClientRef,
+    uploadUuid: string,
+    pkg: { packageId: string; entity: string; rows: number; bytes: number },
+  ): Promise<void> {
+    await this.mutate(client, uploadUuid, (r) => decideIngestCommit(r, pkg, this.now()));
+  }
+
+  /** Ends a failed ingest's lease. Never throws: a lease also expires by itself. */
+  async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
+    await this.mutate(client, uploadUuid, (r) => decideIngestRelease(r, packageId, this.now()), { anyState: true }).catch(
+      (err: unknown) => this.deps.onBackgroundError?.(err, 'release ingest lease'),
+    );
+  }
+
+  async start(
+    client: ClientRef,
+    uploadUuid: string,
+    dates: { date_from: string; date_to: string } | { issues: ValidationIssue[] },
+  ): Promise<unknown> {
+    const started = await this.mutate(client, uploadUuid, async (r) =>
+      decideStart(r, { dates, minDate: client.minDate, pendingBatches: await this.deps.queue.pending(uploadUuid), now: this.now() }),
+    );
+    const startedAt = started.workflow!.started_at;
+    try {
+      return await this.deps.connector.start(await this.workflowStart(started));
+    } catch (err) {
+      await this.mutate(client, uploadUuid, (r) => decideStartFailed(r, startedAt, this.now()), { anyState: true }).catch(
+        (rollback: unknown) => this.deps.onBackgroundError?.(rollback, 'roll back a failed start'),
+      );
+      throw err;
+    }
+  }
+
+  async terminate(client: ClientRef, uploadUuid: string): Promise<void> {
+    await this.mutate(client, uploadUuid, (r) => decideTerminate(r, this.now()));
+    await this.deps.connector.terminate(uploadUuid);
+  }
+
+  async delete(client: ClientRef, uploadUuid: string): Promise<void> {
+    await this.mutate(client, uploadUuid, (r) => decideDelete(r, this.now()));
+    const key = activeKey(client.id);
+    const pointer = await this.deps.sessions.get<ActivePointer>(key);
+    if (pointer?.value.upload_uuid === uploadUuid) {
+      await this.deps.sessions.delete(key, pointer.revision).catch((err: unknown) => {
+        if (!isStoreConflict(err)) throw err; // a conflict means a new session already replaced it
+      });
+    }
+    void this.cleanUp(client.id, uploadUuid);
+  }
+
+  /** Applies the Connector's completion webhook: 'ok' when it changed the session, 'ignored' for a repeat or a late one. */
+  async applyWebhook(uploadUuid: string, event: WebhookEvent): Promise<'ok' | 'ignored'> {
+    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
+      const record = await this.record(uploadUuid);
+      if (!record || record.value.deleted) throw errors.sessionNotFound();
+      const { applied, next } = decideWebhook(record.value, event, this.now());
+      if (!applied) return 'ignored';
+      try {
+        await this.deps.sessions.update(sessionKey(uploadUuid), next, record.revision);
+        return 'ok';
+      } catch (err) {
+        if (!isStoreConflict(err)) throw err;
+      }
+    }
+    throw errors.internal(new Error('webhook: too much contention'));
+  }
+
+  private async record(uploadUuid: string): Promise<Versioned<SessionRecord> | null> {
+    return this.deps.sessions.get<SessionRecord>(sessionKey(uploadUuid));
+  }
+
+  /**
+   * Re-reads the active session, applies `decide`, and writes it with compare-and-set until
+   * no other writer came between. The access checks run on every attempt, so a session
+   * deleted or replaced meanwhile answers as a fresh request would.
+   */
+  private async mutate(
+    client: ClientRef,
+    uploadUuid: string,
+    decide: (r: SessionRecord) => Decision | Promise<Decision>,
+    opts: { anyState?: boolean } = {},
+  ): Promise<SessionRecord> {
+    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
+      const current = opts.anyState ? await this.record(uploadUuid) : await this.requireActive(client, uploadUuid);
+      if (!current || current.value.client_id !== client.id) throw errors.sessionNotFound();
+      const decision = await decide(current.value);
+      if (!decision.ok) throw decision.error;
+      if (decision.next === current.value) return current.value;
+      try {
+        await this.deps.sessions.update(sessionKey(uploadUuid), decision.next, current.revision);
+        return decision.next;
+      } catch (err) {
+        if (!isStoreConflict(err)) throw err;
+      }
+    }
+    throw errors.internal(new Error('session update: too much contention'));
+  }
+
+  private async workflowStart(r: SessionRecord): Promise<WorkflowStart> {
+    const prefix = sessionObjectPrefix(this.deps.objectPrefix, r.client_id, r.upload_uuid);
+    const sizes = new Map((await this.deps.objects.list(prefix)).map((o) => [o.key, o.size]));
+    return {
+      upload_uuid: r.upload_uuid,
+      client_id: r.client_id,
+      date_from: r.workflow!.date_from,
+      date_to: r.workflow!.date_to,
+      entities: entityTotals(r).map(({ name, packages, rows }) => ({ name, packages, rows })),
+      objects: r.packages.map((p) => {
+        const key = objectKey(this.deps.objectPrefix, { client_id: r.client_id, upload_uuid: r.upload_uuid, entity: p.entity, package_id: p.id });
+        return { entity: p.entity, key, rows: p.rows, bytes: sizes.get(key) ?? p.bytes };
+      }),
+      callback_url: this.deps.callbackUrl,
+    };
+  }
+
+  /** After delete: queued batches, stored objects, then the record itself. */
+  private async cleanUp(clientId: string, uploadUuid: string): Promise<void> {
+    try {
+      await this.deps.queue.purge(uploadUuid);
+      await this.deps.objects.deletePrefix(sessionObjectPrefix(this.deps.objectPrefix, clientId, uploadUuid));
+      await this.deps.sessions.delete(sessionKey(uploadUuid));
+    } catch (err) {
+      this.deps.onBackgroundError?.(err, 'clean up a deleted session');
+    }
+  }
+}

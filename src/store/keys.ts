@@ -1,0 +1,20 @@
+/**
+ * Key layout shared by every adapter. Session-store keys are `[A-Za-z0-9_.=-]+`; client ids
+ * are hex-encoded there so that any id is safe. Object keys are
+ * `<prefix>/<client_id>/<upload_uuid>/<entity>/<package_id>.ndjson`, the client id
+ * URI-encoded into one path segment.
+ */
+import type { PackageMeta } from './ports.js';
+
+export const sessionKey = (uploadUuid: string): string => `session.${uploadUuid}`;
+
+export const activeKey = (clientId: string): string => `active.${Buffer.from(clientId, 'utf8').toString('hex')}`;
+
+/** Everything stored for one session ends with a `/`, so one session's prefix never matches another's. */
+export function sessionObjectPrefix(prefix: string, clientId: string, uploadUuid: string): string {
+  return `${prefix ? `${prefix}/` : ''}${encodeURIComponent(clientId)}/${uploadUuid}/`;
+}
+
+export function objectKey(prefix: string, meta: Pick<PackageMeta, 'client_id' | 'upload_uuid' | 'entity' | 'package_id'>): string {
+  return `${sessionObjectPrefix(prefix, meta.client_id, meta.upload_uuid)}${meta.entity}/${meta.package_id}.ndjson`;
+}

@@ -1,0 +1,90 @@
+import type { BatchQueue, CommittedPackage, ObjectStore, PackageMeta, QueueConsumer } from '../store/ports.js';
+
+/** First line of every stored object; the rows follow, one JSON array per line. */
+export interface ObjectHeader {
+  entity: string;
+  columns: string[];
+  package_id: string;
+  upload_uuid: string;
+  client_id: string;
+  rows: number;
+}
+
+export interface UploaderOptions {
+  queue: BatchQueue;
+  objects: ObjectStore;
+  /** Key prefix without trailing `/`; may be empty. */
+  prefix: string;
+  /** Told about every failed delivery before the package goes back for redelivery. */
+  onError?: (err: unknown, pkg: PackageMeta) => void;
+}
+
+/**
+ * `<prefix>/<client_id>/<upload_uuid>/<entity>/<package_id>.ndjson`. The client id is
+ * percent-encoded so that any id is exactly one safe segment; one key per package makes a
+ * redelivered package overwrite its own object.
+ */
+export function objectKey(prefix: string, meta: PackageMeta): string {
+  const client = encodeURIComponent(meta.client_id).replace(/^\.{1,2}$/, (dots) => '%2E'.repeat(dots.length));
+  const head = prefix.replace(/\/+$/, '');
+  return `${head ? `${head}/` : ''}${client}/${meta.upload_uuid}/${meta.entity}/${meta.package_id}.ndjson`;
+}
+
+/**
+ * Moves committed packages from the queue into object storage, one object per package:
+ * the header line, then the batches' bytes unchanged. A failed put throws, so the queue
+ * delivers the package again.
+ */
+export function startUploader(opts: UploaderOptions): QueueConsumer {
+  const { objects, prefix, onError } = opts;
+  return opts.queue.consume(async (pkg) => {
+    try {
+      await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg));
+    } catch (err) {
+      onError?.(err, pkg.meta);
+      throw err;
+    }
+  });
+}
+
+async function* objectBody(pkg: CommittedPackage): AsyncIterable<Uint8Array> {
+  const { entity, columns, package_id, upload_uuid, client_id } = pkg.meta;
+  const header: ObjectHeader = { entity, columns, package_id, upload_uuid, client_id, rows: pkg.rows };
+  yield Buffer.from(`${JSON.stringify(header)}\n`);
+  yield* pkg.batches();
+}
+
+/** Reads a stored object: its header and the number of non-empty row lines after it. */
+export async function countRows(body: AsyncIterable<Uint8Array>): Promise<{ header: ObjectHeader; rows: number }> {
+  const headChunks: Uint8Array[] = [];
+  let header: ObjectHeader | undefined;
+  let rows = 0;
+  let lineHasContent = false;
+  for await (const chunk of body) {
+    let i = 0;
+    if (!header) {
+      const nl = chunk.indexOf(0x0a);
+      if (nl < 0) {
+        headChunks.push(chunk);
+        continue;
+      }
+      headChunks.push(chunk.subarray(0, nl));
+      header = JSON.parse(Buffer.concat(headChunks).toString('utf8')) as ObjectHeader;
+      i = nl + 1;
+    }
+    for (; i < chunk.length; i++) {
+      const b = chunk[i];
+      if (b === 0x0a) {
+        if (lineHasContent) rows++;
+        lineHasContent = false;
+      } else if (b !== 0x20 && b !== 0x09 && b !== 0x0d) {
+        lineHasContent = true;
+      }
+    }
+  }
+  if (!header) {
+    if (headChunks.length === 0) throw new Error('Object is empty: no header line');
+    header = JSON.parse(Buffer.concat(headChunks).toString('utf8')) as ObjectHeader;
+  }
+  return { header, rows: rows + (lineHasContent ? 1 : 0) };
+}

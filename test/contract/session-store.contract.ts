@@ -1,0 +1,133 @@
+import type { Test } from 'tap';
+import { STORE_CONFLICT, isStoreConflict, type SessionStore } from '../../src/store/ports.js';
+
+/**
+ * A fresh, empty store per call. `reopen` (optional) returns a new instance over the same
+ * data, as a restarted process sees it (the old instance may still be open, as after a
+ * crash). The suite closes every store it got, once, then calls `cleanup`.
+ */
+export type SessionStoreFactory = () => Promise<{
+  store: SessionStore;
+  reopen?: () => Promise<SessionStore>;
+  cleanup: () => Promise<void>;
+}>;
+
+/** The `SessionStore` contract: CAS on revisions, exactly one winner, durable revisions. */
+export function sessionStoreContract(t: Test, name: string, factory: SessionStoreFactory): void {
+  const setup = async (t: Test) => {
+    const f = await factory();
+    const opened = new Set([f.store]);
+    t.teardown(async () => {
+      for (const s of opened) await s.close();
+      await f.cleanup();
+    });
+    const reopen = f.reopen;
+    return {
+      store: f.store,
+      /** Closes `store` and opens it again, as a restart does. */
+      restart:
+        reopen &&
+        (async (store: SessionStore) => {
+          opened.delete(store);
+          await store.close();
+          const s = await reopen();
+          opened.add(s);
+          return s;
+        }),
+    };
+  };
+
+  /** Callers match on `code`, so that is what the contract checks. */
+  const CONFLICT = { code: STORE_CONFLICT };
+
+  t.test(`${name}: create, get, conflict on existing key`, async (t) => {
+    const { store } = await setup(t);
+    t.equal(await store.get('missing'), null);
+    const rev = await store.create('k', { a: 1 });
+    t.ok(Number.isInteger(rev) && rev > 0, 'revision is a positive integer');
+    t.same(await store.get('k'), { value: { a: 1 }, revision: rev });
+    await t.rejects(store.create('k', { a: 2 }), CONFLICT);
+    t.same(await store.get('k'), { value: { a: 1 }, revision: rev }, 'loser changed nothing');
+  });
+
+  t.test(`${name}: update is compare-and-set`, async (t) => {
+    const { store } = await setup(t);
+    const r1 = await store.create('k', 1);
+    const r2 = await store.update('k', 2, r1);
+    t.ok(r2 > r1, 'revision grows');
+    await t.rejects(store.update('k', 3, r1), CONFLICT, 'stale revision');
+    await t.rejects(store.update('absent', 3, r1), CONFLICT, 'no value to update');
+    t.same(await store.get('k'), { value: 2, revision: r2 });
+  });
+
+  t.test(`${name}: delete, conditional delete, create again`, async (t) => {
+    const { store } = await setup(t);
+    const r1 = await store.create('k', 'one');
+    const r2 = await store.update('k', 'two', r1);
+    await t.rejects(store.delete('k', r1), CONFLICT, 'stale revision');
+    t.same((await store.get('k'))?.value, 'two');
+    await store.delete('k', r2);
+    t.equal(await store.get('k'), null);
+    await t.resolves(store.delete('k'), 'unconditional delete of an absent key');
+    await t.rejects(store.update('k', 'x', r2), CONFLICT, 'no update of a deleted key');
+    const r3 = await store.create('k', 'three');
+    t.ok(r3 > r2, 'revisions keep growing after a delete');
+    t.same(await store.get('k'), { value: 'three', revision: r3 });
+    await store.delete('k');
+    t.equal(await store.get('k'), null, 'unconditional delete');
+  });
+
+  t.test(`${name}: 20 concurrent creates, exactly one winner`, async (t) => {
+    const { store } = await setup(t);
+    const results = await Promise.allSettled(Array.from({ length: 20 }, (_, i) => store.create('race', { i })));
+    const won = results.flatMap((r, i) => (r.status === 'fulfilled' ? [{ i, rev: r.value }] : []));
+    t.equal(won.length, 1, 'one winner');
+    t.ok(results.every((r) => r.status === 'fulfilled' || isStoreConflict(r.reason)), 'the rest STORE_CONFLICT');
+    t.same(await store.get('race'), { value: { i: won[0]?.i }, revision: won[0]?.rev });
+  });
+
+  t.test(`${name}: concurrent updates of one revision, exactly one winner`, async (t) => {
+    const { store } = await setup(t);
+    const r1 = await store.create('k', 0);
+    const results = await Promise.allSettled(Array.from({ length: 10 }, (_, i) => store.update('k', i, r1)));
+    t.equal(results.filter((r) => r.status === 'fulfilled').length, 1);
+    t.ok(results.every((r) => r.status === 'fulfilled' || isStoreConflict(r.reason)));
+  });
+
+  t.test(`${name}: keys`, async (t) => {
+    const { store } = await setup(t);
+    const ra = await store.create('Ab', 'upper');
+    await store.create('ab', 'lower');
+    t.same(await store.get('Ab'), { value: 'upper', revision: ra }, 'keys are case-sensitive');
+    await store.create('x_y.z=w-1', 'punctuation');
+    t.equal((await store.get('x_y.z=w-1'))?.value, 'punctuation');
+    for (const bad of ['', 'a/b', 'a b', 'ä', '*']) {
+      await t.rejects(store.create(bad, 1), `rejects ${JSON.stringify(bad)}`);
+    }
+  });
+
+  t.test(`${name}: values are copies`, async (t) => {
+    const { store } = await setup(t);
+    const value = { list: [1] };
+    await store.create('k', value);
+    value.list.push(2);
+    const got = await store.get<{ list: number[] }>('k');
+    t.same(got?.value, { list: [1] }, 'later changes to the written object are not stored');
+    got?.value.list.push(3);
+    t.same((await store.get('k'))?.value, { list: [1] }, 'changes to a read value are not stored');
+  });
+
+  t.test(`${name}: durable across a reopen`, async (t) => {
+    const { store, restart } = await setup(t);
+    if (!restart) return t.plan(0, 'adapter has no reopen');
+    const rk = await store.update('k', { v: 2 }, await store.create('k', { v: 1 }));
+    const rd = await store.create('gone', 1);
+    await store.delete('gone');
+    const again = await restart(store);
+    t.same(await again.get('k'), { value: { v: 2 }, revision: rk }, 'same value and revision');
+    t.equal(await again.get('gone'), null);
+    t.ok((await again.create('gone', 2)) > rd, 'revisions keep growing across a reopen');
+    await t.rejects(again.update('k', 3, rk - 1), CONFLICT);
+    t.ok((await again.update('k', 3, rk)) > rk);
+  });
+}

@@ -1,0 +1,188 @@
+/** Every status code and message of the spec's endpoint and error tables, in the decided check order. */
+import { createHash } from 'node:crypto';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { PassThrough } from 'node:stream';
+import t from 'tap';
+import { request } from 'undici';
+import { API, call, clientOf, DEMO, products, startService, tempDir, waitForStatus, yesterday } from '../support/harness.js';
+
+const sha = (s: string) => createHash('sha256').update(s).digest('hex');
+
+t.test('authentication, in the check order of DECISIONS.md', async (t) => {
+  const dir = await tempDir(t);
+  const clientsFile = join(dir, 'clients.json');
+  await writeFile(
+    clientsFile,
+    JSON.stringify({
+      clients: [
+        { client_id: 'local', token_sha256: sha('local-token'), allowed_ips: ['127.0.0.1'], min_date: '2023-01-01' },
+        { client_id: 'remote', token_sha256: sha('remote-token'), allowed_ips: ['203.0.113.0/24', '2001:db8::/32'], min_date: '2023-01-01' },
+      ],
+    }),
+  );
+  const svc = await startService(t, { clientsFile, trustedProxies: ['127.0.0.1'] });
+  const path = `${API}/initialize-session`;
+  const post = (headers: Record<string, string>) => call(svc.url, 'POST', path, { client: null, headers });
+
+  let res = await post({});
+  t.equal(res.status, 401, 'no Authorization, no Client-Id: the token check comes first');
+  t.same(res.body, { detail: 'User not authenticated' });
+  res = await post({ authorization: 'nope', 'client-id': 'local' });
+  t.same([res.status, res.body], [401, { detail: 'User not authenticated' }], 'unknown token');
+  res = await post({ authorization: 'local-token' });
+  t.same([res.status, res.body], [400, { detail: 'Client-ID header is missing' }]);
+  res = await post({ authorization: 'local-token', 'client-id': 'remote' });
+  t.same([res.status, res.body], [401, { detail: 'User not authenticated' }], 'token of another client');
+  res = await post({ authorization: 'Bearer local-token', 'client-id': 'local' });
+  t.equal(res.status, 200, 'Bearer prefix accepted');
+
+  res = await post({ authorization: 'remote-token', 'client-id': 'remote' });
+  t.same([res.status, res.body], [403, { detail: 'IP address not allowed' }]);
+  res = await post({ authorization: 'remote-token', 'client-id': 'remote', 'x-forwarded-for': '198.51.100.7, 203.0.113.9' });
+  t.equal(res.status, 200, 'X-Forwarded-For believed from a trusted proxy');
+  res = await post({ authorization: 'local-token', 'client-id': 'local', 'x-forwarded-for': '203.0.113.9' });
+  t.equal(res.status, 403, 'the forwarded address is checked, not the proxy');
+
+  const demo = await call(svc.url, 'POST', path, { client: DEMO });
+  t.equal(demo.status, 401, 'no demo clients when a clients file is configured');
+});
+
+t.test('session access checks on path-bound endpoints', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const stranger = '00000000-0000-4000-8000-000000000000';
+  for (const res of [await c.ingest(stranger, 'products', products(1)), await c.start(stranger, {}), await c.terminate(stranger), await c.remove(stranger)]) {
+    t.same([res.status, res.body], [400, { detail: 'Upload session not initialized' }]);
+  }
+  const uuid = (await c.init()).body.upload_uuid;
+  for (const res of [await c.ingest(stranger, 'products', products(1)), await c.start(stranger, {}), await c.terminate(stranger), await c.remove(stranger)]) {
+    t.same([res.status, res.body], [403, { detail: 'Invalid upload UUID' }]);
+  }
+  const st = await c.status(stranger);
+  t.same([st.status, st.body], [404, { detail: 'Upload session not found' }], 'status does not check the active session');
+  t.equal((await c.status(uuid)).status, 200);
+
+  const other = clientOf(svc, { id: 'demo-2', token: 'demo-2-token' });
+  const otherUuid = (await other.init()).body.upload_uuid;
+  t.same((await c.ingest(otherUuid, 'products', products(1))).body, { detail: 'Invalid upload UUID' }, 'another client’s session is never reachable');
+  t.equal((await c.status(otherUuid)).status, 404);
+});
+
+t.test('ingest: 400 unknown entity before 409 state before 422 payload', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  const unknown = await c.ingest(uuid, 'widgets', { nonsense: true });
+  t.same([unknown.status, unknown.body], [400, { detail: 'Unknown entity: widgets' }]);
+
+  const cases: [unknown, string][] = [
+    [{ columns: [], data: [] }, 'The columns array cannot be empty.'],
+    [{ columns: ['product_id', 'name', 'colour'], data: [] }, 'Unknown column: colour'],
+    [{ columns: ['price'], data: [] }, 'Missing required columns: product_id, name'],
+    [{ columns: ['product_id', 'name', 'product_id'], data: [] }, 'Duplicate column: product_id'],
+    [{ columns: ['product_id', 'name', 'price'], data: [['a', 'b', 1], ['c', 'd', 'abc']] }, 'Invalid data types in payload: row 1, column "price": expected number >= 0, got "abc"'],
+  ];
+  for (const [body, detail] of cases) {
+    const res = await c.ingest(uuid, 'products', body);
+    t.same([res.status, res.body], [422, { detail }], detail);
+  }
+  const broken = await call(svc.url, 'POST', `${API}/${uuid}/products`, { raw: '{"columns": [', headers: { 'content-type': 'application/json' } });
+  t.same([broken.status, broken.body], [422, { detail: 'Invalid JSON format.' }]);
+  const missing = await c.ingest(uuid, 'products', { data: [] });
+  t.equal(missing.status, 422);
+  t.match(missing.body.detail[0], { type: 'missing', loc: ['body', 'columns'], msg: 'Field required' });
+
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same(st.entities, [], 'no rejected package was counted');
+});
+
+t.test('start-upload: check order and every message', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+
+  const missing = await c.start(uuid, {});
+  t.equal(missing.status, 422);
+  t.same(missing.body.detail.map((d: any) => [d.type, d.loc, d.msg]), [
+    ['missing', ['body', 'date_from'], 'Field required'],
+    ['missing', ['body', 'date_to'], 'Field required'],
+  ]);
+  const badDate = await c.start(uuid, { date_from: '2024-02-30', date_to: '2024-03-01' });
+  t.equal(badDate.status, 422);
+  t.match(badDate.body.detail[0], { loc: ['body', 'date_from'], input: '2024-02-30' });
+  const reversed = await c.start(uuid, { date_from: '2024-03-02', date_to: '2024-03-01' });
+  t.equal(reversed.status, 422);
+  t.match(reversed.body.detail[0], { type: 'value_error', loc: ['body', 'date_to'], msg: /^Value error, / });
+  const today = new Date().toISOString().slice(0, 10);
+  const notPast = await c.start(uuid, { date_from: '2024-03-02', date_to: today });
+  t.equal(notPast.status, 422);
+  t.match(notPast.body.detail[0], { type: 'value_error', loc: ['body', 'date_to'], msg: /^Value error, / });
+
+  const early = await c.start(uuid, { date_from: '2019-12-31', date_to: yesterday() });
+  t.same([early.status, early.body], [400, { detail: 'date_from cannot be earlier than 2020-01-01' }]);
+  const none = await c.start(uuid, { date_from: '2020-01-01', date_to: yesterday() });
+  t.same([none.status, none.body], [400, { detail: 'No entities were uploaded in this session' }]);
+
+  // An ingest held open mid-body keeps upload_tasks_finished false.
+  t.equal((await c.ingest(uuid, 'products', products(1))).status, 200);
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  const body = new PassThrough();
+  const held = request(`${svc.url}${API}/${uuid}/products`, {
+    method: 'POST',
+    headers: { authorization: DEMO.token, 'client-id': DEMO.id, 'content-type': 'application/json' },
+    body,
+  });
+  body.write('{"columns":["product_id","name"],"data":[["x","y"]');
+  await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished === false && b.can_start_upload === false);
+  const busy = await c.start(uuid, { date_from: '2020-01-01', date_to: yesterday() });
+  t.same([busy.status, busy.body], [409, { detail: 'Upload tasks are still in progress' }]);
+  body.end(']}');
+  const finished = await held;
+  t.equal(finished.statusCode, 200);
+  t.equal((await finished.body.json() as any).rows_processed, 1);
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  t.equal((await c.start(uuid, { date_from: '2020-01-01', date_to: yesterday() })).status, 200);
+});
+
+t.test('limits: 413 on Content-Length and while streaming; 404 and 405 for unknown routes', async (t) => {
+  const svc = await startService(t, { limits: { ingestBodyBytes: 64 * 1024, otherBodyBytes: 1024 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  const big = await call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { raw: 'x'.repeat(2048) });
+  t.same([big.status, big.body], [413, { detail: 'Request body too large' }]);
+  const bigIngest = await c.ingest(uuid, 'products', products(5000));
+  t.same([bigIngest.status, bigIngest.body], [413, { detail: 'Request body too large' }]);
+
+  const body = new PassThrough();
+  const chunked = request(`${svc.url}${API}/${uuid}/products`, {
+    method: 'POST',
+    headers: { authorization: DEMO.token, 'client-id': DEMO.id },
+    body,
+  });
+  body.write('{"columns":["product_id","name"],"data":[');
+  for (let i = 0; i < 8000; i++) body.write(`["p${i}","n"],`);
+  body.end('["last","n"]]}');
+  const res = await chunked;
+  t.equal(res.statusCode, 413, 'a chunked body is cut off at the limit');
+  t.same(await res.body.json(), { detail: 'Request body too large' });
+  t.same((await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished)).entities, []);
+
+  const nowhere = await call(svc.url, 'GET', '/api/v1/nowhere');
+  t.same([nowhere.status, nowhere.body], [404, { detail: 'Not Found' }]);
+  const wrongMethod = await call(svc.url, 'GET', `${API}/initialize-session`);
+  t.same([wrongMethod.status, wrongMethod.body], [405, { detail: 'Method Not Allowed' }]);
+});
+
+t.test('GET /entities lists the catalog; GET /openapi.json serves version 0.1.0', async (t) => {
+  const svc = await startService(t);
+  const res = await call(svc.url, 'GET', `${API}/entities`);
+  t.equal(res.status, 200);
+  t.same(res.body.entities.map((e: any) => e.name), ['stores', 'catalogs', 'products', 'stock', 'receipts', 'receipt_lines']);
+  t.match(res.body.entities.find((e: any) => e.name === 'stock'), { required: ['store_id', 'product_id', 'date', 'quantity'], parents: ['stores', 'products'] });
+  t.equal((await call(svc.url, 'GET', `${API}/entities`, { client: null })).status, 401);
+  const doc = await call(svc.url, 'GET', '/openapi.json', { client: null });
+  t.equal(doc.status, 200);
+  t.equal(doc.body.info.version, '0.1.0');
+  t.match(doc.body.openapi, /^3\.1/);
+});

@@ -1,0 +1,58 @@
+/** A restart of the embedded default loses no session and no accepted package. */
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import t from 'tap';
+import { clientOf, products, startService, waitForStatus, yesterday } from '../support/harness.js';
+
+async function storedRows(dir: string): Promise<string[]> {
+  const rows: string[] = [];
+  const walk = async (d: string): Promise<void> => {
+    for (const e of await readdir(d, { withFileTypes: true })) {
+      if (e.isDirectory()) await walk(join(d, e.name));
+      else if (e.name.endsWith('.ndjson')) rows.push(...(await readFile(join(d, e.name), 'utf8')).trim().split('\n').slice(1));
+    }
+  };
+  await walk(dir);
+  return rows.sort();
+}
+
+t.test('sessions, entities and stored rows survive a restart; the flow continues to DONE', async (t) => {
+  const svc = await startService(t, { storage: { inProcessUploader: true } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  t.equal((await c.ingest(uuid, 'products', products(50))).status, 200);
+  t.equal((await c.ingest(uuid, 'products', products(25, 50))).status, 200);
+  t.equal((await c.ingest(uuid, 'stores', { columns: ['store_id', 'name', 'opened_on'], data: [['s1', 'Main', '2024-02-29']] })).status, 200);
+  await svc.restart();
+
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same(st.entities, ['products', 'stores']);
+  const again = await c.init();
+  t.equal(again.status, 409, 'the active session survived');
+  t.equal(again.body.upload_uuid, uuid);
+
+  const rows = await storedRows(join(svc.dataDir, 'objects'));
+  t.equal(rows.length, 76, 'every accepted row is stored, once');
+  t.ok(rows.includes('["p-74","Product 74",74]'));
+
+  t.equal((await c.start(uuid, { date_from: '2024-01-01', date_to: yesterday() })).status, 200);
+  await svc.restart();
+  const done = await waitForStatus(svc, uuid, (b) => b.session_status !== 'STARTED');
+  t.equal(done.session_status, 'DONE', 'a workflow started before the restart still completes');
+});
+
+t.test('packages committed but not yet uploaded are uploaded after a restart', async (t) => {
+  const svc = await startService(t, { storage: { inProcessUploader: false } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  t.equal((await c.ingest(uuid, 'products', products(30))).status, 200);
+  const pending = (await c.status(uuid)).body;
+  t.equal(pending.upload_tasks_finished, false, 'no uploader: the batch waits in the queue');
+  t.equal(pending.can_start_upload, false);
+  await svc.app.close();
+  const { startApp } = await import('../../src/app.js');
+  const { silentLogger } = await import('../../src/log.js');
+  svc.app = await startApp({ ...svc.config, port: svc.app.port, storage: { ...svc.config.storage, inProcessUploader: true } }, { logger: silentLogger });
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  t.equal((await storedRows(join(svc.dataDir, 'objects'))).length, 30);
+});

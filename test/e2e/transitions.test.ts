@@ -1,0 +1,209 @@
+/** Every row of the spec's state table (plus delete and workflow failure), over real HTTP. */
+import t from 'tap';
+import { API, call, clientOf, DEMO, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
+
+const dates = () => ({ date_from: '2024-01-01', date_to: yesterday() });
+
+t.test('a whole session: UPLOADING → STARTED → DONE through the emulator, then a new session', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+
+  const init = await c.init();
+  t.equal(init.status, 200);
+  t.equal(init.body.status, 'created');
+  t.match(init.body.upload_uuid, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+  t.notOk('previous_upload_uuid' in init.body);
+  const uuid = init.body.upload_uuid;
+
+  const fresh = await c.status(uuid);
+  t.same(fresh.body, {
+    upload_uuid: uuid,
+    session_status: 'UPLOADING',
+    entities: [],
+    upload_tasks_finished: true,
+    can_upload_entities: true,
+    can_start_upload: false,
+    can_terminate: false,
+  });
+
+  const first = await c.ingest(uuid, 'products', products(3));
+  t.equal(first.status, 200);
+  t.same(first.body, { status: 'success', message: first.body.message, rows_processed: 3 });
+  t.equal((await c.ingest(uuid, 'catalogs', { columns: ['catalog_id', 'name'], data: [['c1', 'Root']] })).status, 200);
+  t.equal((await c.ingest(uuid, 'products', products(2, 3))).status, 200);
+
+  const ready = await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  t.same(ready.entities, ['products', 'catalogs'], 'each entity once, in order of first upload');
+  t.equal(ready.upload_tasks_finished, true);
+
+  const started = await c.start(uuid, dates());
+  t.equal(started.status, 200);
+  t.equal(started.body.status, 'started');
+  t.same(started.body.entities, [
+    { name: 'products', rows: 5 },
+    { name: 'catalogs', rows: 1 },
+  ], 'the emulator counted the stored rows');
+
+  const done = await waitForStatus(svc, uuid, (b) => b.session_status === 'DONE');
+  t.same(
+    { ...done, last_workflow: undefined },
+    { upload_uuid: uuid, session_status: 'DONE', entities: ['products', 'catalogs'], upload_tasks_finished: true, can_upload_entities: false, can_start_upload: false, can_terminate: false, last_workflow: undefined },
+  );
+  t.equal(done.last_workflow.status, 'succeeded');
+
+  const next = await c.init();
+  t.equal(next.status, 200, 'DONE → initialize-session creates a new session');
+  t.equal(next.body.previous_upload_uuid, uuid);
+  t.not(next.body.upload_uuid, uuid);
+  t.equal((await c.status(uuid)).body.session_status, 'DONE', 'the old session stays readable');
+});
+
+t.test('initialize-session conflicts: UPLOADING → already_exists, STARTED → workflow_running', async (t) => {
+  const svc = await startService(t, { connector: { emulatorDelayMs: 60_000 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  const again = await c.init();
+  t.equal(again.status, 409);
+  t.same(again.body, { status: 'already_exists', session_status: 'UPLOADING', upload_uuid: uuid, message: again.body.message });
+  t.type(again.body.message, 'string');
+
+  await c.ingest(uuid, 'products', products(1));
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  t.equal((await c.start(uuid, dates())).status, 200);
+  const running = await c.init();
+  t.equal(running.status, 409);
+  t.same(running.body, { status: 'workflow_running', session_status: 'STARTED', upload_uuid: uuid, message: running.body.message });
+});
+
+t.test('STARTED: ingest, start and delete answer 409 expected UPLOADING; terminate → webhook → UPLOADING', async (t) => {
+  const svc = await startService(t, { connector: { emulatorDelayMs: 60_000 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  await c.ingest(uuid, 'products', products(2));
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  t.equal((await c.start(uuid, dates())).status, 200);
+
+  const st = await c.status(uuid);
+  t.match(st.body, { session_status: 'STARTED', can_terminate: true, can_upload_entities: false, can_start_upload: false });
+
+  const wrong = { detail: { message: 'Invalid upload session status', expected: 'UPLOADING', actual: 'STARTED' } };
+  const ingest = await c.ingest(uuid, 'products', products(1));
+  t.equal(ingest.status, 409);
+  t.same(ingest.body, wrong);
+  const start = await c.start(uuid, dates());
+  t.equal(start.status, 409);
+  t.same(start.body, wrong);
+  const del = await c.remove(uuid);
+  t.equal(del.status, 409);
+  t.same(del.body, wrong);
+
+  const term = await c.terminate(uuid);
+  t.equal(term.status, 200);
+  t.equal(term.body.status, 'started');
+  t.match(term.body.message, /UPLOADING/);
+  const back = await waitForStatus(svc, uuid, (b) => b.session_status === 'UPLOADING');
+  t.equal(back.last_workflow.status, 'terminated');
+  t.same(back.entities, ['products'], 'data kept after terminate');
+  t.equal((await c.ingest(uuid, 'products', products(1, 10))).status, 200, 'the client may upload again');
+});
+
+t.test('terminate outside STARTED: 404 Workflow is not running', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  const res = await c.terminate(uuid);
+  t.equal(res.status, 404);
+  t.same(res.body, { detail: 'Workflow is not running' });
+});
+
+t.test('workflow failure: webhook status failed → UPLOADING with last_workflow, then a later start succeeds', async (t) => {
+  const svc = await startService(t, { connector: { emulatorDelayMs: 60_000 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  await c.ingest(uuid, 'products', products(2));
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  await c.start(uuid, dates());
+
+  const hook = await sendWebhook(svc.url, { upload_uuid: uuid, is_terminated: false, status: 'failed', message: 'bad prices' });
+  t.equal(hook.status, 200);
+  t.same(hook.body, { status: 'ok' });
+  const st = (await c.status(uuid)).body;
+  t.equal(st.session_status, 'UPLOADING');
+  t.equal(st.can_start_upload, true);
+  t.match(st.last_workflow, { status: 'failed', message: 'bad prices' });
+  t.type(st.last_workflow.finished_at, 'string');
+
+  const repeat = await sendWebhook(svc.url, { upload_uuid: uuid, is_terminated: false, status: 'failed' });
+  t.same(repeat.body, { status: 'ignored' }, 'a repeat changes nothing');
+  t.equal((await c.start(uuid, dates())).status, 200);
+});
+
+t.test('delete: UPLOADING → cleared; status 404; path checks 400; next init has no previous_upload_uuid', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  await c.ingest(uuid, 'products', products(5));
+  const del = await c.remove(uuid);
+  t.equal(del.status, 200);
+  t.same(del.body, { status: 'started', message: 'Upload deletion started' });
+
+  const st = await c.status(uuid);
+  t.equal(st.status, 404);
+  t.same(st.body, { detail: 'Upload session not found' });
+  const ingest = await c.ingest(uuid, 'products', products(1));
+  t.equal(ingest.status, 400);
+  t.same(ingest.body, { detail: 'Upload session not initialized' });
+
+  const init = await c.init();
+  t.equal(init.status, 200);
+  t.equal(init.body.status, 'created');
+  t.notOk('previous_upload_uuid' in init.body);
+});
+
+t.test('delete on DONE answers 409 with actual DONE', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  await c.ingest(uuid, 'stores', { columns: ['store_id', 'name'], data: [['s1', 'Main']] });
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  await c.start(uuid, dates());
+  await waitForStatus(svc, uuid, (b) => b.session_status === 'DONE');
+  const del = await c.remove(uuid);
+  t.equal(del.status, 409);
+  t.same(del.body, { detail: { message: 'Invalid upload session status', expected: 'UPLOADING', actual: 'DONE' } });
+  const ingest = await c.ingest(uuid, 'stores', { columns: ['store_id', 'name'], data: [] });
+  t.equal(ingest.status, 409);
+  t.equal(ingest.body.detail.actual, 'DONE');
+});
+
+t.test('20 concurrent initialize-session calls create exactly one session', async (t) => {
+  const svc = await startService(t);
+  const answers = await Promise.all(Array.from({ length: 20 }, () => clientOf(svc).init()));
+  const created = answers.filter((a) => a.status === 200);
+  t.equal(created.length, 1);
+  const uuid = created[0]!.body.upload_uuid;
+  for (const a of answers.filter((a) => a.status !== 200)) {
+    t.equal(a.status, 409);
+    t.equal(a.body.status, 'already_exists');
+    t.equal(a.body.upload_uuid, uuid);
+  }
+});
+
+t.test('empty data is accepted with rows_processed 0 and lists the entity', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  const res = await c.ingest(uuid, 'stock', { columns: ['store_id', 'product_id', 'date', 'quantity'], data: [] });
+  t.equal(res.status, 200);
+  t.equal(res.body.rows_processed, 0);
+  t.same((await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished)).entities, ['stock']);
+});
+
+t.test('status is scoped to the client: another client gets 404 for the same uuid', async (t) => {
+  const svc = await startService(t);
+  const uuid = (await clientOf(svc).init()).body.upload_uuid;
+  const other = await call(svc.url, 'GET', `${API}/${uuid}/status`, { client: { id: 'demo-2', token: 'demo-2-token' } });
+  t.equal(other.status, 404);
+  t.same(other.body, { detail: 'Upload session not found' });
+  t.equal((await call(svc.url, 'GET', `${API}/${uuid}/status`, { client: DEMO })).status, 200);
+});

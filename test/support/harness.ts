@@ -1,0 +1,199 @@
+/**
+ * Starts the real service on loopback (port 0, a fresh DATA_DIR) and talks to it over real
+ * HTTP. Teardown is registered on the test as soon as each resource exists.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { request } from 'undici';
+import { startApp, type App } from '../../src/app.js';
+import { loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
+import { signWebhook } from '../../src/connector/webhook.js';
+import { silentLogger } from '../../src/log.js';
+
+export const API = '/api/v1/uploading';
+export const DEMO = { id: 'demo', token: 'demo-token' } as const;
+export const DEMO2 = { id: 'demo-2', token: 'demo-2-token' } as const;
+export const WEBHOOK_SECRET = 'test-webhook-secret-0123456789';
+
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
+
+export interface Service {
+  app: App;
+  url: string;
+  dataDir: string;
+  config: Config;
+  restart(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+export async function tempDir(t: Teardown, name = 'ingest-'): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), name));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+export async function startService(
+  t: Teardown,
+  overrides: DeepPartial<Config> = {},
+  env: NodeJS.ProcessEnv = {},
+): Promise<Service> {
+  const dataDir = await tempDir(t);
+  const config = loadConfig(env, {
+    port: 0,
+    dataDir,
+    ingest: { workers: 2 },
+    connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
+    ...overrides,
+  } as DeepPartial<Config>);
+  const svc: Service = {
+    app: await startApp(config, { logger: silentLogger }),
+    url: '',
+    dataDir,
+    config,
+    async restart() {
+      await svc.app.close();
+      svc.app = await startApp({ ...config, port: svc.app.port }, { logger: silentLogger });
+      svc.url = svc.app.url;
+    },
+    async stop() {
+      await svc.app.close();
+    },
+  };
+  svc.url = svc.app.url;
+  let stopped = false;
+  t.teardown(async () => {
+    if (!stopped) await svc.app.close();
+    stopped = true;
+  });
+  return svc;
+}
+
+export interface Answer {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: any;
+  text: string;
+}
+
+export async function call(
+  base: string,
+  method: string,
+  path: string,
+  opts: { client?: { id: string; token: string } | null; headers?: Record<string, string>; body?: unknown; raw?: string | Buffer } = {},
+): Promise<Answer> {
+  const headers: Record<string, string> = {};
+  const client = opts.client === undefined ? DEMO : opts.client;
+  if (client) {
+    headers.authorization = client.token;
+    headers['client-id'] = client.id;
+  }
+  let body: string | Buffer | undefined = opts.raw;
+  if (opts.body !== undefined) {
+    body = JSON.stringify(opts.body);
+    headers['content-type'] = 'application/json';
+  }
+  Object.assign(headers, opts.headers);
+  const res = await request(base + path, { method: method as 'GET', headers, body });
+  const text = await res.body.text();
+  let parsed: unknown = undefined;
+  try {
+    parsed = text ? JSON.parse(text) : undefined;
+  } catch {
+    parsed = undefined;
+  }
+  return { status: res.statusCode, headers: res.headers, body: parsed, text };
+}
+
+/** A session client bound to one service and one client. */
+export function clientOf(svc: { url: string }, client = DEMO as { id: string; token: string }) {
+  return {
+    init: () => call(svc.url, 'POST', `${API}/initialize-session`, { client }),
+    status: (uuid: string) => call(svc.url, 'GET', `${API}/${uuid}/status`, { client }),
+    ingest: (uuid: string, entity: string, body: unknown) => call(svc.url, 'POST', `${API}/${uuid}/${entity}`, { client, body }),
+    start: (uuid: string, body: unknown) => call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { client, body }),
+    terminate: (uuid: string) => call(svc.url, 'POST', `${API}/${uuid}/terminate`, { client }),
+    remove: (uuid: string) => call(svc.url, 'POST', `${API}/${uuid}/delete`, { client }),
+  };
+}
+
+/** Polls status until `pred` holds (the service is asynchronous by contract); bounded. */
+export async function waitForStatus(
+  svc: { url: string },
+  uuid: string,
+  pred: (body: any) => boolean,
+  client = DEMO as { id: string; token: string },
+  timeoutMs = 20_000,
+): Promise<any> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const res = await clientOf(svc, client).status(uuid);
+    if (res.status === 200 && pred(res.body)) return res.body;
+    if (Date.now() > deadline) throw new Error(`status of ${uuid} never matched: ${res.text}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+export function yesterday(): string {
+  return new Date(Date.now() - 86_400_000).toISOString().slice(0, 10);
+}
+
+export function sendWebhook(url: string, payload: unknown, opts: { secret?: string; timestamp?: number; signature?: string } = {}) {
+  const raw = JSON.stringify(payload);
+  const ts = opts.timestamp ?? Math.floor(Date.now() / 1000);
+  const signature = opts.signature ?? signWebhook(opts.secret ?? WEBHOOK_SECRET, ts, raw);
+  return call(url, 'POST', `${API}/webhooks/upload-finished`, {
+    client: null,
+    raw,
+    headers: { 'content-type': 'application/json', 'x-connector-timestamp': String(ts), 'x-connector-signature': signature },
+  });
+}
+
+export interface FakeConnector {
+  url: string;
+  requests: { method: string; url: string; body: any }[];
+  /** Sets how the next calls are answered. */
+  script(fn: (req: IncomingMessage, body: any, res: ServerResponse) => void): void;
+}
+
+/** A scripted stand-in for the Connector on a real loopback port. */
+export async function fakeConnector(t: Teardown): Promise<FakeConnector> {
+  let handler: (req: IncomingMessage, body: any, res: ServerResponse) => void = (_req, _body, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ workflow_id: 'wf-1', status: 'started' }));
+  };
+  const requests: FakeConnector['requests'] = [];
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const text = Buffer.concat(chunks).toString();
+      const body = text ? JSON.parse(text) : undefined;
+      requests.push({ method: req.method!, url: req.url!, body });
+      handler(req, body, res);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => {
+    server.closeAllConnections();
+    return new Promise((r) => server.close(r));
+  });
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    requests,
+    script(fn) {
+      handler = fn;
+    },
+  };
+}
+
+/** A small valid products package. */
+export function products(n: number, from = 0) {
+  return {
+    columns: ['product_id', 'name', 'price'],
+    data: Array.from({ length: n }, (_, i) => [`p-${from + i}`, `Product ${from + i}`, (from + i) % 100]),
+  };
+}

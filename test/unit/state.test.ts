@@ -1,0 +1,153 @@
+/** The pure state machine, exhaustively: every state against every event. */
+import t from 'tap';
+import {
+  decideDelete,
+  decideIngestBegin,
+  decideIngestCommit,
+  decideIngestRelease,
+  decideInitialize,
+  decideStart,
+  decideStartFailed,
+  decideTerminate,
+  decideWebhook,
+  newSession,
+  statusView,
+  type SessionRecord,
+  type SessionStatus,
+} from '../../src/session/state.js';
+
+const NOW = Date.UTC(2026, 0, 10);
+const STATES: SessionStatus[] = ['UPLOADING', 'STARTED', 'DONE'];
+const dates = { date_from: '2024-01-01', date_to: '2025-12-31' };
+
+function session(status: SessionStatus, extra: Partial<SessionRecord> = {}): SessionRecord {
+  const r = newSession('u-1', 'acme', NOW - 1000);
+  const started = status === 'STARTED' ? { workflow: { ...dates, started_at: new Date(NOW - 500).toISOString() } } : {};
+  return { ...r, status, packages: [{ id: 'p0', entity: 'products', rows: 3, bytes: 30 }], ...started, ...extra };
+}
+
+t.test('initialize-session', async (t) => {
+  t.same(decideInitialize(null), { create: true });
+  t.same(decideInitialize(session('DONE')), { create: true, previous: 'u-1' });
+  const uploading = decideInitialize(session('UPLOADING'));
+  t.equal(uploading.create, false);
+  if (!uploading.create) t.match(uploading.error.body, { status: 'already_exists', session_status: 'UPLOADING', upload_uuid: 'u-1' });
+  const started = decideInitialize(session('STARTED'));
+  if (!started.create) t.match(started.error.body, { status: 'workflow_running', session_status: 'STARTED', upload_uuid: 'u-1' });
+  else t.fail('STARTED must conflict');
+});
+
+t.test('ingest begin / commit only in UPLOADING; release in any state', async (t) => {
+  for (const s of STATES) {
+    const begin = decideIngestBegin(session(s), 'p1', NOW, 1000);
+    const commit = decideIngestCommit(session(s), { packageId: 'p1', entity: 'stock', rows: 2, bytes: 9 }, NOW);
+    if (s === 'UPLOADING') {
+      t.ok(begin.ok && begin.next.in_flight.p1 === NOW + 1000, 'lease registered');
+      t.ok(commit.ok && commit.next.packages.at(-1)?.entity === 'stock', 'package counted');
+    } else {
+      for (const d of [begin, commit]) {
+        t.notOk(d.ok);
+        if (!d.ok) t.same(d.error.body, { detail: { message: 'Invalid upload session status', expected: 'UPLOADING', actual: s } });
+      }
+    }
+    const release = decideIngestRelease(session(s, { in_flight: { p1: NOW + 5 } }), 'p1', NOW);
+    t.ok(release.ok && !('p1' in release.next.in_flight));
+  }
+});
+
+t.test('commit ends the lease and prunes dead ones', async (t) => {
+  const r = session('UPLOADING', { in_flight: { p1: NOW + 100, dead: NOW - 1, p2: NOW + 100 } });
+  const d = decideIngestCommit(r, { packageId: 'p1', entity: 'products', rows: 1, bytes: 1 }, NOW);
+  t.ok(d.ok);
+  if (d.ok) t.same(d.next.in_flight, { p2: NOW + 100 });
+});
+
+t.test('start-upload check order', async (t) => {
+  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW };
+  for (const s of ['STARTED', 'DONE'] as const) {
+    const d = decideStart(session(s), { ...base, dates: { issues: [] } });
+    t.ok(!d.ok && d.error.code === 'INVALID_SESSION_STATUS', `${s}: state first`);
+  }
+  const issues = [{ type: 'missing', loc: ['body', 'date_from'], msg: 'Field required' }];
+  let d = decideStart(session('UPLOADING', { packages: [] }), { ...base, dates: { issues }, pendingBatches: 3 });
+  t.ok(!d.ok && d.error.code === 'VALIDATION_FAILED', 'body before the rest');
+  d = decideStart(session('UPLOADING', { packages: [] }), { ...base, minDate: '2024-06-01', pendingBatches: 3 });
+  t.ok(!d.ok && d.error.code === 'DATE_BEFORE_MINIMUM' && (d.error.body as any).detail === 'date_from cannot be earlier than 2024-06-01');
+  d = decideStart(session('UPLOADING', { packages: [] }), { ...base, pendingBatches: 3 });
+  t.ok(!d.ok && d.error.code === 'NO_ENTITIES');
+  d = decideStart(session('UPLOADING'), { ...base, pendingBatches: 1 });
+  t.ok(!d.ok && d.error.code === 'UPLOAD_TASKS_IN_PROGRESS', 'pending batches');
+  d = decideStart(session('UPLOADING', { in_flight: { p: NOW + 1 } }), base);
+  t.ok(!d.ok && d.error.code === 'UPLOAD_TASKS_IN_PROGRESS', 'in-flight ingest');
+  d = decideStart(session('UPLOADING', { in_flight: { p: NOW - 1 } }), base);
+  t.ok(d.ok, 'an expired lease (dead instance) does not block');
+  if (d.ok) {
+    t.equal(d.next.status, 'STARTED');
+    t.same({ ...d.next.workflow, started_at: undefined }, { ...dates, started_at: undefined });
+  }
+});
+
+t.test('a failed start rolls back only its own start', async (t) => {
+  const r = session('STARTED');
+  const mine = decideStartFailed(r, r.workflow!.started_at, NOW);
+  t.ok(mine.ok && mine.next.status === 'UPLOADING' && !mine.next.workflow);
+  const other = decideStartFailed(r, 'another start', NOW);
+  t.ok(other.ok && other.next === r, 'someone else’s start is left alone');
+});
+
+t.test('terminate only in STARTED', async (t) => {
+  for (const s of STATES) {
+    const d = decideTerminate(session(s), NOW);
+    if (s === 'STARTED') t.ok(d.ok && d.next.status === 'STARTED' && d.next.workflow?.terminate_requested_at, 'STARTED at first');
+    else t.ok(!d.ok && d.error.statusCode === 404 && (d.error.body as any).detail === 'Workflow is not running');
+  }
+});
+
+t.test('webhook: STARTED → DONE / UPLOADING; any other state ignored', async (t) => {
+  const cases = [
+    [{ is_terminated: false }, 'DONE', 'succeeded'],
+    [{ is_terminated: false, status: 'succeeded' as const }, 'DONE', 'succeeded'],
+    [{ is_terminated: true }, 'UPLOADING', 'terminated'],
+    [{ is_terminated: false, status: 'terminated' as const }, 'UPLOADING', 'terminated'],
+    [{ is_terminated: false, status: 'failed' as const, message: 'x' }, 'UPLOADING', 'failed'],
+  ] as const;
+  for (const [event, next, outcome] of cases) {
+    const d = decideWebhook(session('STARTED'), event, NOW);
+    t.ok(d.applied);
+    t.equal(d.next.status, next);
+    t.equal(d.next.last_workflow?.status, outcome);
+    t.notOk(d.next.workflow);
+    t.same(d.next.packages, session('STARTED').packages, 'data kept');
+  }
+  for (const s of ['UPLOADING', 'DONE'] as const) {
+    const r = session(s);
+    const d = decideWebhook(r, { is_terminated: false }, NOW);
+    t.notOk(d.applied);
+    t.equal(d.next, r);
+  }
+});
+
+t.test('delete only in UPLOADING', async (t) => {
+  for (const s of STATES) {
+    const d = decideDelete(session(s), NOW);
+    if (s === 'UPLOADING') t.ok(d.ok && d.next.deleted === true);
+    else t.ok(!d.ok && (d.error.body as any).detail.actual === s);
+  }
+});
+
+t.test('status flags come from state, packages, leases and pending batches', async (t) => {
+  t.match(statusView(session('UPLOADING'), 0, NOW), { upload_tasks_finished: true, can_upload_entities: true, can_start_upload: true, can_terminate: false, entities: ['products'] });
+  t.match(statusView(session('UPLOADING'), 2, NOW), { upload_tasks_finished: false, can_start_upload: false });
+  t.match(statusView(session('UPLOADING', { in_flight: { a: NOW + 1 } }), 0, NOW), { upload_tasks_finished: false, can_start_upload: false });
+  t.match(statusView(session('UPLOADING', { packages: [] }), 0, NOW), { can_start_upload: false, entities: [] });
+  t.match(statusView(session('STARTED'), 0, NOW), { can_upload_entities: false, can_start_upload: false, can_terminate: true });
+  t.match(statusView(session('DONE'), 0, NOW), { can_upload_entities: false, can_start_upload: false, can_terminate: false });
+  const two = session('UPLOADING', {
+    packages: [
+      { id: 'a', entity: 'stock', rows: 1, bytes: 1 },
+      { id: 'b', entity: 'products', rows: 1, bytes: 1 },
+      { id: 'c', entity: 'stock', rows: 1, bytes: 1 },
+    ],
+  });
+  t.same(statusView(two, 0, NOW).entities, ['stock', 'products']);
+});

@@ -1,0 +1,123 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
+import { FileObjectStore } from '../../src/store/embedded/object-store.js';
+import type { ObjectStore, PackageMeta, StoredObject } from '../../src/store/ports.js';
+import { countRows, objectKey, startUploader } from '../../src/uploader/uploader.js';
+
+const meta = (package_id: string, entity = 'stores'): PackageMeta => ({
+  package_id,
+  upload_uuid: '5d0c7c4e-8a57-4e0b-9b8e-2f3c1d4a5b6c',
+  client_id: 'acme/eu west',
+  entity,
+  columns: ['store_id', 'name'],
+});
+
+async function* bytes(s: string): AsyncIterable<Uint8Array> {
+  yield Buffer.from(s);
+}
+
+async function text(body: AsyncIterable<Uint8Array> | null): Promise<string> {
+  const parts: Uint8Array[] = [];
+  for await (const c of body ?? []) parts.push(c);
+  return Buffer.concat(parts).toString('utf8');
+}
+
+/** An ObjectStore that reports each put's outcome and can fail the first put of a key midway. */
+function observed(inner: ObjectStore, failFirst: Set<string>) {
+  const done: { key: string; ok: boolean }[] = [];
+  const waiters: (() => void)[] = [];
+  const store: ObjectStore = {
+    async put(key, body): Promise<StoredObject> {
+      try {
+        if (failFirst.delete(key)) {
+          for await (const _ of body) throw new Error('connection reset');
+        }
+        const stored = await inner.put(key, body);
+        done.push({ key, ok: true });
+        return stored;
+      } catch (err) {
+        done.push({ key, ok: false });
+        throw err;
+      } finally {
+        waiters.splice(0).forEach((w) => w());
+      }
+    },
+    get: (key) => inner.get(key),
+    list: (prefix) => inner.list(prefix),
+    deletePrefix: (prefix) => inner.deletePrefix(prefix),
+    close: () => inner.close(),
+  };
+  const until = async (cond: () => boolean): Promise<void> => {
+    while (!cond()) await new Promise<void>((resolve) => waiters.push(resolve));
+  };
+  return { store, done, until };
+}
+
+t.test('objectKey', async (t) => {
+  const m = meta('p1');
+  t.equal(objectKey('exports', m), 'exports/acme%2Feu%20west/5d0c7c4e-8a57-4e0b-9b8e-2f3c1d4a5b6c/stores/p1.ndjson');
+  t.equal(objectKey('', m), 'acme%2Feu%20west/5d0c7c4e-8a57-4e0b-9b8e-2f3c1d4a5b6c/stores/p1.ndjson', 'no leading slash');
+  t.equal(objectKey('a/b/', m).split('/').slice(0, 3).join('/'), 'a/b/acme%2Feu%20west', 'trailing slash of prefix dropped');
+  t.match(objectKey('', { ...m, client_id: '..' }), /^%2E%2E\//, '".." is still one safe segment');
+});
+
+t.test('countRows', async (t) => {
+  const header = { entity: 'stores', columns: ['a'], package_id: 'p', upload_uuid: 'u', client_id: 'c', rows: 3 };
+  const body = `${JSON.stringify(header)}\n["1"]\n\n["2"]\n["3"]`;
+  async function* split(): AsyncIterable<Uint8Array> {
+    const buf = Buffer.from(body);
+    for (let i = 0; i < buf.length; i += 4) yield buf.subarray(i, i + 4);
+  }
+  t.same(await countRows(split()), { header, rows: 3 }, 'chunk boundaries anywhere, blank lines and no final newline');
+  t.same(await countRows(bytes(JSON.stringify(header))), { header, rows: 0 }, 'header only');
+  await t.rejects(countRows(bytes('')));
+});
+
+t.test('uploader: one object per package, header + rows, a failed put is redelivered', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'ingest-uploader-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const queue = await FileBatchQueue.open(join(dir, 'queue'), { redeliveryDelayMs: 5 });
+  t.teardown(() => queue.close());
+  const files = await FileObjectStore.open(join(dir, 'objects'));
+  t.teardown(() => files.close());
+
+  const flakyKey = objectKey('exports', meta('p2', 'products'));
+  const objects = observed(files, new Set([flakyKey]));
+  const errors: string[] = [];
+  const uploader = startUploader({
+    queue,
+    objects: objects.store,
+    prefix: 'exports',
+    onError: (err, pkg) => errors.push(`${pkg.package_id}: ${(err as Error).message}`),
+  });
+  t.teardown(() => uploader.stop());
+
+  const packages: [PackageMeta, string[]][] = [
+    [meta('p1'), ['["s1","One"]\n["s2","Two"]\n', '["s3","Three"]\n']],
+    [meta('p2', 'products'), ['["x1","X"]\n']],
+  ];
+  for (const [m, batches] of packages) {
+    const w = await queue.open(m);
+    for (const b of batches) await w.append(Buffer.from(b));
+    await w.commit({ rows: batches.join('').split('\n').length - 1, bytes: Buffer.byteLength(batches.join('')) });
+  }
+  await objects.until(() => objects.done.filter((d) => d.ok).length === 2);
+  await uploader.stop();
+
+  t.same(errors, ['p2: connection reset'], 'onError told once');
+  t.same(objects.done.map((d) => `${d.key.split('/').at(-1)} ${d.ok}`), ['p1.ndjson true', 'p2.ndjson false', 'p2.ndjson true']);
+  t.equal(await queue.pending(meta('p1').upload_uuid), 0, 'all acked');
+  const listed = await files.list('exports/');
+  t.same(listed.map((o) => o.key), [objectKey('exports', meta('p1')), flakyKey].sort(), 'each package stored once');
+
+  for (const [m, batches] of packages) {
+    const { package_id, upload_uuid, client_id, entity, columns } = m;
+    const header = { entity, columns, package_id, upload_uuid, client_id, rows: batches.join('').split('\n').length - 1 };
+    const stored = await text(await files.get(objectKey('exports', m)));
+    t.equal(stored, `${JSON.stringify(header)}\n${batches.join('')}`, `${package_id}: header line, then the batches unchanged`);
+    t.same(await countRows(await files.get(objectKey('exports', m)) ?? bytes('')), { header, rows: header.rows });
+  }
+});
