@@ -46,7 +46,10 @@ export interface Connector {
    * there is no connection or no answer within the timeout.
    */
   terminate(uploadUuid: string): Promise<void>;
-  /** Releases connections and timers; pending calls may fail with `CONNECTOR_UNREACHABLE`. */
+  /**
+   * Releases connections and timers. Calls in flight finish (each within its timeout) or
+   * fail with `CONNECTOR_UNREACHABLE`, as do later calls.
+   */
   close(): Promise<void>;
 }
 

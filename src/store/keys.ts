@@ -12,7 +12,10 @@ export const activeKey = (clientId: string): string => `active.${Buffer.from(cli
 
 /** Everything stored for one session ends with a `/`, so one session's prefix never matches another's. */
 export function sessionObjectPrefix(prefix: string, clientId: string, uploadUuid: string): string {
-  return `${prefix ? `${prefix}/` : ''}${encodeURIComponent(clientId)}/${uploadUuid}/`;
+  // `.` and `..` would be path steps, not names, to a file system or a URL.
+  const client = encodeURIComponent(clientId).replace(/^\.{1,2}$/, (dots) => '%2E'.repeat(dots.length));
+  const head = prefix.replace(/\/+$/, '');
+  return `${head ? `${head}/` : ''}${client}/${uploadUuid}/`;
 }
 
 export function objectKey(prefix: string, meta: Pick<PackageMeta, 'client_id' | 'upload_uuid' | 'entity' | 'package_id'>): string {

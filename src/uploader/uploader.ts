@@ -1,3 +1,4 @@
+import { objectKey } from '../store/keys.js';
 import type { BatchQueue, CommittedPackage, ObjectStore, PackageMeta, QueueConsumer } from '../store/ports.js';
 
 /** First line of every stored object; the rows follow, one JSON array per line. */
@@ -17,17 +18,6 @@ export interface UploaderOptions {
   prefix: string;
   /** Told about every failed delivery before the package goes back for redelivery. */
   onError?: (err: unknown, pkg: PackageMeta) => void;
-}
-
-/**
- * `<prefix>/<client_id>/<upload_uuid>/<entity>/<package_id>.ndjson`. The client id is
- * percent-encoded so that any id is exactly one safe segment; one key per package makes a
- * redelivered package overwrite its own object.
- */
-export function objectKey(prefix: string, meta: PackageMeta): string {
-  const client = encodeURIComponent(meta.client_id).replace(/^\.{1,2}$/, (dots) => '%2E'.repeat(dots.length));
-  const head = prefix.replace(/\/+$/, '');
-  return `${head ? `${head}/` : ''}${client}/${meta.upload_uuid}/${meta.entity}/${meta.package_id}.ndjson`;
 }
 
 /**

@@ -164,7 +164,7 @@ t.test('no answer within the timeout: 502', async (t) => {
   const c = connector(t, fake.url, { timeoutMs: 200 });
   const began = Date.now();
   t.match(await failure(c.start(START)), { code: 'CONNECTOR_UNREACHABLE', statusCode: 502 });
-  t.ok(Date.now() - began < 2000, 'gave up near the timeout');
+  t.ok(Date.now() - began < 1500, 'gave up near the timeout, not on undici’s coarse clock');
   t.match(await failure(c.terminate('u1')), { code: 'CONNECTOR_UNREACHABLE', statusCode: 502 });
 });
 

@@ -157,8 +157,7 @@ export class FileBatchQueue implements BatchQueue {
     }
     await fsyncDir(writer.dir);
     const sessionDir = join(this.#ready, meta.upload_uuid);
-    await mkdir(sessionDir, { recursive: true });
-    await fsyncDir(this.#ready);
+    if (await mkdir(sessionDir, { recursive: true })) await fsyncDir(this.#ready);
     const target = join(sessionDir, meta.package_id);
     await rename(writer.dir, target);
     await fsyncDir(sessionDir);

@@ -32,6 +32,7 @@ export class FileObjectStore implements ObjectStore {
     const path = this.#path(key);
     const tmp = join(this.#tmp, randomBytes(12).toString('hex'));
     let size = 0;
+    let created: string | undefined;
     try {
       const fh = await open(tmp, 'wx');
       try {
@@ -45,19 +46,24 @@ export class FileObjectStore implements ObjectStore {
       }
       // A concurrent deletePrefix may remove the freshly made directory: make it again.
       for (let tries = 0; ; tries++) {
-        await mkdir(dirname(path), { recursive: true });
+        created ??= await mkdir(dirname(path), { recursive: true });
         try {
           await rename(tmp, path);
           break;
         } catch (err) {
           if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || tries >= 3) throw err;
+          created = undefined;
         }
       }
     } catch (err) {
       await unlink(tmp).catch(() => {});
       throw err;
     }
-    await fsyncDir(dirname(path));
+    // The new entry, and the entries of any directories made for it, must reach the disk.
+    for (let d = dirname(path); ; d = dirname(d)) {
+      await fsyncDir(d);
+      if (!created || d === dirname(created) || d === this.#root) break;
+    }
     return { key, size };
   }
 

@@ -36,6 +36,7 @@ export class FileSessionStore implements SessionStore {
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
+    if (this.#closed) throw new Error('Session store is closed');
     const rec = this.#cache.get(checkKey(key)) ?? (await this.#locked(key, () => this.#load(key)));
     return rec.json === undefined ? null : { value: JSON.parse(rec.json) as T, revision: rec.revision };
   }
