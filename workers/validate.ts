@@ -54,7 +54,7 @@ export default function validate({ body, entity: name, batchBytes }: ValidateTas
   const { batches, bytes } = encode(data, batchBytes);
   const result: ValidateResult = { ok: true, rows: data.length, bytes, columns, batches };
   // piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`.
-  return move({ [transferableSymbol]: batches, [valueSymbol]: result } as never) as unknown as ValidateResult;
+  return move({ [transferableSymbol]: batches, [valueSymbol]: result }) as unknown as ValidateResult;
 }
 
 const NOT_JSON = Symbol('not JSON');

@@ -47,7 +47,7 @@ interface ValidationIssue extends Issue {
   /** Pydantic's error type, e.g. `missing`, `date_from_datetime_parsing`, `value_error`. */
   type: string;
   /** Where: `["body", <field>]`, or `["body", 0]` for a body that is not JSON. */
-  loc: (string | number)[];
+  loc: (string | (number & tags.Type<'uint32'>))[];
   msg: string;
   /** The offending value (for `missing`, the whole body). */
   input?: unknown;
@@ -116,6 +116,17 @@ interface OperationStarted {
   message: string;
 }
 
+/** The Connector's completion call. Unknown fields are ignored. */
+interface UploadFinishedPayload extends WebhookPayload {
+  upload_uuid: string;
+  /** `true` when the workflow ended because terminate asked it to. */
+  is_terminated: boolean;
+  /** How the workflow ended; `failed` and `terminated` return the session to `UPLOADING`. */
+  status?: 'succeeded' | 'failed' | 'terminated';
+  /** Shown to the client as `last_workflow.message` in the status. */
+  message?: string;
+}
+
 interface WebhookResult {
   /** `ok`: applied; `ignored`: the session was no longer `STARTED` (a repeat or a late call). */
   status: 'ok' | 'ignored';
@@ -165,7 +176,7 @@ const { components } = typia.json.schemas<
     StartUploadRequest,
     ConnectorStartResponse,
     OperationStarted,
-    WebhookPayload,
+    UploadFinishedPayload,
     WebhookResult,
     EntityCatalog,
     OpenApiDocument,
@@ -288,7 +299,7 @@ const paths: Json = {
         'Authenticated by its signature, not by client headers.',
       security: [],
       parameters: [{ $ref: '#/components/parameters/ConnectorTimestamp' }, { $ref: '#/components/parameters/ConnectorSignature' }],
-      requestBody: { required: true, content: { 'application/json': { schema: schema('WebhookPayload') } } },
+      requestBody: { required: true, content: { 'application/json': { schema: schema('UploadFinishedPayload') } } },
       responses: {
         '200': json('`ok`: applied. `ignored`: the session was not `STARTED` (a repeat or a late call); nothing changed.', schema('WebhookResult')),
         '401': error(['`Invalid webhook signature`: signature wrong or missing, or timestamp too far from now']),

@@ -56,6 +56,8 @@ export interface ServerOptions {
   port: number;
   routes: Route[];
   limits: { ingestBodyBytes: number; otherBodyBytes: number; requestTimeoutMs: number };
+  /** How long to keep retrying a fixed port that is still taken (0: fail at once). */
+  listenRetryMs?: number;
   /** Called with errors that become 500s; never with client errors. */
   onInternalError: (err: unknown, req: Request) => void;
 }
@@ -84,7 +86,7 @@ export function uwsIsNative(): boolean {
   return Function.prototype.toString.call(uWS.App).includes('[native code]');
 }
 
-export function listen(opts: ServerOptions): Promise<Server> {
+export async function listen(opts: ServerOptions): Promise<Server> {
   const compiled: CompiledRoute[] = opts.routes.map((route) => ({
     method: route.method,
     segments: route.pattern.split('/').filter(Boolean),
@@ -122,21 +124,22 @@ export function listen(opts: ServerOptions): Promise<Server> {
     else exchange.runStreaming(route.handler, limit);
   });
 
-  return new Promise((resolve, reject) => {
-    app.listen(opts.host, opts.port, (socket) => {
-      if (!socket) {
-        reject(new Error(`Cannot listen on ${opts.host}:${opts.port}`));
-        return;
-      }
-      resolve({
-        port: uWS.us_socket_local_port(socket),
-        close: () => {
-          uWS.us_listen_socket_close(socket);
-          (app as { close?: () => void }).close?.();
-        },
-      });
-    });
-  });
+  const bind = () =>
+    new Promise<uWS.us_listen_socket | false>((resolve) => app.listen(opts.host, opts.port, (socket) => resolve(socket)));
+  // This uWS build binds without SO_REUSEADDR: after a restart the port stays taken while the
+  // previous process's closed connections sit in TIME_WAIT (up to 60 s on Linux). Wait it out.
+  const deadline = Date.now() + (opts.port === 0 ? 0 : (opts.listenRetryMs ?? 0));
+  let socket = await bind();
+  while (!socket && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 250));
+    socket = await bind();
+  }
+  if (!socket) throw new Error(`Cannot listen on ${opts.host}:${opts.port}`);
+  const listenSocket = socket;
+  return {
+    port: uWS.us_socket_local_port(listenSocket),
+    close: () => uWS.us_listen_socket_close(listenSocket),
+  };
 }
 
 /** One request/response pair: owns the uWS response until it is ended or aborted. */
@@ -246,6 +249,11 @@ class Exchange {
       reply.raw !== undefined ? (reply.body as string | Uint8Array) : JSON.stringify(reply.body ?? null);
     const contentType = reply.raw?.contentType ?? 'application/json';
     this.res.cork(() => {
+      // A paused socket stays paused after the response; the next request on it would hang.
+      if (this.paused) {
+        this.paused = false;
+        this.res.resume();
+      }
       this.res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? ''}`.trimEnd());
       this.res.writeHeader('Content-Type', contentType);
       for (const [k, v] of Object.entries(reply.headers ?? {})) this.res.writeHeader(k, v);

@@ -73,7 +73,7 @@ const WORKER = new URL('../../workers/validate.js', import.meta.url).href;
 export class ValidationPool {
   readonly #pool: Piscina<ValidateTask, ValidateResult>;
   readonly #batchBytes: number;
-  /** Tasks admitted (running or queued) and their bound: we count instead of relying on piscina's queue errors, which carry no code. */
+  // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
   #inFlight = 0;
   readonly #capacity: number;
 

@@ -49,10 +49,7 @@ t.test('packages committed but not yet uploaded are uploaded after a restart', a
   const pending = (await c.status(uuid)).body;
   t.equal(pending.upload_tasks_finished, false, 'no uploader: the batch waits in the queue');
   t.equal(pending.can_start_upload, false);
-  await svc.app.close();
-  const { startApp } = await import('../../src/app.js');
-  const { silentLogger } = await import('../../src/log.js');
-  svc.app = await startApp({ ...svc.config, port: svc.app.port, storage: { ...svc.config.storage, inProcessUploader: true } }, { logger: silentLogger });
+  await svc.restart({ storage: { inProcessUploader: true } });
   await waitForStatus(svc, uuid, (b) => b.can_start_upload);
   t.equal((await storedRows(join(svc.dataDir, 'objects'))).length, 30);
 });

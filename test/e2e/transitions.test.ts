@@ -1,6 +1,6 @@
 /** Every row of the spec's state table (plus delete and workflow failure), over real HTTP. */
 import t from 'tap';
-import { API, call, clientOf, DEMO, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
+import { API, call, clientOf, DEMO, fakeConnector, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
 
 const dates = () => ({ date_from: '2024-01-01', date_to: yesterday() });
 
@@ -117,7 +117,8 @@ t.test('terminate outside STARTED: 404 Workflow is not running', async (t) => {
 });
 
 t.test('workflow failure: webhook status failed → UPLOADING with last_workflow, then a later start succeeds', async (t) => {
-  const svc = await startService(t, { connector: { emulatorDelayMs: 60_000 } });
+  const connector = await fakeConnector(t);
+  const svc = await startService(t, { connector: { url: connector.url } });
   const c = clientOf(svc);
   const uuid = (await c.init()).body.upload_uuid;
   await c.ingest(uuid, 'products', products(2));

@@ -27,7 +27,8 @@ export interface Service {
   url: string;
   dataDir: string;
   config: Config;
-  restart(): Promise<void>;
+  /** Stops and starts the service on the same data (and a new port), optionally with changed config. */
+  restart(patch?: DeepPartial<Config>): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -43,21 +44,22 @@ export async function startService(
   env: NodeJS.ProcessEnv = {},
 ): Promise<Service> {
   const dataDir = await tempDir(t);
-  const config = loadConfig(env, {
+  const defaults: DeepPartial<Config> = {
     port: 0,
     dataDir,
     ingest: { workers: 2 },
     connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
-    ...overrides,
-  } as DeepPartial<Config>);
+  };
+  const config = loadConfig(env, deepMerge(defaults, overrides));
   const svc: Service = {
     app: await startApp(config, { logger: silentLogger }),
     url: '',
     dataDir,
     config,
-    async restart() {
+    async restart(patch: DeepPartial<Config> = {}) {
       await svc.app.close();
-      svc.app = await startApp({ ...config, port: svc.app.port }, { logger: silentLogger });
+      // A new port: this uWS build cannot re-bind a port with connections in TIME_WAIT.
+      svc.app = await startApp(deepMerge({ ...config, port: 0 }, patch), { logger: silentLogger });
       svc.url = svc.app.url;
     },
     async stop() {
@@ -71,6 +73,18 @@ export async function startService(
     stopped = true;
   });
   return svc;
+}
+
+function deepMerge<T>(base: T, patch: DeepPartial<T>): T {
+  const out: Record<string, unknown> = { ...(base as Record<string, unknown>) };
+  for (const [k, v] of Object.entries(patch as Record<string, unknown>)) {
+    const cur = out[k];
+    out[k] =
+      v && typeof v === 'object' && !Array.isArray(v) && cur && typeof cur === 'object'
+        ? deepMerge(cur, v as DeepPartial<typeof cur>)
+        : v;
+  }
+  return out as T;
 }
 
 export interface Answer {

@@ -1,0 +1,351 @@
+import { Buffer } from 'node:buffer';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import t from 'tap';
+import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
+import { errors, type ServiceError } from '../../src/errors.js';
+import { ValidationPool, type IngestResult, type IngestSink } from '../../src/ingest/pool.js';
+import type { PackageWriter } from '../../src/store/ports.js';
+
+const entity = (name: string): EntitySpec => findEntity(name)!;
+
+/** In-memory PackageWriter: records what the sink does to it. */
+class FakeWriter implements PackageWriter {
+  readonly batches: Uint8Array[] = [];
+  committed = false;
+  aborts = 0;
+  constructor(
+    readonly columns: string[],
+    private readonly onAppend?: (batch: Uint8Array) => Promise<void>,
+  ) {}
+  async append(batch: Uint8Array): Promise<void> {
+    await this.onAppend?.(batch);
+    this.batches.push(batch);
+  }
+  async commit(): Promise<void> {
+    this.committed = true;
+  }
+  async abort(): Promise<void> {
+    this.aborts++;
+  }
+  lines(): string[] {
+    return Buffer.concat(this.batches).toString('utf8').split('\n').slice(0, -1);
+  }
+}
+
+// Pools are shared across subtests: under tap every worker thread also loads tap's
+// import hooks, which makes a worker start take about a second.
+function newPool(options: Partial<ConstructorParameters<typeof ValidationPool>[0]> = {}): ValidationPool {
+  const pool = new ValidationPool({ workers: 1, maxQueue: 8, ...options });
+  t.teardown(() => pool.destroy());
+  return pool;
+}
+
+const pool = newPool();
+/** Lines of the catalogs rows used below are 10 bytes (`["c","a"]\n`) plus the name's extra bytes. */
+const small = newPool({ batchBytes: 30 });
+
+interface Started {
+  sink: IngestSink;
+  writers: FakeWriter[];
+}
+
+function start(pool: ValidationPool, name: string | EntitySpec, opts: { maxBodyBytes?: number; onAppend?: (b: Uint8Array) => Promise<void> } = {}): Started {
+  const writers: FakeWriter[] = [];
+  const sink = pool.createIngest({
+    entity: typeof name === 'string' ? entity(name) : name,
+    open: async (columns) => {
+      const writer = new FakeWriter(columns, opts.onAppend);
+      writers.push(writer);
+      return writer;
+    },
+    ...(opts.maxBodyBytes === undefined ? {} : { maxBodyBytes: opts.maxBodyBytes }),
+  });
+  return { sink, writers };
+}
+
+/** Feeds `body` in chunks of `chunkSize` bytes (from one reused buffer, as uWS does) and ends. */
+function send(sink: IngestSink, body: string | Uint8Array, chunkSize = 7): Promise<IngestResult> {
+  const bytes = typeof body === 'string' ? Buffer.from(body) : body;
+  const reused = new Uint8Array(chunkSize);
+  for (let at = 0; at < bytes.length; at += chunkSize) {
+    const part = bytes.subarray(at, at + chunkSize);
+    reused.set(part);
+    sink.write(reused.subarray(0, part.length));
+    reused.fill(0x20);
+  }
+  return sink.end();
+}
+
+async function ingest(pool: ValidationPool, name: string | EntitySpec, body: string | Uint8Array) {
+  const started = start(pool, name);
+  return { result: await send(started.sink, body), writers: started.writers };
+}
+
+t.test('valid body: rows, NDJSON in client column order, appended but not committed', async (t) => {
+  const columns = ['name', 'store_id', 'opened_on'];
+  const data = [
+    ['Main street', 's1', '2024-02-29'],
+    ['Grüße, 東京 🚀', 's2', null],
+    ['x"],["y', 's3', '2020-01-01'],
+  ];
+  const { result, writers } = await ingest(pool, 'stores', JSON.stringify({ columns, data }));
+  t.equal(result.rows, 3);
+  t.same(result.columns, columns);
+  t.equal(writers.length, 1);
+  const [writer] = writers;
+  t.same(writer!.columns, columns, 'opened with the client columns');
+  t.equal(result.writer, writer);
+  t.same(writer!.lines(), data.map((row) => JSON.stringify(row)));
+  t.equal(result.bytes, Buffer.byteLength(data.map((row) => `${JSON.stringify(row)}\n`).join('')));
+  t.equal(writer!.committed, false, 'the caller commits');
+  t.equal(writer!.aborts, 0);
+});
+
+t.test('`data` before `columns`, catalog order, number forms', async (t) => {
+  const body = '{"data": [["p1", "Milk", null, "4600000000000", "l", 1e3, true], ["p2", "Ü", "c1", null, null, -0, null]], "columns": ["product_id", "name", "catalog_id", "barcode", "unit", "price", "is_active"]}';
+  const { result, writers } = await ingest(pool, 'products', body);
+  t.equal(result.rows, 2);
+  t.same(writers[0]!.lines(), ['["p1","Milk",null,"4600000000000","l",1000,true]', '["p2","Ü","c1",null,null,0,null]']);
+});
+
+t.test('empty data is accepted with 0 rows and no batches', async (t) => {
+  const { result, writers } = await ingest(pool, 'catalogs', '{"columns":["catalog_id","name"],"data":[]}');
+  t.match(result, { rows: 0, bytes: 0, columns: ['catalog_id', 'name'] });
+  t.equal(writers.length, 1, 'the package is still opened');
+  t.equal(writers[0]!.batches.length, 0);
+});
+
+t.test('a UTF-8 byte order mark is accepted', async (t) => {
+  const body = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('{"columns":["catalog_id","name"],"data":[["c","n"]]}')]);
+  const { result } = await ingest(pool, 'catalogs', body);
+  t.equal(result.rows, 1);
+});
+
+t.test('every 422, first failing check answers, writer never opened', async (t) => {
+  const payload = (detail: string) => ({ code: 'INVALID_PAYLOAD', statusCode: 422, body: { detail } });
+  const validation = (issue: object) => ({ code: 'VALIDATION_FAILED', statusCode: 422, body: { detail: [issue] } });
+  const invalidJson = payload('Invalid JSON format.');
+  const cases: [string, string | Uint8Array, { code: string }][] = [
+    ['empty body', '', invalidJson],
+    ['whitespace', '  \n', invalidJson],
+    ['truncated', '{"columns":["catalog_id"],"data":[["a"]', invalidJson],
+    ['NaN literal', '{"columns":["catalog_id","name"],"data":[[NaN,"n"]]}', invalidJson],
+    ['trailing comma', '{"columns":["catalog_id","name"],"data":[],}', invalidJson],
+    ['invalid UTF-8', Buffer.concat([Buffer.from('{"columns":["catalog_id","name"],"data":[["'), Buffer.from([0xff, 0xfe]), Buffer.from('","n"]]}')]), invalidJson],
+    ['lone surrogate half in UTF-8', Buffer.from([0x22, 0xed, 0xa0, 0x80, 0x22]), invalidJson],
+    ['not an object', '[["a"]]', validation({ type: 'model_attributes_type', loc: ['body'], msg: 'Input should be a valid dictionary or object to extract fields from', input: null })],
+    ['null body', 'null', validation({ type: 'model_attributes_type', loc: ['body'], input: null })],
+    ['columns missing', '{"data":[]}', validation({ type: 'missing', loc: ['body', 'columns'], msg: 'Field required', input: null })],
+    ['column not a string', '{"columns":["a",5],"data":[]}', validation({ type: 'string_type', loc: ['body', 'columns', 1], msg: 'Input should be a valid string', input: 5 })],
+    ['data not a list', '{"columns":["a"],"data":{"a":1}}', validation({ type: 'list_type', loc: ['body', 'data'], msg: 'Input should be a valid list', input: null })],
+    ['row not a list (before any column check)', '{"columns":[],"data":[[],[],[],"x"]}', validation({ type: 'list_type', loc: ['body', 'data', 3], msg: 'Input should be a valid list', input: 'x' })],
+    ['empty columns', '{"columns":[],"data":[["a"]]}', payload('The columns array cannot be empty.')],
+    ['duplicate column', '{"columns":["name","catalog_id","name","x"],"data":[]}', payload('Duplicate column: name')],
+    ['unknown column', '{"columns":["catalog_id","name","color"],"data":[]}', payload('Unknown column: color')],
+    ['missing required', '{"columns":["parent_id"],"data":[]}', payload('Missing required columns: catalog_id, name')],
+    ['row length', '{"columns":["catalog_id","name"],"data":[["a","b"],["a","b","c"]]}', payload('Invalid data types in payload: row 1: expected 2 values, got 3')],
+    ['empty id', '{"columns":["name","catalog_id"],"data":[["n","a"],["n",""]]}', payload('Invalid data types in payload: row 1, column "catalog_id": expected non-empty string, got ""')],
+    ['null in required', '{"columns":["catalog_id","name"],"data":[["a",null]]}', payload('Invalid data types in payload: row 0, column "name": expected string, got null')],
+    ['huge exponent', '{"columns":["store_id","product_id","date","quantity"],"data":[["s","p","2024-01-01",1e400]]}', payload('Invalid data types in payload: row 0, column "quantity": expected number, got Infinity')],
+    ['impossible date', '{"columns":["store_id","product_id","date","quantity"],"data":[["s","p","2023-02-29",1]]}', payload('Invalid data types in payload: row 0, column "date": expected date (YYYY-MM-DD), got "2023-02-29"')],
+    ['first bad row wins', '{"columns":["catalog_id","name"],"data":[["a","b"],["a",1],[null,"b"]]}', payload('Invalid data types in payload: row 1, column "name": expected string, got 1')],
+  ];
+  for (const [name, body, expected] of cases) {
+    const { sink, writers } = start(pool, name.startsWith('huge') || name.startsWith('impossible') ? 'stock' : 'catalogs');
+    await t.rejects(send(sink, body), expected, name);
+    t.equal(writers.length, 0, `${name}: no writer`);
+  }
+});
+
+t.test('batches: whole lines, at most batchBytes, a longer line alone', async (t) => {
+  const row = (name: string) => ['c', name];
+  const data = [
+    row('a'), row('b'), row('c'), // 30 bytes: exactly one batch
+    row('d'), // 10, then a 40-byte line that fits no batch
+    row('x'.repeat(31)),
+    row('e'), // 10 + 21 > 30: split
+    row('y'.repeat(12)),
+    row('ü'), // 11: 21 + 11 > 30
+    row('f'), row('g'), // 11 + 10 + 10 = 31 > 30
+  ];
+  const { result, writers } = await ingest(small, 'catalogs', JSON.stringify({ columns: ['catalog_id', 'name'], data }));
+  const batches = writers[0]!.batches.map((b) => Buffer.from(b).toString('utf8'));
+  const lines = (...rows: string[][]) => rows.map((r) => `${JSON.stringify(r)}\n`).join('');
+  t.same(batches, [
+    lines(row('a'), row('b'), row('c')),
+    lines(row('d')),
+    lines(row('x'.repeat(31))),
+    lines(row('e')),
+    lines(row('y'.repeat(12))),
+    lines(row('ü'), row('f')),
+    lines(row('g')),
+  ]);
+  t.same(
+    writers[0]!.batches.map((b) => b.byteLength),
+    [30, 10, 40, 10, 21, 21, 10],
+  );
+  t.equal(result.bytes, 142);
+  t.ok(writers[0]!.batches.every((b) => b.byteOffset === 0 && b.buffer.byteLength === b.byteLength), 'each batch owns exactly its buffer');
+});
+
+t.test('maxBodyBytes: over the limit fails with BODY_TOO_LARGE, at the limit passes', async (t) => {
+  const body = '{"columns":["catalog_id","name"],"data":[["a","b"]]}';
+  const at = start(pool, 'catalogs', { maxBodyBytes: body.length });
+  t.equal((await send(at.sink, body)).rows, 1);
+  const over = start(pool, 'catalogs', { maxBodyBytes: body.length - 1 });
+  await t.rejects(send(over.sink, body), { code: 'BODY_TOO_LARGE', statusCode: 413 });
+  t.equal(over.writers.length, 0);
+});
+
+const VALID = '{"columns":["catalog_id","name"],"data":[["a","b"]]}';
+
+/**
+ * A pool whose worker wraps the real one: entity `crash` exits the thread, `throw` throws,
+ * `hang` announces itself on a BroadcastChannel and spins until terminated. No queue: a
+ * second task while one runs is refused.
+ */
+const wrapped = (() => {
+  const real = new URL('../../workers/validate.js', import.meta.url).href;
+  const channel = `hang-${process.pid}-${Math.random()}`;
+  const dir = t.testdir({
+    'worker.mjs': `
+      import validate from ${JSON.stringify(real)};
+      export default function (task) {
+        if (task.entity === 'crash') process.exit(3);
+        if (task.entity === 'throw') throw new Error('boom');
+        if (task.entity === 'hang') {
+          new BroadcastChannel(${JSON.stringify(channel)}).postMessage('running');
+          const until = Date.now() + 30_000;
+          while (Date.now() < until);
+        }
+        return validate(task);
+      }
+    `,
+  });
+  return { pool: newPool({ filename: pathToFileURL(join(dir, 'worker.mjs')).href, maxQueue: 0 }), channel };
+})();
+
+const fake = (name: string): EntitySpec => ({ ...entity('catalogs'), name });
+
+function running(channel: string): Promise<void> {
+  const bc = new BroadcastChannel(channel);
+  return new Promise((resolve) => {
+    bc.onmessage = () => {
+      bc.close();
+      resolve();
+    };
+  });
+}
+
+t.test('a worker crash is an internal error and the pool serves the next request', async (t) => {
+  const { pool } = wrapped;
+  for (const kind of ['crash', 'throw']) {
+    const { sink, writers } = start(pool, fake(kind));
+    const err = (await send(sink, VALID).then(
+      () => t.fail('resolved'),
+      (e: unknown) => e,
+    )) as ServiceError;
+    t.match(err, { code: 'INTERNAL', statusCode: 500 }, kind);
+    t.match(err.cause, { message: kind === 'crash' ? /exited with code: 3/ : 'boom' });
+    t.equal(writers.length, 0);
+    const next = await ingest(pool, 'catalogs', VALID);
+    t.equal(next.result.rows, 1, `served after ${kind}`);
+  }
+});
+
+t.test('abort while the task runs: task cancelled, end() rejects, pool keeps serving', async (t) => {
+  const { pool, channel } = wrapped;
+  const { sink, writers } = start(pool, fake('hang'));
+  const started = running(channel);
+  const ended = send(sink, VALID);
+  await started;
+  sink.abort();
+  const err = (await ended.then(
+    () => t.fail('resolved'),
+    (e: unknown) => e,
+  )) as ServiceError;
+  t.match(err, { code: 'INTERNAL' });
+  t.match(err.cause, { name: 'AbortError' });
+  t.equal(writers.length, 0);
+  t.equal((await ingest(pool, 'catalogs', VALID)).result.rows, 1, 'the worker was replaced');
+});
+
+t.test('a full queue answers RATE_LIMITED', async (t) => {
+  const { pool, channel } = wrapped;
+  const busy = start(pool, fake('hang'));
+  const started = running(channel);
+  const busyEnd = send(busy.sink, VALID);
+  await started;
+  const second = start(pool, 'catalogs');
+  await t.rejects(send(second.sink, VALID), { code: 'RATE_LIMITED', statusCode: 503, headers: { 'Retry-After': '1' } });
+  busy.sink.abort();
+  await t.rejects(busyEnd, { code: 'INTERNAL' });
+  t.equal((await ingest(pool, 'catalogs', VALID)).result.rows, 1, 'capacity is released');
+});
+
+t.test('abort before end: chunks dropped, no task, no writer', async (t) => {
+  const { sink, writers } = start(pool, 'catalogs');
+  sink.write(Buffer.from(VALID.slice(0, 10)));
+  sink.abort();
+  t.equal(sink.write(Buffer.from(VALID.slice(10))), true, 'later writes are ignored');
+  await t.rejects(sink.end(), { code: 'INTERNAL' });
+  t.equal(writers.length, 0);
+});
+
+t.test('abort while appending: the writer is aborted once the append settles', async (t) => {
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  let appending!: () => void;
+  const appendStarted = new Promise<void>((resolve) => (appending = resolve));
+  const { sink, writers } = start(small, 'catalogs', {
+    onAppend: () => {
+      appending();
+      return gate;
+    },
+  });
+  const name = 'x'.repeat(31); // 40-byte lines: one batch each
+  const ended = send(sink, JSON.stringify({ columns: ['catalog_id', 'name'], data: [['a', name], ['b', name]] }));
+  await appendStarted;
+  sink.abort();
+  release();
+  await t.rejects(ended, { code: 'INTERNAL' });
+  t.equal(writers[0]!.aborts, 1);
+  t.equal(writers[0]!.batches.length, 1, 'no append after the abort');
+  t.equal(writers[0]!.committed, false);
+});
+
+t.test('store failures: open passes ServiceErrors through, a failed append aborts the writer', async (t) => {
+  const opening = (err: Error) =>
+    pool.createIngest({
+      entity: entity('catalogs'),
+      open: async () => {
+        throw err;
+      },
+    });
+  await t.rejects(send(opening(errors.invalidSessionStatus('UPLOADING', 'STARTED')), VALID), { code: 'INVALID_SESSION_STATUS' });
+  await t.rejects(send(opening(new Error('nats down')), VALID), { code: 'INTERNAL', cause: { message: 'nats down' } });
+
+  const { sink, writers } = start(pool, 'catalogs', {
+    onAppend: async () => {
+      throw new Error('disk full');
+    },
+  });
+  await t.rejects(send(sink, VALID), { code: 'INTERNAL', cause: { message: 'disk full' } });
+  t.equal(writers[0]!.aborts, 1);
+});
+
+t.test('end() is idempotent; abort() after it resolved leaves the writer to the caller', async (t) => {
+  const { sink, writers } = start(pool, 'catalogs');
+  const first = send(sink, VALID);
+  t.equal(sink.end(), first);
+  await first;
+  sink.abort();
+  t.equal(writers[0]!.aborts, 0);
+});
+
+t.test('constructor options are checked', async (t) => {
+  t.throws(() => new ValidationPool({ workers: -1, maxQueue: 1 }), { name: 'TypeError', message: /workers/ });
+  t.throws(() => new ValidationPool({ workers: 1, maxQueue: 1.5 }), { message: /maxQueue/ });
+  t.throws(() => new ValidationPool({ workers: 1, maxQueue: 1, batchBytes: 0 }), { message: /batchBytes/ });
+});
