@@ -3,8 +3,6 @@
 # Gateway (default command):
 #   docker run --init -p 8080:8080 -e CLIENTS_FILE=/app/config/clients.json \
 #     -v "$PWD/clients.json:/app/config/clients.json:ro" -v ingest-data:/app/data ingest-gateway
-# Uploader (a separate process when storage.inProcessUploader is off, same image):
-#   docker run --init ingest-gateway node dist/src/uploader/main.js
 # Issue a client into a mounted clients file (token printed once):
 #   docker run --rm -v "$PWD:/work" ingest-gateway node dist/src/cli/admin.js issue-client \
 #     --id acme --ip 203.0.113.0/24 --file /work/clients.json

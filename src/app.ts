@@ -23,6 +23,9 @@ import { FileSessionStore } from './store/embedded/session-store.js';
 import type { BatchQueue, ObjectStore, QueueConsumer, SessionStore } from './store/ports.js';
 import { countRows, startUploader } from './uploader/uploader.js';
 
+/** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (see http/server.ts). */
+const LISTEN_RETRY_MS = 90_000;
+
 export interface App {
   readonly url: string;
   readonly port: number;
@@ -75,6 +78,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       workers: resolvedWorkers(config),
       maxQueue: config.ingest.maxQueue,
       batchBytes: config.ingest.batchBytes,
+      onError: (err) => log.error('validation worker failed outside a task', { err }),
     });
     closers.push(() => pool.destroy());
 
@@ -84,10 +88,13 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     const publicUrl = () => config.publicUrl ?? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${boundPort}`;
     const connector: Connector = config.connector.url
       ? new HttpConnector({ url: config.connector.url, timeoutMs: config.connector.timeoutMs, connectTimeoutMs: config.connector.connectTimeoutMs })
-      : new EmulatedConnector({
+      : await EmulatedConnector.open({
           objects,
           secret,
           delayMs: config.connector.emulatorDelayMs,
+          stateFile: join(dataDir, 'connector-emulator.json'),
+          // Restored workflows: the saved callback URL may name the previous run's port.
+          callbackUrl: () => `${publicUrl()}/api/v1/uploading/webhooks/upload-finished`,
           timeoutMs: config.connector.timeoutMs,
           countRows: async (body) => (await countRows(body)).rows,
           log: (msg, data) => log.info(msg, data),
@@ -121,6 +128,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       port: config.port,
       routes: routes(deps),
       limits: config.limits,
+      listenRetryMs: LISTEN_RETRY_MS,
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.id }),
     });
     boundPort = server.port;

@@ -1,10 +1,11 @@
 import { randomUUID } from 'node:crypto';
+import { mkdir, open, readFile, rename, unlink } from 'node:fs/promises';
+import { dirname } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { errors } from '../errors.js';
 import type { ObjectStore } from '../store/ports.js';
 import type { Connector, WebhookPayload, WorkflowStart } from './types.js';
 import { sendWebhook } from './webhook.js';
-
 export interface EmulatedConnectorOptions {
   /** Where the session's objects were stored (the same store the uploader writes to). */
   objects: ObjectStore;
@@ -18,6 +19,18 @@ export interface EmulatedConnectorOptions {
   countRows: (body: AsyncIterable<Uint8Array>) => Promise<number>;
   /** Pauses between webhook attempts; one attempt more than delays. Default 0.5, 1, 2, 4 s. */
   retryDelaysMs?: readonly number[];
+  /**
+   * JSON file keeping the workflows not yet done, so they survive a restart (rewritten
+   * whole on every change: temp file, fsync, rename, directory fsync). Without it the
+   * state is in memory only.
+   */
+  stateFile?: string;
+  /**
+   * The gateway's webhook URL as of now. Workflows restored from `stateFile` send their
+   * webhook there (asked at each attempt) instead of to their saved `callback_url`, which
+   * names the previous process's address (a port bound as 0 changes across restarts).
+   */
+  callbackUrl?: () => string;
   log?: (msg: string, data: Record<string, unknown>) => void;
 }
 
@@ -31,19 +44,52 @@ export interface EmulatedStartAnswer {
 /** Lets the gateway's terminate answer go out before the confirming webhook arrives. */
 const TERMINATE_ACK_DELAY_MS = 100;
 const MAX_PROBLEMS_LISTED = 5;
+const STATE_VERSION = 1;
+/** Restored work waits this long after `open`, so the gateway's webhook endpoint can come up first. */
+const RESUME_DELAY_MS = 100;
+/**
+ * Restored webhooks keep retrying (at the last retry pause) until this long after `open`:
+ * the gateway may still be waiting to bind its port (up to 90 s, see app.ts), and giving
+ * up would leave the session STARTED for good.
+ */
+const RESUME_PATIENCE_MS = 120_000;
 
-interface Workflow {
-  callbackUrl: string;
+/**
+ * One workflow not yet done, as kept in the state file. `running`: waiting for `due_at`
+ * (terminate still possible); `completing`: sending `outcome`; `terminating`: sending the
+ * terminate confirmation. Removed once its webhook was delivered (2xx) or given up.
+ */
+interface WorkflowRecord {
+  upload_uuid: string;
+  workflow_id: string;
+  callback_url: string;
+  /** When the completion webhook is due, epoch ms. */
+  due_at: number;
+  phase: 'running' | 'completing' | 'terminating';
+  /** The completion webhook, judged at start from the counted rows. */
+  outcome: WebhookPayload;
+}
+
+interface Scheduled {
+  workflowId: string;
   timer: NodeJS.Timeout;
 }
+
+type Log = EmulatedConnectorOptions['log'];
 
 /**
  * The embedded Connector (DECISIONS.md, "With `CONNECTOR_URL` unset"). `start` counts the
  * rows of every listed object and answers at once; after `delayMs` the workflow completes
  * with `succeeded` (`Processed N rows`), or `failed` when a count differs from the request
  * or an object is missing. Only one workflow per `upload_uuid` runs at a time; a finished
- * or terminated one may be started again. State is in memory: after a restart, a workflow
- * that was running never completes and its terminate answers 404.
+ * or terminated one may be started again.
+ *
+ * With `stateFile`, every workflow not yet done is saved before `start` / `terminate`
+ * answer (a start that cannot be saved fails with 500; other failed saves are logged and
+ * carried by the next write), and `open` resumes them: a running one completes at its due time (100 ms after
+ * `open` when that has passed) and can be terminated until then; a webhook that was being
+ * sent is sent again 100 ms after `open` (the gateway ignores a repeat): at least once.
+ * Restored workflows send to `callbackUrl()` when given, else to their saved `callback_url`.
  */
 export class EmulatedConnector implements Connector {
   readonly #opts: EmulatedConnectorOptions;
@@ -51,14 +97,39 @@ export class EmulatedConnector implements Connector {
   readonly #retryDelaysMs: readonly number[];
   /** Uploads whose start is being counted or whose workflow runs. */
   readonly #busy = new Set<string>();
-  readonly #running = new Map<string, Workflow>();
+  /** Running workflows' completion timers, by upload. */
+  readonly #running = new Map<string, Scheduled>();
+  /**
+   * Every workflow not yet done, by workflow id (an upload may be started again while the
+   * previous workflow's webhook is still being retried). What the state file holds.
+   */
+  readonly #workflows = new Map<string, WorkflowRecord>();
+  /** Workflows loaded from the state file: see `callbackUrl`. */
+  readonly #restored = new WeakSet<WorkflowRecord>();
+  /** When `open` restored the state file (epoch ms). */
+  #restoredAt = 0;
   readonly #deliveries = new Set<Promise<void>>();
   readonly #closing = new AbortController();
+  /** Settles after the last requested state write. */
+  #writeTail: Promise<void> = Promise.resolve();
+  /** A write requested but not begun: later changes join it. */
+  #queuedWrite: Promise<void> | null = null;
 
-  constructor(opts: EmulatedConnectorOptions) {
+  private constructor(opts: EmulatedConnectorOptions) {
     this.#opts = opts;
     this.#delayMs = opts.delayMs ?? 3000;
     this.#retryDelaysMs = opts.retryDelaysMs ?? [500, 1000, 2000, 4000];
+  }
+
+  /**
+   * Creates the emulator and, with `stateFile`, resumes the workflows saved there. A
+   * missing file, or one that does not parse, starts empty (logged; an unparsable file is
+   * kept aside as `<stateFile>.corrupt-<epoch ms>`). Other read errors reject.
+   */
+  static async open(opts: EmulatedConnectorOptions): Promise<EmulatedConnector> {
+    const c = new EmulatedConnector(opts);
+    if (opts.stateFile !== undefined) await c.#restore(await loadState(opts.stateFile, opts.log));
+    return c;
   }
 
   async start(req: WorkflowStart): Promise<EmulatedStartAnswer> {
@@ -70,13 +141,25 @@ export class EmulatedConnector implements Connector {
       const counted = await this.#count(req);
       if (this.#closing.signal.aborted) throw errors.connectorUnreachable();
       const { entities, payload } = judge(req, counted);
-      const timer = setTimeout(() => {
-        this.#running.delete(uuid);
-        this.#busy.delete(uuid);
-        this.#deliver(req.callback_url, payload, 0);
-      }, this.#delayMs);
-      this.#running.set(uuid, { callbackUrl: req.callback_url, timer });
-      return { workflow_id: randomUUID(), status: 'started', entities };
+      const wf: WorkflowRecord = {
+        upload_uuid: uuid,
+        workflow_id: randomUUID(),
+        callback_url: req.callback_url,
+        due_at: Date.now() + this.#delayMs,
+        phase: 'running',
+        outcome: payload,
+      };
+      this.#workflows.set(wf.workflow_id, wf);
+      try {
+        await this.#save();
+      } catch (err) {
+        this.#workflows.delete(wf.workflow_id);
+        this.#opts.log?.('connector emulator: cannot save state', { upload_uuid: uuid, file: this.#opts.stateFile, err });
+        throw errors.connectorError(500, 'Connector could not record the workflow');
+      }
+      // Closed while saving: the saved workflow resumes at the next open.
+      if (!this.#closing.signal.aborted) this.#schedule(wf);
+      return { workflow_id: wf.workflow_id, status: 'started', entities };
     } catch (err) {
       this.#busy.delete(uuid);
       throw err;
@@ -84,27 +167,59 @@ export class EmulatedConnector implements Connector {
   }
 
   async terminate(uploadUuid: string): Promise<void> {
-    const wf = this.#running.get(uploadUuid);
-    if (!wf) throw errors.workflowStopFailed(404);
-    clearTimeout(wf.timer);
+    const scheduled = this.#running.get(uploadUuid);
+    const wf = scheduled && this.#workflows.get(scheduled.workflowId);
+    if (!scheduled || !wf) throw errors.workflowStopFailed(404);
+    clearTimeout(scheduled.timer);
     this.#running.delete(uploadUuid);
     this.#busy.delete(uploadUuid);
-    const payload: WebhookPayload = {
-      upload_uuid: uploadUuid,
-      is_terminated: true,
-      status: 'terminated',
-      message: 'Workflow terminated',
-    };
-    this.#deliver(wf.callbackUrl, payload, TERMINATE_ACK_DELAY_MS);
+    wf.phase = 'terminating';
+    this.#deliver(wf, TERMINATE_ACK_DELAY_MS);
+    await this.#saveOrLog(wf);
   }
 
-  /** Cancels pending completions and webhook deliveries (in flight ones are aborted). */
+  /**
+   * Cancels pending completions and webhook deliveries (in flight ones are aborted) and
+   * waits for state writes. Saved workflows stay saved: the next `open` resumes them.
+   */
   async close(): Promise<void> {
     this.#closing.abort();
-    for (const wf of this.#running.values()) clearTimeout(wf.timer);
+    for (const s of this.#running.values()) clearTimeout(s.timer);
     this.#running.clear();
     this.#busy.clear();
     await Promise.allSettled([...this.#deliveries]);
+    await this.#writeTail;
+  }
+
+  async #restore(saved: WorkflowRecord[]): Promise<void> {
+    this.#restoredAt = Date.now();
+    let dropped = 0;
+    for (const wf of saved) {
+      if (this.#workflows.has(wf.workflow_id) || (wf.phase === 'running' && this.#running.has(wf.upload_uuid))) {
+        this.#opts.log?.('connector emulator: duplicate saved workflow dropped', { upload_uuid: wf.upload_uuid, workflow_id: wf.workflow_id });
+        dropped++;
+        continue;
+      }
+      this.#workflows.set(wf.workflow_id, wf);
+      this.#restored.add(wf);
+      if (wf.phase === 'running') this.#schedule(wf, RESUME_DELAY_MS);
+      else this.#deliver(wf, RESUME_DELAY_MS);
+    }
+    this.#opts.log?.('connector emulator: workflows restored', { file: this.#opts.stateFile, count: this.#workflows.size });
+    if (dropped > 0) await this.#saveOrLog();
+  }
+
+  /** Completes `wf` at its due time, or after `minDelayMs` when that is later. */
+  #schedule(wf: WorkflowRecord, minDelayMs = 0): void {
+    const timer = setTimeout(() => {
+      this.#running.delete(wf.upload_uuid);
+      this.#busy.delete(wf.upload_uuid);
+      wf.phase = 'completing';
+      void this.#saveOrLog(wf);
+      this.#deliver(wf, 0);
+    }, Math.max(minDelayMs, wf.due_at - Date.now()));
+    this.#running.set(wf.upload_uuid, { workflowId: wf.workflow_id, timer });
+    this.#busy.add(wf.upload_uuid);
   }
 
   /** Rows per object key; null for a missing object. */
@@ -122,37 +237,170 @@ export class EmulatedConnector implements Connector {
     return counted;
   }
 
-  #deliver(url: string, payload: WebhookPayload, initialDelayMs: number): void {
+  /**
+   * Sends the webhook of `wf`'s phase (its outcome, or the terminate confirmation) with
+   * retries; once delivered or given up, forgets `wf`. Closing aborts it and keeps `wf`.
+   */
+  #deliver(wf: WorkflowRecord, initialDelayMs: number): void {
     const { signal } = this.#closing;
-    const run = async (): Promise<void> => {
+    const restored = this.#restored.has(wf);
+    const current = restored ? this.#opts.callbackUrl : undefined;
+    const lastPause = this.#retryDelaysMs.at(-1) ?? 1000;
+    const payload: WebhookPayload =
+      wf.phase === 'terminating'
+        ? { upload_uuid: wf.upload_uuid, is_terminated: true, status: 'terminated', message: 'Workflow terminated' }
+        : wf.outcome;
+    /** True when done with (delivered or given up), false when aborted by close. */
+    const run = async (): Promise<boolean> => {
       if (initialDelayMs > 0) await sleep(initialDelayMs, undefined, { signal });
       for (let attempt = 0; ; attempt++) {
         let failure: unknown;
         try {
+          const url = current ? current() : wf.callback_url;
           const status = await sendWebhook({ url, secret: this.#opts.secret, payload, timeoutMs: this.#opts.timeoutMs, signal });
-          if (status < 300) return;
+          if (status < 300) return true;
           if (!isRetryable(status)) {
             this.#opts.log?.('connector emulator: webhook refused', { upload_uuid: payload.upload_uuid, status });
-            return;
+            return true;
           }
           failure = status;
         } catch (err) {
-          if (signal.aborted) return;
+          if (signal.aborted) return false;
           failure = err;
         }
-        const pause = this.#retryDelaysMs[attempt];
+        let pause = this.#retryDelaysMs[attempt];
+        if (pause === undefined && restored && Date.now() + lastPause < this.#restoredAt + RESUME_PATIENCE_MS) pause = lastPause;
         if (pause === undefined) {
           this.#opts.log?.('connector emulator: webhook undelivered', { upload_uuid: payload.upload_uuid, attempts: attempt + 1, failure });
-          return;
+          return true;
         }
         await sleep(pause, undefined, { signal });
       }
     };
     const delivery: Promise<void> = run()
-      .catch(() => undefined) // only an aborted sleep rejects: closing
+      .catch(() => false) // only an aborted sleep rejects: closing
+      .then(async (done) => {
+        if (!done) return;
+        this.#workflows.delete(wf.workflow_id);
+        await this.#saveOrLog(wf);
+      })
       .finally(() => this.#deliveries.delete(delivery));
     this.#deliveries.add(delivery);
   }
+
+  /**
+   * Writes the state file with every change made before the write begins. Writes run one
+   * at a time; changes made while one runs share the next. No-op without `stateFile`.
+   */
+  #save(): Promise<void> {
+    const file = this.#opts.stateFile;
+    if (file === undefined) return Promise.resolve();
+    if (this.#queuedWrite) return this.#queuedWrite;
+    const write = this.#writeTail.then(() => {
+      this.#queuedWrite = null;
+      const state = { version: STATE_VERSION, workflows: [...this.#workflows.values()] };
+      return writeAtomically(file, `${JSON.stringify(state)}\n`);
+    });
+    this.#queuedWrite = write;
+    this.#writeTail = write.catch(() => undefined);
+    return write;
+  }
+
+  /** `#save`, logging a failure: the change stays in memory and the next write carries it. */
+  async #saveOrLog(wf?: WorkflowRecord): Promise<void> {
+    try {
+      await this.#save();
+    } catch (err) {
+      this.#opts.log?.('connector emulator: cannot save state', { upload_uuid: wf?.upload_uuid, file: this.#opts.stateFile, err });
+    }
+  }
+}
+
+/** The saved workflows; [] for a missing or unparsable file (logged, the latter kept aside). */
+async function loadState(file: string, log: Log): Promise<WorkflowRecord[]> {
+  await mkdir(dirname(file), { recursive: true });
+  await unlink(tmpPath(file)).catch(() => undefined);
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    log?.('connector emulator: no state file, starting empty', { file });
+    return [];
+  }
+  let workflows: unknown[];
+  try {
+    const state: unknown = JSON.parse(text);
+    if (!isObject(state) || state.version !== STATE_VERSION || !Array.isArray(state.workflows)) {
+      throw new Error(`not a version ${STATE_VERSION} state file`);
+    }
+    workflows = state.workflows;
+  } catch (err) {
+    const aside = `${file}.corrupt-${Date.now()}`;
+    const kept = await rename(file, aside).then(
+      () => aside,
+      () => null,
+    );
+    log?.('connector emulator: corrupt state file, starting empty', { file, kept_as: kept, err });
+    return [];
+  }
+  const valid: WorkflowRecord[] = [];
+  for (const wf of workflows) {
+    if (isWorkflowRecord(wf)) valid.push(wf);
+    else log?.('connector emulator: invalid saved workflow dropped', { file, workflow: wf });
+  }
+  return valid;
+}
+
+function tmpPath(file: string): string {
+  return `${file}.tmp`;
+}
+
+/** Temp file, fsync, rename over `file`, fsync of the directory. */
+async function writeAtomically(file: string, text: string): Promise<void> {
+  const tmp = tmpPath(file);
+  const fh = await open(tmp, 'w');
+  try {
+    await fh.writeFile(text);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  try {
+    await rename(tmp, file);
+  } catch (err) {
+    await unlink(tmp).catch(() => undefined);
+    throw err;
+  }
+  const dh = await open(dirname(file), 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
+  }
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+const isString = (v: unknown): v is string => typeof v === 'string' && v !== '';
+
+function isWorkflowRecord(v: unknown): v is WorkflowRecord {
+  if (!isObject(v) || !isObject(v.outcome)) return false;
+  const o = v.outcome;
+  return (
+    isString(v.upload_uuid) &&
+    isString(v.workflow_id) &&
+    isString(v.callback_url) &&
+    typeof v.due_at === 'number' &&
+    Number.isFinite(v.due_at) &&
+    (v.phase === 'running' || v.phase === 'completing' || v.phase === 'terminating') &&
+    o.upload_uuid === v.upload_uuid &&
+    typeof o.is_terminated === 'boolean' &&
+    (o.status === undefined || o.status === 'succeeded' || o.status === 'failed' || o.status === 'terminated') &&
+    (o.message === undefined || typeof o.message === 'string')
+  );
 }
 
 function isRetryable(status: number): boolean {

@@ -1,19 +1,23 @@
 /** A restart of the embedded default loses no session and no accepted package. */
-import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t from 'tap';
+import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { clientOf, products, startService, waitForStatus, yesterday } from '../support/harness.js';
 
-async function storedRows(dir: string): Promise<string[]> {
-  const rows: string[] = [];
-  const walk = async (d: string): Promise<void> => {
-    for (const e of await readdir(d, { withFileTypes: true })) {
-      if (e.isDirectory()) await walk(join(d, e.name));
-      else if (e.name.endsWith('.ndjson')) rows.push(...(await readFile(join(d, e.name), 'utf8')).trim().split('\n').slice(1));
+/** Every stored row, read back through the object store the service wrote. */
+async function storedRows(dataDir: string): Promise<string[]> {
+  const objects = await FileObjectStore.open(join(dataDir, 'objects'));
+  try {
+    const rows: string[] = [];
+    for (const { key } of await objects.list('')) {
+      const chunks: Buffer[] = [];
+      for await (const chunk of (await objects.get(key))!) chunks.push(Buffer.from(chunk));
+      rows.push(...Buffer.concat(chunks).toString('utf8').trim().split('\n').slice(1));
     }
-  };
-  await walk(dir);
-  return rows.sort();
+    return rows.sort();
+  } finally {
+    await objects.close();
+  }
 }
 
 t.test('sessions, entities and stored rows survive a restart; the flow continues to DONE', async (t) => {
@@ -31,7 +35,7 @@ t.test('sessions, entities and stored rows survive a restart; the flow continues
   t.equal(again.status, 409, 'the active session survived');
   t.equal(again.body.upload_uuid, uuid);
 
-  const rows = await storedRows(join(svc.dataDir, 'objects'));
+  const rows = await storedRows(svc.dataDir);
   t.equal(rows.length, 76, 'every accepted row is stored, once');
   t.ok(rows.includes('["p-74","Product 74",74]'));
 
@@ -51,5 +55,5 @@ t.test('packages committed but not yet uploaded are uploaded after a restart', a
   t.equal(pending.can_start_upload, false);
   await svc.restart({ storage: { inProcessUploader: true } });
   await waitForStatus(svc, uuid, (b) => b.can_start_upload);
-  t.equal((await storedRows(join(svc.dataDir, 'objects'))).length, 30);
+  t.equal((await storedRows(svc.dataDir)).length, 30);
 });

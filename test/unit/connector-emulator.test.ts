@@ -1,5 +1,9 @@
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { EmulatedConnector, type EmulatedConnectorOptions } from '../../src/connector/emulator.js';
 import type { WebhookPayload, WorkflowStart } from '../../src/connector/types.js';
@@ -105,8 +109,8 @@ async function webhookReceiver(t: Test, statuses: number[] = []): Promise<{ url:
   };
 }
 
-function emulator(t: Test, objects: ObjectStore, over: Partial<EmulatedConnectorOptions> = {}): EmulatedConnector {
-  const c = new EmulatedConnector({ objects, secret: SECRET, delayMs: 50, timeoutMs: 2000, countRows, retryDelaysMs: [10, 10], ...over });
+async function emulator(t: Test, objects: ObjectStore, over: Partial<EmulatedConnectorOptions> = {}): Promise<EmulatedConnector> {
+  const c = await EmulatedConnector.open({ objects, secret: SECRET, delayMs: 50, timeoutMs: 2000, countRows, retryDelaysMs: [10, 10], ...over });
   t.teardown(() => c.close());
   return c;
 }
@@ -145,7 +149,7 @@ async function failure(p: Promise<unknown>): Promise<ServiceError> {
 
 t.test('start answers with counted rows, then sends the signed completion webhook after the delay', async (t) => {
   const hook = await webhookReceiver(t);
-  const c = emulator(t, store(), { delayMs: 100 });
+  const c = await emulator(t, store(), { delayMs: 100 });
 
   const began = Date.now();
   const answer = await c.start(startRequest(hook.url));
@@ -164,7 +168,7 @@ t.test('start answers with counted rows, then sends the signed completion webhoo
 
 t.test('a second start while the workflow runs is rejected; after completion it may start again', async (t) => {
   const hook = await webhookReceiver(t);
-  const c = emulator(t, store());
+  const c = await emulator(t, store());
   const first = c.start(startRequest(hook.url));
   const err = await failure(c.start(startRequest(hook.url)));
   t.match(err, { code: 'CONNECTOR_REJECTED', statusCode: 409, message: 'Workflow already running' });
@@ -178,7 +182,7 @@ t.test('a second start while the workflow runs is rejected; after completion it 
 
 t.test('terminate cancels the completion and sends is_terminated: true', async (t) => {
   const hook = await webhookReceiver(t);
-  const c = emulator(t, store(), { delayMs: 60_000 });
+  const c = await emulator(t, store(), { delayMs: 60_000 });
   await c.start(startRequest(hook.url));
 
   await c.terminate('u-1');
@@ -194,7 +198,7 @@ t.test('terminate cancels the completion and sends is_terminated: true', async (
 
 t.test('terminate after completion answers 404', async (t) => {
   const hook = await webhookReceiver(t);
-  const c = emulator(t, store());
+  const c = await emulator(t, store());
   await c.start(startRequest(hook.url));
   await hook.next();
   t.match(await failure(c.terminate('u-1')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 });
@@ -203,7 +207,7 @@ t.test('terminate after completion answers 404', async (t) => {
 t.test('counts that differ from the request complete as failed', async (t) => {
   const hook = await webhookReceiver(t);
   const objects = memoryStore({ 'acme/u-1/stores/1': ndjson(3), 'acme/u-1/stores/2': ndjson(1) });
-  const c = emulator(t, objects);
+  const c = await emulator(t, objects);
 
   const answer = await c.start(startRequest(hook.url));
   t.strictSame(answer.entities, [
@@ -223,7 +227,7 @@ t.test('an unreadable store fails the start and frees the upload', async (t) => 
   const hook = await webhookReceiver(t);
   const broken = { ...store(), get: async () => Promise.reject(new Error('disk on fire')) } as ObjectStore;
   const logged: string[] = [];
-  const c = emulator(t, broken, { log: (msg) => logged.push(msg) });
+  const c = await emulator(t, broken, { log: (msg) => logged.push(msg) });
   t.match(await failure(c.start(startRequest(hook.url))), { code: 'CONNECTOR_ERROR', statusCode: 500 });
   t.equal(logged.length, 1);
   t.match(await failure(c.start(startRequest(hook.url))), { code: 'CONNECTOR_ERROR' }, 'not "already running"');
@@ -247,7 +251,7 @@ type LogEntry = { msg: string; data: Record<string, unknown> };
 t.test('webhook delivery retries on 5xx, gives up on 4xx, and logs', async (t) => {
   const hook = await webhookReceiver(t, [503, 500, 200, 401]);
   const sink = logSink();
-  const c = emulator(t, store(), { log: sink.log });
+  const c = await emulator(t, store(), { log: sink.log });
   await c.start(startRequest(hook.url));
   t.strictSame([(await hook.next()).status, (await hook.next()).status, (await hook.next()).status], [503, 500, 200]);
   t.equal(sink.entries.length, 0);
@@ -262,7 +266,7 @@ t.test('webhook delivery retries on 5xx, gives up on 4xx, and logs', async (t) =
 t.test('undeliverable webhooks are logged after the last retry', async (t) => {
   const hook = await webhookReceiver(t, [503, 503, 503]);
   const sink = logSink();
-  const c = emulator(t, store(), { log: sink.log });
+  const c = await emulator(t, store(), { log: sink.log });
   const givenUp = sink.next();
   await c.start(startRequest(hook.url));
   t.match(await givenUp, { msg: 'connector emulator: webhook undelivered', data: { upload_uuid: 'u-1', attempts: 3, failure: 503 } });
@@ -272,9 +276,222 @@ t.test('undeliverable webhooks are logged after the last retry', async (t) => {
 
 t.test('close cancels pending completions', async (t) => {
   const hook = await webhookReceiver(t);
-  const c = emulator(t, store(), { delayMs: 60_000 });
+  const c = await emulator(t, store(), { delayMs: 60_000 });
   await c.start(startRequest(hook.url));
   await c.close();
   t.match(await failure(c.start(startRequest(hook.url, { upload_uuid: 'u-3' }))), { code: 'CONNECTOR_UNREACHABLE' });
   t.equal(hook.count(), 0);
+});
+
+// --- Restart: the state file -------------------------------------------------------------
+
+interface SavedState {
+  version: number;
+  workflows: { upload_uuid: string; workflow_id: string; callback_url: string; due_at: number; phase: string; outcome: WebhookPayload }[];
+}
+
+const readState = async (file: string): Promise<SavedState> => JSON.parse(await readFile(file, 'utf8')) as SavedState;
+
+type Saved = SavedState['workflows'];
+
+/** A fresh directory, removed after the test. */
+async function tempDir(t: Test): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'connector-emulator-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+/**
+ * The saved workflows once `until` holds (default: none left), or after 2 s. The receiver
+ * sees a webhook before the emulator sees its answer, and a close in between would abort it.
+ */
+async function settledWorkflows(file: string, until = (w: Saved) => w.length === 0): Promise<Saved> {
+  const deadline = Date.now() + 2000;
+  for (;;) {
+    const { workflows } = await readState(file);
+    if (until(workflows) || Date.now() > deadline) return workflows;
+    await sleep(10);
+  }
+}
+
+t.test('a started workflow survives close and reopen: the completion webhook still arrives at its due time', async (t) => {
+  const hook = await webhookReceiver(t);
+  const stateFile = join(await tempDir(t), 'connector-emulator.json');
+  const first = await emulator(t, store(), { stateFile, delayMs: 400 });
+  const began = Date.now();
+  const answer = await first.start(startRequest(hook.url));
+
+  const saved = await readState(stateFile);
+  t.equal(saved.version, 1);
+  t.equal(saved.workflows.length, 1);
+  t.match(saved.workflows[0], {
+    upload_uuid: 'u-1',
+    workflow_id: answer.workflow_id,
+    callback_url: hook.url,
+    phase: 'running',
+    outcome: { upload_uuid: 'u-1', is_terminated: false, status: 'succeeded', message: 'Processed 6 rows' },
+  });
+  t.ok(Math.abs(saved.workflows[0]!.due_at - (began + 400)) < 200, 'due time saved as epoch ms');
+  t.strictSame(await readdir(dirname(stateFile)), ['connector-emulator.json'], 'no temp file left');
+
+  await first.close();
+  const second = await emulator(t, store(), { stateFile, delayMs: 60_000 });
+  t.match(await failure(second.start(startRequest(hook.url))), { code: 'CONNECTOR_REJECTED', message: 'Workflow already running' }, 'restored as running');
+
+  const done = await hook.next();
+  t.ok(done.at - began >= 390, 'at the saved due time, not the new delay');
+  t.ok(done.at - began < 5000, 'not the new delay either');
+  t.ok(done.signed);
+  t.strictSame(done.payload, { upload_uuid: 'u-1', is_terminated: false, status: 'succeeded', message: 'Processed 6 rows' });
+
+  t.strictSame(await settledWorkflows(stateFile), [], 'forgotten once delivered');
+  await second.close();
+  t.equal(hook.count(), 1, 'sent once');
+});
+
+t.test('a workflow that fell due while closed completes soon after reopen', async (t) => {
+  const hook = await webhookReceiver(t);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const first = await emulator(t, store(), { stateFile, delayMs: 50 });
+  await first.start(startRequest(hook.url));
+  await first.close();
+  await sleep(150);
+  t.equal(hook.count(), 0, 'nothing sent while closed');
+
+  const opened = Date.now();
+  await emulator(t, store(), { stateFile });
+  const done = await hook.next();
+  t.ok(done.at - opened < 1000, `completed ${done.at - opened} ms after open`);
+  t.equal(done.payload.status, 'succeeded');
+});
+
+t.test('terminate works after reopen', async (t) => {
+  const hook = await webhookReceiver(t);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const first = await emulator(t, store(), { stateFile, delayMs: 60_000 });
+  await first.start(startRequest(hook.url));
+  await first.close();
+
+  const second = await emulator(t, store(), { stateFile, delayMs: 60_000 });
+  await second.terminate('u-1');
+  t.equal((await readState(stateFile)).workflows[0]?.phase, 'terminating', 'saved before terminate answers');
+  const stopped = await hook.next();
+  t.ok(stopped.signed);
+  t.strictSame(stopped.payload, { upload_uuid: 'u-1', is_terminated: true, status: 'terminated', message: 'Workflow terminated' });
+  t.match(await failure(second.terminate('u-1')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 });
+
+  const again = await second.start(startRequest(hook.url));
+  t.pass('may start again');
+  const saved = await settledWorkflows(stateFile, (w) => w.length === 1);
+  t.match(saved, [{ upload_uuid: 'u-1', workflow_id: again.workflow_id, phase: 'running' }], 'only the new workflow is saved');
+  await second.close();
+  t.equal(hook.count(), 1, 'no completion for the terminated workflow');
+});
+
+t.test('a terminate confirmation cut off by close is sent after reopen', async (t) => {
+  const hook = await webhookReceiver(t);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const first = await emulator(t, store(), { stateFile, delayMs: 60_000 });
+  await first.start(startRequest(hook.url));
+  await first.terminate('u-1');
+  await first.close(); // within the ack delay: nothing sent yet
+  t.equal(hook.count(), 0);
+
+  const second = await emulator(t, store(), { stateFile, delayMs: 60_000 });
+  t.match((await hook.next()).payload, { upload_uuid: 'u-1', is_terminated: true, status: 'terminated' });
+  t.match(await failure(second.terminate('u-1')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 }, 'no longer running');
+  t.strictSame(await settledWorkflows(stateFile), []);
+});
+
+t.test('a webhook given up is forgotten too', async (t) => {
+  const hook = await webhookReceiver(t, [401]);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const sink = logSink();
+  const c = await emulator(t, store(), { stateFile, log: sink.log });
+  const refused = sink.next();
+  await c.start(startRequest(hook.url));
+  t.match(await refused, { msg: 'connector emulator: webhook refused' });
+  t.strictSame(await settledWorkflows(stateFile), []);
+});
+
+t.test('a missing or corrupt state file starts empty, logged; a corrupt one is kept aside', async (t) => {
+  const hook = await webhookReceiver(t);
+  const dir = await tempDir(t);
+  const stateFile = join(dir, 'state.json');
+
+  const missing = logSink();
+  const fresh = await emulator(t, store(), { stateFile, log: missing.log });
+  t.match(missing.entries, [{ msg: 'connector emulator: no state file, starting empty', data: { file: stateFile } }]);
+  await fresh.close();
+
+  await writeFile(stateFile, '{"version":1,"workflows":[{"upload_uu');
+  const corrupt = logSink();
+  const c = await emulator(t, store(), { stateFile, log: corrupt.log });
+  t.match(corrupt.entries[0], { msg: 'connector emulator: corrupt state file, starting empty', data: { file: stateFile, kept_as: String } });
+  const keptAs = corrupt.entries[0]!.data.kept_as as string;
+  t.equal(await readFile(keptAs, 'utf8'), '{"version":1,"workflows":[{"upload_uu', 'kept aside');
+
+  t.match(await failure(c.terminate('u-1')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 });
+  await c.start(startRequest(hook.url));
+  t.equal((await hook.next()).payload.status, 'succeeded', 'works from empty');
+});
+
+t.test('invalid saved workflows are dropped, valid ones restored', async (t) => {
+  const hook = await webhookReceiver(t);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const valid = {
+    upload_uuid: 'u-2',
+    workflow_id: 'w-2',
+    callback_url: hook.url,
+    due_at: Date.now() - 1000,
+    phase: 'running',
+    outcome: { upload_uuid: 'u-2', is_terminated: false, status: 'succeeded', message: 'Processed 1 rows' },
+  };
+  await writeFile(stateFile, JSON.stringify({ version: 1, workflows: [{ ...valid, upload_uuid: 42 }, { nonsense: true }, valid] }));
+  const sink = logSink();
+  const c = await emulator(t, store(), { stateFile, log: sink.log });
+  t.equal(sink.entries.filter((e) => e.msg === 'connector emulator: invalid saved workflow dropped').length, 2);
+  t.match(sink.entries.at(-1), { msg: 'connector emulator: workflows restored', data: { count: 1 } });
+  t.strictSame((await hook.next()).payload, valid.outcome);
+  t.strictSame(await settledWorkflows(stateFile), []);
+  await c.close();
+});
+
+t.test('a start whose state cannot be saved fails and frees the upload', async (t) => {
+  const hook = await webhookReceiver(t);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const sink = logSink();
+  const c = await emulator(t, store(), { stateFile, log: sink.log });
+  await mkdir(`${stateFile}.tmp`); // the temp file cannot be created
+  t.match(await failure(c.start(startRequest(hook.url))), { code: 'CONNECTOR_ERROR', statusCode: 500, message: 'Connector could not record the workflow' });
+  t.match(sink.entries.at(-1), { msg: 'connector emulator: cannot save state', data: { upload_uuid: 'u-1' } });
+  t.match(await failure(c.terminate('u-1')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 }, 'not running');
+
+  await rm(`${stateFile}.tmp`, { recursive: true });
+  await c.start(startRequest(hook.url));
+  t.equal((await hook.next()).payload.status, 'succeeded', 'not "already running"');
+});
+
+t.test('restored workflows send to callbackUrl() when given (the gateway may listen elsewhere now)', async (t) => {
+  const before = await webhookReceiver(t);
+  const now = await webhookReceiver(t, [503, 503, 503, 503]);
+  const stateFile = join(await tempDir(t), 'state.json');
+  const first = await emulator(t, store(), { stateFile, delayMs: 50 });
+  await first.start(startRequest(before.url));
+  await first.close();
+
+  const second = await emulator(t, store(), { stateFile, callbackUrl: () => now.url });
+  const statuses: number[] = [];
+  for (let r = await now.next(); ; r = await now.next()) {
+    statuses.push(r.status);
+    if (r.status === 200) {
+      t.strictSame(r.payload, { upload_uuid: 'u-1', is_terminated: false, status: 'succeeded', message: 'Processed 6 rows' });
+      break;
+    }
+  }
+  t.strictSame(statuses, [503, 503, 503, 503, 200], 'a restored webhook retries past retryDelaysMs');
+
+  await second.start(startRequest(before.url, { upload_uuid: 'u-2' }));
+  t.equal((await before.next()).payload.upload_uuid, 'u-2', 'a new workflow uses its own callback_url');
+  t.equal(before.count(), 1);
 });
