@@ -15,6 +15,7 @@ import { parseArgs } from 'node:util';
 import { loadConfig, type Config } from '../config/config.js';
 import { isCalendarDate } from '../entities/dates.js';
 import { addressList, ClientRegistry, hashToken, type ClientEntry, type ClientsFile } from '../http/auth.js';
+import { writeFileAtomic } from '../durable-file.js';
 
 export const DEFAULT_MIN_DATE = '2020-01-01';
 export const DEFAULT_CLIENTS_FILE = './config/clients.json';
@@ -99,7 +100,8 @@ export async function issueClient(file: string, opts: IssueClientOptions): Promi
   } catch (err) {
     throw new AdminError('CLIENTS_FILE_INVALID', (err as Error).message, { cause: err });
   }
-  await writeFileAtomic(file, `${JSON.stringify(next, null, 2)}\n`);
+  await mkdir(dirname(file), { recursive: true });
+  await writeFileAtomic(file, `${JSON.stringify(next, null, 2)}\n`, { mode: 0o600 });
   return { client_id: opts.clientId, token, entry, rotated: existing !== undefined };
 }
 
@@ -121,24 +123,6 @@ async function readClientsFile(file: string): Promise<ClientsFile> {
     throw new AdminError('CLIENTS_FILE_INVALID', `${file}: expected {"clients": [...]}`);
   }
   return parsed as ClientsFile;
-}
-
-async function writeFileAtomic(file: string, data: string): Promise<void> {
-  await mkdir(dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
-  try {
-    const handle = await open(tmp, 'wx', 0o600);
-    try {
-      await handle.writeFile(data);
-      await handle.sync();
-    } finally {
-      await handle.close();
-    }
-    await rename(tmp, file);
-  } catch (err) {
-    await unlink(tmp).catch(() => undefined);
-    throw err;
-  }
 }
 
 const MASK = '***';

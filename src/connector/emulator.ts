@@ -6,6 +6,7 @@ import { errors } from '../errors.js';
 import type { ObjectStore } from '../store/ports.js';
 import type { Connector, WebhookPayload, WorkflowStart } from './types.js';
 import { sendWebhook } from './webhook.js';
+import { writeFileAtomic } from '../durable-file.js';
 export interface EmulatedConnectorOptions {
   /** Where the session's objects were stored (the same store the uploader writes to). */
   objects: ObjectStore;
@@ -299,7 +300,7 @@ export class EmulatedConnector implements Connector {
     const write = this.#writeTail.then(() => {
       this.#queuedWrite = null;
       const state = { version: STATE_VERSION, workflows: [...this.#workflows.values()] };
-      return writeAtomically(file, `${JSON.stringify(state)}\n`);
+      return writeFileAtomic(file, `${JSON.stringify(state)}\n`);
     });
     this.#queuedWrite = write;
     this.#writeTail = write.catch(() => undefined);
@@ -319,7 +320,6 @@ export class EmulatedConnector implements Connector {
 /** The saved workflows; [] for a missing or unparsable file (logged, the latter kept aside). */
 async function loadState(file: string, log: Log): Promise<WorkflowRecord[]> {
   await mkdir(dirname(file), { recursive: true });
-  await unlink(tmpPath(file)).catch(() => undefined);
   let text: string;
   try {
     text = await readFile(file, 'utf8');
@@ -350,34 +350,6 @@ async function loadState(file: string, log: Log): Promise<WorkflowRecord[]> {
     else log?.('connector emulator: invalid saved workflow dropped', { file, workflow: wf });
   }
   return valid;
-}
-
-function tmpPath(file: string): string {
-  return `${file}.tmp`;
-}
-
-/** Temp file, fsync, rename over `file`, fsync of the directory. */
-async function writeAtomically(file: string, text: string): Promise<void> {
-  const tmp = tmpPath(file);
-  const fh = await open(tmp, 'w');
-  try {
-    await fh.writeFile(text);
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-  try {
-    await rename(tmp, file);
-  } catch (err) {
-    await unlink(tmp).catch(() => undefined);
-    throw err;
-  }
-  const dh = await open(dirname(file), 'r');
-  try {
-    await dh.sync();
-  } finally {
-    await dh.close();
-  }
 }
 
 function isObject(v: unknown): v is Record<string, unknown> {

@@ -462,12 +462,12 @@ t.test('a start whose state cannot be saved fails and frees the upload', async (
   const stateFile = join(await tempDir(t), 'state.json');
   const sink = logSink();
   const c = await emulator(t, store(), { stateFile, log: sink.log });
-  await mkdir(`${stateFile}.tmp`); // the temp file cannot be created
+  await mkdir(stateFile); // the state file cannot be replaced
   t.match(await failure(c.start(startRequest(hook.url))), { code: 'CONNECTOR_ERROR', statusCode: 500, message: 'Connector could not record the workflow' });
   t.match(sink.entries.at(-1), { msg: 'connector emulator: cannot save state', data: { upload_uuid: 'u-1' } });
   t.match(await failure(c.terminate('u-1')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 }, 'not running');
 
-  await rm(`${stateFile}.tmp`, { recursive: true });
+  await rm(stateFile, { recursive: true });
   await c.start(startRequest(hook.url));
   t.equal((await hook.next()).payload.status, 'succeeded', 'not "already running"');
 });

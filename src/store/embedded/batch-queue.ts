@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, open, readFile, readdir, rename, rm, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueConsumer } from '../ports.js';
+import { fsyncDir } from '../../durable-file.js';
 
 export interface FileBatchQueueOptions {
   /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
@@ -364,13 +365,4 @@ function entryKey(meta: PackageMeta): string {
 
 function checkId(name: string, id: string): void {
   if (!ID.test(id) || id === '.' || id === '..') throw new Error(`Invalid ${name} ${JSON.stringify(id)}: allowed are [A-Za-z0-9_.=-]+`);
-}
-
-async function fsyncDir(dir: string): Promise<void> {
-  const dh = await open(dir, 'r');
-  try {
-    await dh.sync();
-  } finally {
-    await dh.close();
-  }
 }

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, rename, rm, rmdir, stat, unlink } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import type { ObjectStore, StoredObject } from '../ports.js';
+import { fsyncDir } from '../../durable-file.js';
 
 /**
  * `ObjectStore` on local files under `<dir>/objects/`, one file per object, one directory per
@@ -167,13 +168,4 @@ function escapeSegment(segment: string): string {
 
 function unescapeSegment(name: string): string {
   return Buffer.from(name.replace(/%([0-9a-f]{2})/g, (_, h: string) => String.fromCharCode(parseInt(h, 16))), 'latin1').toString('utf8');
-}
-
-async function fsyncDir(dir: string): Promise<void> {
-  const dh = await open(dir, 'r');
-  try {
-    await dh.sync();
-  } finally {
-    await dh.close();
-  }
 }

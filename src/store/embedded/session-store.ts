@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, open, readFile, readdir, rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { writeFileAtomic } from '../../durable-file.js';
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
 
@@ -92,26 +93,7 @@ export class FileSessionStore implements SessionStore {
 
   async #persist(key: string, rec: Record): Promise<void> {
     const text = rec.json === undefined ? `{"revision":${rec.revision}}` : `{"revision":${rec.revision},"value":${rec.json}}`;
-    const tmp = join(this.#dir, `${randomBytes(8).toString('hex')}.tmp`);
-    const fh = await open(tmp, 'wx');
-    try {
-      await fh.writeFile(text);
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-    try {
-      await rename(tmp, this.#file(key));
-    } catch (err) {
-      await unlink(tmp).catch(() => {});
-      throw err;
-    }
-    const dh = await open(this.#dir, 'r');
-    try {
-      await dh.sync();
-    } finally {
-      await dh.close();
-    }
+    await writeFileAtomic(this.#file(key), text);
   }
 
   /** Case-insensitive file systems would merge `A` and `a`: upper-case letters become `^a`. */

@@ -1,0 +1,40 @@
+/**
+ * Crash-safe file writes shared by every file-backed component: a reader (or the next
+ * process after a crash) sees the old content or the new, never a torn file.
+ */
+import { randomBytes } from 'node:crypto';
+import { open, rename, unlink } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+
+/** Makes a directory's entries (a rename, a new file) durable. */
+export async function fsyncDir(dir: string): Promise<void> {
+  const dh = await open(dir, 'r');
+  try {
+    await dh.sync();
+  } finally {
+    await dh.close();
+  }
+}
+
+/**
+ * Temp file (named `*.tmp`, in the same directory so the rename is atomic), fsync, rename
+ * over `file`, fsync of the directory. The temp file is removed on failure.
+ */
+export async function writeFileAtomic(file: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<void> {
+  const dir = dirname(file);
+  const tmp = join(dir, `.${basename(file)}.${randomBytes(6).toString('hex')}.tmp`);
+  try {
+    const fh = await open(tmp, 'wx', opts.mode ?? 0o644);
+    try {
+      await fh.writeFile(data);
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+    await rename(tmp, file);
+  } catch (err) {
+    await unlink(tmp).catch(() => undefined);
+    throw err;
+  }
+  await fsyncDir(dir);
+}
