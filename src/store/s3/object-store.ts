@@ -1,0 +1,452 @@
+import { Readable } from 'node:stream';
+import {
+  AbortMultipartUploadCommand,
+  CreateBucketCommand,
+  DeleteObjectsCommand,
+  GetObjectCommand,
+  HeadBucketCommand,
+  ListMultipartUploadsCommand,
+  S3Client,
+  paginateListObjectsV2,
+  type BucketLocationConstraint,
+} from '@aws-sdk/client-s3';
+import { Upload } from '@aws-sdk/lib-storage';
+import type { ObjectStore, StoredObject } from '../ports.js';
+
+const MiB = 1024 * 1024;
+/** S3's smallest part (every part but the last). */
+export const MIN_PART_SIZE_BYTES = 5 * MiB;
+/** S3's limit of keys in one ListObjectsV2 page and in one DeleteObjects request. */
+const BATCH = 1000;
+
+export interface S3ObjectStoreOptions {
+  /** `http(s)://host[:port]` of the S3 API (AWS or any S3-compatible server). */
+  endpoint: string;
+  bucket: string;
+  region: string;
+  /**
+   * Static credentials. Leave both unset (or null) to use the SDK's default credential chain
+   * (environment, shared config, instance or pod role).
+   */
+  accessKeyId?: string | null;
+  secretAccessKey?: string | null;
+  /** `https://host/bucket/key` instead of `https://bucket.host/key`. Default true: what S3-compatible servers expect. */
+  forcePathStyle?: boolean;
+  /** Part size of a multipart put; a body of at most one part is sent as a single PUT. Default 8 MiB, min 5 MiB. */
+  partSizeBytes?: number;
+  /** Parts of one put uploaded in parallel. Default 4. Memory per put is about `partSizeBytes × (queueSize + 1)`. */
+  queueSize?: number;
+  /**
+   * Deadline of one HTTP request, from connect until the response headers (a part upload
+   * included), and the longest a response body may stall. Default 60 s. The connect phase
+   * alone has min(5 s, this).
+   */
+  requestTimeoutMs?: number;
+  /** Attempts per request, retries included (SDK standard retry with backoff). Default 3. */
+  maxAttempts?: number;
+}
+
+/** A multipart upload that was created and neither completed nor aborted. */
+export interface IncompleteUpload {
+  key: string;
+  uploadId: string;
+  /** When the server says it was created (server clock); null if it did not say. */
+  initiated: Date | null;
+}
+
+type Settings = Readonly<Required<Omit<S3ObjectStoreOptions, 'accessKeyId' | 'secretAccessKey'>>> & {
+  readonly accessKeyId: string | null;
+  readonly secretAccessKey: string | null;
+};
+
+const defaults = () => ({
+  forcePathStyle: true,
+  partSizeBytes: 8 * MiB,
+  queueSize: 4,
+  requestTimeoutMs: 60_000,
+  maxAttempts: 3,
+});
+
+/**
+ * `ObjectStore` on an S3 bucket. A put streams through `@aws-sdk/lib-storage`: a body of at
+ * most one part is one PutObject, a longer one a multipart upload of `queueSize` parts in
+ * parallel, completed only after the last part, so the object appears whole or not at all
+ * (S3 semantics). A failed put aborts its multipart upload and rethrows; a process killed
+ * mid-put leaves an incomplete upload behind, which `abortIncompleteUploads` sweeps.
+ */
+export class S3ObjectStore implements ObjectStore {
+  readonly #settings: Settings;
+  readonly #client: S3Client;
+  readonly #inFlight = new Set<Promise<unknown>>();
+  #closed = false;
+
+  constructor(options: S3ObjectStoreOptions) {
+    this.#settings = checkOptions(options);
+    const s = this.#settings;
+    this.#client = new S3Client({
+      endpoint: s.endpoint,
+      region: s.region,
+      forcePathStyle: s.forcePathStyle,
+      maxAttempts: s.maxAttempts,
+      ...(s.accessKeyId !== null && s.secretAccessKey !== null
+        ? { credentials: { accessKeyId: s.accessKeyId, secretAccessKey: s.secretAccessKey } }
+        : {}),
+      requestHandler: {
+        connectionTimeout: Math.min(5_000, s.requestTimeoutMs),
+        requestTimeout: s.requestTimeoutMs,
+        // Without it the SDK only logs a warning when requestTimeout passes.
+        throwOnRequestTimeout: true,
+        socketTimeout: s.requestTimeoutMs,
+      },
+      // The SDK's default CRC32 checksums (extra headers, aws-chunked trailers) are not understood
+      // by every S3-compatible server; operations that require one (DeleteObjects) still send it.
+      requestChecksumCalculation: 'WHEN_REQUIRED',
+      responseChecksumValidation: 'WHEN_REQUIRED',
+    });
+  }
+
+  /**
+   * A store whose bucket answered HeadBucket. With `createBucket` a missing bucket is created
+   * (tests, the embedded dev setup); otherwise a missing or unreachable bucket is an error.
+   */
+  static async open(options: S3ObjectStoreOptions & { createBucket?: boolean }): Promise<S3ObjectStore> {
+    const { createBucket = false, ...rest } = options;
+    const store = new S3ObjectStore(rest);
+    try {
+      await store.#ensureBucket(createBucket);
+    } catch (err) {
+      await store.close();
+      throw err;
+    }
+    return store;
+  }
+
+  put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject> {
+    return this.#track(async () => {
+      checkKey(key);
+      let size = 0;
+      let bodyFailure: { error: unknown } | undefined;
+      // Only errors of the caller's iterator count as body failures: when lib-storage gives up
+      // it destroys the stream, which throws an AbortError in here at the `yield`.
+      async function* counted(): AsyncGenerator<Uint8Array> {
+        const it = body[Symbol.asyncIterator]();
+        let finished = false;
+        try {
+          for (;;) {
+            let next: IteratorResult<Uint8Array>;
+            try {
+              next = await it.next();
+            } catch (error) {
+              finished = true;
+              bodyFailure = { error };
+              throw error;
+            }
+            if (next.done) {
+              finished = true;
+              return;
+            }
+            size += next.value.byteLength;
+            yield next.value;
+          }
+        } finally {
+          if (!finished) await it.return?.();
+        }
+      }
+      const stream = Readable.from(counted());
+      const upload = new Upload({
+        client: this.#client,
+        params: { Bucket: this.#settings.bucket, Key: key, Body: stream },
+        partSize: this.#settings.partSizeBytes,
+        queueSize: this.#settings.queueSize,
+        leavePartsOnError: false,
+      });
+      try {
+        await upload.done();
+      } catch (err) {
+        // lib-storage throws the abort's error instead when the abort fails too; the caller
+        // should see why its put failed. (An upload left behind is for the start-up sweep.)
+        throw bodyFailure ? bodyFailure.error : err;
+      } finally {
+        // On failure lib-storage stops reading: end the caller's iterator too.
+        stream.destroy();
+      }
+      return { key, size };
+    });
+  }
+
+  get(key: string): Promise<AsyncIterable<Uint8Array> | null> {
+    return this.#track(async () => {
+      checkKey(key);
+      try {
+        const res = await this.#client.send(new GetObjectCommand({ Bucket: this.#settings.bucket, Key: key }));
+        return (res.Body as Readable | undefined) ?? Readable.from([]);
+      } catch (err) {
+        if (isMissingKey(err)) return null;
+        throw err;
+      }
+    });
+  }
+
+  list(prefix: string): Promise<StoredObject[]> {
+    return this.#track(async () => {
+      const found: StoredObject[] = [];
+      for await (const page of this.#pages(prefix)) {
+        for (const o of page) found.push(o);
+      }
+      // S3 lists in UTF-8 byte order already; not every S3-compatible server does (s3rver
+      // walks its directories and lists `a/b/1` before `a/b`).
+      return found.sort((a, b) => Buffer.compare(Buffer.from(a.key), Buffer.from(b.key)));
+    });
+  }
+
+  deletePrefix(prefix: string): Promise<void> {
+    return this.#track(async () => {
+      for await (const page of this.#pages(prefix)) {
+        if (page.length === 0) continue;
+        const res = await this.#client.send(
+          new DeleteObjectsCommand({
+            Bucket: this.#settings.bucket,
+            Delete: { Objects: page.map((o) => ({ Key: o.key })), Quiet: true },
+          }),
+        );
+        const failed = res.Errors ?? [];
+        if (failed.length > 0) {
+          const first = failed[0];
+          throw new Error(
+            `Could not delete ${failed.length} of ${page.length} objects under ${JSON.stringify(prefix)}; ` +
+              `first ${JSON.stringify(first?.Key)}: ${first?.Code} ${first?.Message}`,
+          );
+        }
+      }
+    });
+  }
+
+  /**
+   * Multipart uploads under `prefix` that were started and neither completed nor aborted,
+   * in key order. Their parts are stored (and billed) but no `list` or `get` shows them.
+   */
+  listIncompleteUploads(prefix: string): Promise<IncompleteUpload[]> {
+    return this.#track(() => this.#incompleteUploads(prefix));
+  }
+
+  /**
+   * The start-up sweep. A put aborts its own multipart upload when it fails, but an uploader
+   * killed mid-put (crash, SIGKILL, lost node) cannot: its upload stays incomplete, its parts
+   * stored and billed. Call this when an uploader starts, for the storage prefix, with an age
+   * well above the longest put (minutes: a put's requests each have `requestTimeoutMs` and
+   * `maxAttempts`), e.g. 1 h. Uploads of other uploaders still running are younger and kept;
+   * if one is cut off anyway, its put fails and the queue delivers the package again.
+   * Ages compare the server's `Initiated` with this machine's clock, so allow for skew.
+   * Production buckets should also have a lifecycle rule (AbortIncompleteMultipartUpload) as
+   * the backstop. Returns the uploads it aborted.
+   */
+  abortIncompleteUploads(prefix: string, olderThanMs: number): Promise<IncompleteUpload[]> {
+    if (!Number.isFinite(olderThanMs) || olderThanMs < 0) {
+      return Promise.reject(new RangeError(`olderThanMs: expected a number >= 0, got ${String(olderThanMs)}`));
+    }
+    return this.#track(async () => {
+      const cutoff = Date.now() - olderThanMs;
+      const aborted: IncompleteUpload[] = [];
+      for (const u of await this.#incompleteUploads(prefix)) {
+        const old = u.initiated ? u.initiated.getTime() <= cutoff : olderThanMs === 0;
+        if (!old) continue;
+        try {
+          await this.#client.send(
+            new AbortMultipartUploadCommand({ Bucket: this.#settings.bucket, Key: u.key, UploadId: u.uploadId }),
+          );
+          aborted.push(u);
+        } catch (err) {
+          // Completed or aborted meanwhile (by its own uploader or a concurrent sweep).
+          if (errorName(err) !== 'NoSuchUpload') throw err;
+        }
+      }
+      return aborted;
+    });
+  }
+
+  /** Waits for the operations under way (each bounded by the request deadlines), then closes the connections. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    while (this.#inFlight.size > 0) await Promise.allSettled([...this.#inFlight]);
+    this.#client.destroy();
+  }
+
+  #track<T>(op: () => Promise<T>): Promise<T> {
+    if (this.#closed) return Promise.reject(new Error('Object store is closed'));
+    const p = op();
+    this.#inFlight.add(p);
+    const done = () => this.#inFlight.delete(p);
+    p.then(done, done);
+    return p;
+  }
+
+  async #incompleteUploads(prefix: string): Promise<IncompleteUpload[]> {
+    const found: IncompleteUpload[] = [];
+    let KeyMarker: string | undefined;
+    let UploadIdMarker: string | undefined;
+    for (;;) {
+      const page = await this.#client.send(
+        new ListMultipartUploadsCommand({
+          Bucket: this.#settings.bucket,
+          Prefix: prefix || undefined,
+          KeyMarker,
+          UploadIdMarker,
+          MaxUploads: BATCH,
+        }),
+      );
+      for (const u of page.Uploads ?? []) {
+        if (u.Key !== undefined && u.UploadId !== undefined) {
+          found.push({ key: u.Key, uploadId: u.UploadId, initiated: u.Initiated ?? null });
+        }
+      }
+      if (!page.IsTruncated || (!page.NextKeyMarker && !page.NextUploadIdMarker)) return found;
+      KeyMarker = page.NextKeyMarker;
+      UploadIdMarker = page.NextUploadIdMarker;
+    }
+  }
+
+  async *#pages(prefix: string): AsyncIterable<StoredObject[]> {
+    const pages = paginateListObjectsV2(
+      { client: this.#client, pageSize: BATCH },
+      { Bucket: this.#settings.bucket, Prefix: prefix || undefined },
+    );
+    for await (const page of pages) {
+      const objects: StoredObject[] = [];
+      for (const o of page.Contents ?? []) {
+        if (o.Key !== undefined) objects.push({ key: o.Key, size: o.Size ?? 0 });
+      }
+      yield objects;
+    }
+  }
+
+  async #ensureBucket(create: boolean): Promise<void> {
+    const { bucket, endpoint, region } = this.#settings;
+    const head = async (): Promise<boolean> => {
+      try {
+        await this.#client.send(new HeadBucketCommand({ Bucket: bucket }));
+        return true;
+      } catch (err) {
+        if (statusOf(err) === 404) return false;
+        throw new Error(`Object storage at ${endpoint} is not usable (HeadBucket ${bucket}): ${describe(err)}`, { cause: err });
+      }
+    };
+    if (await head()) return;
+    if (!create) throw new Error(`Bucket ${JSON.stringify(bucket)} does not exist at ${endpoint}`);
+    try {
+      await this.#client.send(
+        new CreateBucketCommand({
+          Bucket: bucket,
+          // us-east-1 is the default location and must not be named.
+          ...(region === 'us-east-1'
+            ? {}
+            : { CreateBucketConfiguration: { LocationConstraint: region as BucketLocationConstraint } }),
+        }),
+      );
+    } catch (err) {
+      // Another process may have created it first (BucketAlreadyExists / AlreadyOwnedByYou).
+      if (await head()) return;
+      throw new Error(`Could not create bucket ${JSON.stringify(bucket)} at ${endpoint}: ${describe(err)}`, { cause: err });
+    }
+  }
+}
+
+/**
+ * The same keys as the embedded store accepts, so both adapters agree: S3 would store `a//b`
+ * or `../x`, a file system (and the file-backed S3 servers used in tests) would not.
+ */
+function checkKey(key: string): void {
+  const segments = key.split('/');
+  if (segments.some((s) => s === '' || s === '.' || s === '..')) {
+    throw new Error(`Invalid object key ${JSON.stringify(key)}: no empty, "." or ".." segments, no leading or trailing "/"`);
+  }
+}
+
+function checkOptions(options: S3ObjectStoreOptions): Settings {
+  if (typeof options !== 'object' || options === null) throw new TypeError('S3ObjectStore options: expected an object');
+  const known = new Set([
+    'endpoint',
+    'bucket',
+    'region',
+    'accessKeyId',
+    'secretAccessKey',
+    'forcePathStyle',
+    'partSizeBytes',
+    'queueSize',
+    'requestTimeoutMs',
+    'maxAttempts',
+  ]);
+  for (const k of Object.keys(options)) {
+    if (!known.has(k)) throw new TypeError(`S3ObjectStore option ${k}: unknown option`);
+  }
+  const merged = { ...defaults(), ...stripUndefined(options) };
+  const fail = (key: string, expected: string, got: unknown): never => {
+    const shown = key === 'secretAccessKey' ? typeof got : JSON.stringify(got);
+    throw new TypeError(`S3ObjectStore option ${key}: expected ${expected}, got ${shown}`);
+  };
+  const nonEmpty = (key: 'endpoint' | 'bucket' | 'region'): string => {
+    const v = merged[key];
+    return typeof v === 'string' && v.length > 0 ? v : fail(key, 'a non-empty string', v);
+  };
+  const endpoint = nonEmpty('endpoint');
+  let url: URL | undefined;
+  try {
+    url = new URL(endpoint);
+  } catch {
+    url = undefined;
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:')) fail('endpoint', 'an http(s) URL', endpoint);
+  const int = (key: 'partSizeBytes' | 'queueSize' | 'requestTimeoutMs' | 'maxAttempts', min: number): number => {
+    const v = merged[key];
+    return Number.isSafeInteger(v) && v >= min ? v : fail(key, `an integer >= ${min}`, v);
+  };
+  const credential = (key: 'accessKeyId' | 'secretAccessKey'): string | null => {
+    const v = merged[key] ?? null;
+    return v === null || (typeof v === 'string' && v.length > 0) ? v : fail(key, 'a non-empty string or null', v);
+  };
+  const accessKeyId = credential('accessKeyId');
+  const secretAccessKey = credential('secretAccessKey');
+  if ((accessKeyId === null) !== (secretAccessKey === null)) {
+    fail(accessKeyId === null ? 'accessKeyId' : 'secretAccessKey', 'to be set together with the other credential', null);
+  }
+  if (typeof merged.forcePathStyle !== 'boolean') fail('forcePathStyle', 'a boolean', merged.forcePathStyle);
+  return Object.freeze({
+    endpoint,
+    bucket: nonEmpty('bucket'),
+    region: nonEmpty('region'),
+    accessKeyId,
+    secretAccessKey,
+    forcePathStyle: merged.forcePathStyle,
+    partSizeBytes: int('partSizeBytes', MIN_PART_SIZE_BYTES),
+    queueSize: int('queueSize', 1),
+    requestTimeoutMs: int('requestTimeoutMs', 1),
+    maxAttempts: int('maxAttempts', 1),
+  });
+}
+
+function stripUndefined<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+function errorName(err: unknown): string | undefined {
+  return typeof err === 'object' && err !== null ? (err as { name?: string }).name : undefined;
+}
+
+function statusOf(err: unknown): number | undefined {
+  return typeof err === 'object' && err !== null
+    ? (err as { $metadata?: { httpStatusCode?: number } }).$metadata?.httpStatusCode
+    : undefined;
+}
+
+/** NoSuchKey, or a bare 404 from servers that send no error body; a missing bucket stays an error. */
+function isMissingKey(err: unknown): boolean {
+  const name = errorName(err);
+  return name === 'NoSuchKey' || (statusOf(err) === 404 && name !== 'NoSuchBucket');
+}
+
+function describe(err: unknown): string {
+  const status = statusOf(err);
+  const name = errorName(err) ?? 'Error';
+  const message = err instanceof Error ? err.message : String(err);
+  return `${name}${status ? ` (HTTP ${status})` : ''}: ${message}`;
+}
