@@ -1,0 +1,156 @@
+/**
+ * One NATS connection per process, shared by the JetStream adapters. Reconnects forever
+ * (gateways and uploaders outlive NATS restarts and leader moves); every request carries a
+ * timeout, so nothing waits on a NATS that does not answer.
+ */
+import { connect, type JetStreamClient, type JetStreamManager, type MsgHdrs, type NatsConnection, type PubAck } from 'nats';
+
+export interface NatsConnectOptions {
+  /** Comma-separated server URLs; `nats://user:pass@host:port` or `nats://token@host:port` carry credentials. */
+  servers: string;
+  /** Connection name shown by the server's monitoring (e.g. `ingest-gateway`). */
+  name: string;
+  /** Timeout of every JetStream request and publish acknowledgement (default 5000). */
+  requestTimeoutMs?: number;
+  /** Timeout of the first connect (default 5000). Later reconnects never give up. */
+  connectTimeoutMs?: number;
+  /** How long `close()` lets in-flight messages drain before it closes hard (default 5000). */
+  drainTimeoutMs?: number;
+}
+
+/** What the adapters need of a connection. `requestTimeoutMs` bounds their own requests. */
+export interface NatsContext {
+  readonly nc: NatsConnection;
+  readonly js: JetStreamClient;
+  readonly jsm: JetStreamManager;
+  readonly requestTimeoutMs: number;
+}
+
+export interface NatsHandle extends NatsContext {
+  /** Drains (flushes what was published, lets subscriptions finish), then closes. */
+  close(): Promise<void>;
+}
+
+export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle> {
+  const requestTimeoutMs = opts.requestTimeoutMs ?? 5000;
+  const { servers, auth } = parseServers(opts.servers);
+  const nc = await connect({
+    servers,
+    name: opts.name,
+    ...auth,
+    timeout: opts.connectTimeoutMs ?? 5000,
+    reconnect: true,
+    maxReconnectAttempts: -1,
+    reconnectTimeWait: 1000,
+    reconnectJitter: 250,
+    pingInterval: 10_000,
+    maxPingOut: 3,
+  });
+  try {
+    // jetstreamManager() asks $JS.API.INFO: fails here, at start, when JetStream is off.
+    const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs });
+    const js = nc.jetstream({ timeout: requestTimeoutMs });
+    const drainTimeoutMs = opts.drainTimeoutMs ?? 5000;
+    return {
+      nc,
+      js,
+      jsm,
+      requestTimeoutMs,
+      async close() {
+        if (nc.isClosed()) return;
+        let timer: NodeJS.Timeout | undefined;
+        const drained = nc.drain().catch(() => undefined);
+        const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), drainTimeoutMs)));
+        const outcome = await Promise.race([drained, late]);
+        clearTimeout(timer);
+        if (outcome === 'late') await nc.close();
+      },
+    };
+  } catch (err) {
+    await nc.close();
+    throw err;
+  }
+}
+
+/** nats.js takes credentials as options, not in the URL: lift them out of the first URL that has them. */
+function parseServers(list: string): { servers: string[]; auth: { user?: string; pass?: string; token?: string } } {
+  const servers: string[] = [];
+  let auth: { user?: string; pass?: string; token?: string } = {};
+  for (const raw of list.split(',').map((s) => s.trim()).filter(Boolean)) {
+    const withScheme = /^[a-z]+:\/\//i.test(raw) ? raw : `nats://${raw}`;
+    let url: URL;
+    try {
+      url = new URL(withScheme);
+    } catch {
+      throw new Error(`Invalid NATS server URL ${JSON.stringify(raw.replace(/\/\/[^@/]*@/, '//***@'))}`);
+    }
+    if (url.username && !auth.user && !auth.token) {
+      const user = decodeURIComponent(url.username);
+      auth = url.password ? { user, pass: decodeURIComponent(url.password) } : { token: user };
+    }
+    servers.push(`${url.protocol}//${url.host}`);
+  }
+  if (servers.length === 0) throw new Error('No NATS server URL given');
+  return { servers, auth };
+}
+
+/** JetStream API error code of "wrong last sequence" / "key exists": a compare-and-set that lost. */
+export const JS_WRONG_LAST_SEQUENCE = 10071;
+/** JetStream API error code of "no message found". */
+export const JS_NO_MESSAGE_FOUND = 10037;
+
+export function jsErrorCode(err: unknown): number | undefined {
+  const api = (err as { api_error?: { err_code?: unknown } } | null)?.api_error;
+  return typeof api?.err_code === 'number' ? api.err_code : undefined;
+}
+
+/** No answer in time, nobody listening, or JetStream unavailable for a moment (a leader moving): worth another try. */
+export function isTransient(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  if (code === 'TIMEOUT' || code === '503' || code === 'DISCONNECT' || code === 'CONNECTION_REFUSED') return true;
+  const api = (err as { api_error?: { code?: unknown } } | null)?.api_error;
+  return api?.code === 503;
+}
+
+/**
+ * Runs `attempt` again on transient failures until `budgetMs` is spent; `attempt` gets the
+ * time left, to use as its own request timeout. Only for operations that are safe to repeat.
+ */
+export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: (timeoutMs: number) => Promise<T>): Promise<T> {
+  const deadline = Date.now() + budgetMs;
+  for (let n = 0; ; n++) {
+    try {
+      return await attempt(Math.max(1, Math.min(ctx.requestTimeoutMs, deadline - Date.now())));
+    } catch (err) {
+      const wait = Math.min(100 * 2 ** n, 1000);
+      if (!isTransient(err) || ctx.nc.isClosed() || Date.now() + wait >= deadline) throw err;
+      await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+}
+
+/**
+ * Publishes to JetStream with a message id, re-sent on transient failures within `budgetMs`.
+ * The stream's duplicate window turns a re-send of a publish that did land into the original
+ * acknowledgement, so a retry never writes twice and never makes a compare-and-set lose
+ * against itself (the server checks the id before the expected sequence).
+ */
+export function publishOnce(
+  ctx: NatsContext,
+  subject: string,
+  data: Uint8Array,
+  opts: { msgID: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number },
+): Promise<PubAck> {
+  return withRetry(ctx, opts.budgetMs, (timeout) =>
+    // Fresh options each time: nats.js writes into the options and headers it is given.
+    ctx.js.publish(subject, data, {
+      msgID: opts.msgID,
+      timeout,
+      expect: {
+        streamName: opts.stream,
+        ...(opts.lastSubjectSequence === undefined ? {} : { lastSubjectSequence: opts.lastSubjectSequence }),
+      },
+      ...(opts.headers ? { headers: opts.headers() } : {}),
+    }),
+  );
+}

@@ -1,0 +1,149 @@
+import { headers, nuid, StorageType, type MsgHdrs } from 'nats';
+import { StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { JS_NO_MESSAGE_FOUND, JS_WRONG_LAST_SEQUENCE, jsErrorCode, publishOnce, withRetry, type NatsContext } from './connection.js';
+
+export interface NatsSessionStoreOptions {
+  /** KV bucket name (`[A-Za-z0-9_-]+`); the stream is `KV_<bucket>`. Created if missing, else used as it is. */
+  bucket: string;
+  /** Replicas of a bucket this call creates (1 or 3 in practice; at most the cluster size). */
+  replicas: number;
+  /** How long one operation keeps re-sending through transient failures such as a leader election (default 10000). */
+  retryMs?: number;
+}
+
+const KEY = /^[A-Za-z0-9_.=-]+$/;
+/** Port keys whose dot-separated tokens are all non-empty are NATS subjects as they are. */
+const SUBJECT_SAFE = /^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$/;
+const OPERATION = 'KV-Operation';
+
+/**
+ * `SessionStore` on a JetStream KV bucket (history 1, file storage). Revisions are stream
+ * sequences: `create` publishes with expected last subject sequence 0 (or the tombstone's,
+ * after a delete), `update` and conditional `delete` with the caller's revision, and the
+ * server's "wrong last sequence" (10071) becomes STORE_CONFLICT. Reads go to the stream
+ * leader (the bucket is made without direct get), so a write acknowledged anywhere is
+ * read back everywhere. Writes go out with a message id and are re-sent on timeouts within
+ * `retryMs`: a leader election costs a delay, not a failed or doubled write.
+ */
+export class NatsSessionStore implements SessionStore {
+  readonly #ctx: NatsContext;
+  readonly #bucket: string;
+  readonly #stream: string;
+  readonly #retryMs: number;
+  #closed = false;
+
+  private constructor(ctx: NatsContext, bucket: string, retryMs: number) {
+    this.#ctx = ctx;
+    this.#bucket = bucket;
+    this.#stream = `KV_${bucket}`;
+    this.#retryMs = retryMs;
+  }
+
+  static async open(ctx: NatsContext, opts: NatsSessionStoreOptions): Promise<NatsSessionStore> {
+    if (!/^[A-Za-z0-9_-]+$/.test(opts.bucket)) throw new Error(`Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
+    if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new Error(`Invalid replicas ${opts.replicas} for bucket ${opts.bucket}`);
+    const retryMs = opts.retryMs ?? 10_000;
+    // Without direct get, reads are answered by the leader only: no stale read from a lagging replica.
+    await withRetry(ctx, retryMs, () =>
+      ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
+    );
+    return new NatsSessionStore(ctx, opts.bucket, retryMs);
+  }
+
+  async get<T>(key: string): Promise<Versioned<T> | null> {
+    const last = await this.#last(key);
+    if (!last || last.deleted) return null;
+    return { value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
+  }
+
+  async create<T>(key: string, value: T): Promise<number> {
+    const data = encode(key, value);
+    let expected = 0;
+    // Round two runs only if the key turned out to hold a tombstone; a third only if it changed again meanwhile.
+    for (let round = 0; round < 3; round++) {
+      try {
+        return await this.#write(key, data, expected);
+      } catch (err) {
+        if (!(err instanceof StoreConflictError)) throw err;
+        const last = await this.#last(key);
+        if (last && !last.deleted) throw err;
+        expected = last?.seq ?? 0;
+      }
+    }
+    throw new StoreConflictError(key);
+  }
+
+  async update<T>(key: string, value: T, revision: number): Promise<number> {
+    const data = encode(key, value);
+    if (!Number.isInteger(revision) || revision < 1) throw new StoreConflictError(key);
+    return this.#write(key, data, revision);
+  }
+
+  async delete(key: string, revision?: number): Promise<void> {
+    checkKey(key);
+    if (revision !== undefined && (!Number.isInteger(revision) || revision < 1)) throw new StoreConflictError(key);
+    await this.#write(key, new Uint8Array(0), revision, () => {
+      const h = headers();
+      h.set(OPERATION, 'DEL');
+      return h;
+    });
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+  }
+
+  async #write(key: string, data: Uint8Array, expected: number | undefined, hdrs?: () => MsgHdrs): Promise<number> {
+    this.#check();
+    try {
+      const ack = await publishOnce(this.#ctx, this.#subject(key), data, {
+        msgID: nuid.next(),
+        stream: this.#stream,
+        budgetMs: this.#retryMs,
+        ...(expected === undefined ? {} : { lastSubjectSequence: expected }),
+        ...(hdrs ? { headers: hdrs } : {}),
+      });
+      return ack.seq;
+    } catch (err) {
+      if (jsErrorCode(err) === JS_WRONG_LAST_SEQUENCE) throw new StoreConflictError(key, { cause: err });
+      throw err;
+    }
+  }
+
+  /** The key's last message: its value, or a tombstone; null if the subject holds nothing. */
+  async #last(key: string): Promise<{ seq: number; data: Uint8Array; deleted: boolean } | null> {
+    this.#check();
+    const subject = this.#subject(key);
+    try {
+      const sm = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.getMessage(this.#stream, { last_by_subj: subject }));
+      const op = sm.header?.get(OPERATION);
+      return { seq: sm.seq, data: sm.data, deleted: op === 'DEL' || op === 'PURGE' };
+    } catch (err) {
+      if (jsErrorCode(err) === JS_NO_MESSAGE_FOUND) return null;
+      throw err;
+    }
+  }
+
+  #subject(key: string): string {
+    checkKey(key);
+    // `/` is a NATS key character the port never uses, so encoded keys cannot meet plain ones.
+    const token = SUBJECT_SAFE.test(key) ? key : `/${Buffer.from(key, 'utf8').toString('hex')}`;
+    return `$KV.${this.#bucket}.${token}`;
+  }
+
+  #check(): void {
+    if (this.#closed) throw new Error('Session store is closed');
+  }
+}
+
+function checkKey(key: string): string {
+  if (!KEY.test(key)) throw new Error(`Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
+  return key;
+}
+
+function encode(key: string, value: unknown): Uint8Array {
+  checkKey(key);
+  const json = JSON.stringify(value);
+  if (json === undefined) throw new TypeError(`Value of ${key} is not JSON`);
+  return Buffer.from(json, 'utf8');
+}

@@ -1,0 +1,313 @@
+import t, { type Test } from 'tap';
+import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
+import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue.js';
+import { NatsSessionStore } from '../../src/store/nats/session-store.js';
+import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
+import { startNats, startNatsCluster } from '../support/nats.js';
+import { batchQueueContract } from './batch-queue.contract.js';
+import { sessionStoreContract } from './session-store.contract.js';
+
+const server = await startNats(t);
+
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
+
+async function connection(t: Teardown, servers = server.url): Promise<NatsHandle> {
+  const h = await connectNats({ servers, name: 'contract-test' });
+  t.teardown(() => h.close());
+  return h;
+}
+
+let seq = 0;
+const unique = (prefix: string): string => `${prefix}${++seq}_${process.pid}`;
+
+/** Fresh names per call; `reopen` opens a new connection, as a restarted process would. */
+sessionStoreContract(t, 'NatsSessionStore', async () => {
+  const bucket = unique('sessions');
+  const handles: NatsHandle[] = [];
+  const open = async () => {
+    const h = await connectNats({ servers: server.url, name: 'contract-test' });
+    handles.push(h);
+    return NatsSessionStore.open(h, { bucket, replicas: 1 });
+  };
+  return {
+    store: await open(),
+    reopen: open,
+    cleanup: async () => {
+      await handles[0]?.jsm.streams.delete(`KV_${bucket}`).catch(() => {});
+      for (const h of handles) await h.close();
+    },
+  };
+});
+
+const queueOpts = (stream: string): NatsBatchQueueOptions => ({
+  stream,
+  durable: 'uploader',
+  replicas: 1,
+  redeliveryDelayMs: 5,
+  sweepIntervalMs: 0,
+});
+
+batchQueueContract(t, 'NatsBatchQueue', async () => {
+  const stream = unique('QUEUE');
+  const handles: NatsHandle[] = [];
+  const open = async () => {
+    const h = await connectNats({ servers: server.url, name: 'contract-test' });
+    handles.push(h);
+    return NatsBatchQueue.open(h, queueOpts(stream));
+  };
+  return {
+    store: await open(),
+    reopen: open,
+    cleanup: async () => {
+      await handles[0]?.jsm.streams.delete(stream).catch(() => {});
+      for (const h of handles) await h.close();
+    },
+  };
+});
+
+function meta(upload_uuid: string, package_id: string, client_id = 'client-1'): PackageMeta {
+  return { package_id, upload_uuid, client_id, entity: 'stores', columns: ['store_id', 'name'] };
+}
+
+async function commit(q: BatchQueue, m: PackageMeta, batches: Uint8Array[]): Promise<void> {
+  const w = await q.open(m);
+  for (const b of batches) await w.append(b);
+  await w.commit({ rows: batches.length, bytes: batches.reduce((n, b) => n + b.byteLength, 0) });
+}
+
+async function openQueue(t: Test, h: NatsHandle, opts: NatsBatchQueueOptions): Promise<NatsBatchQueue> {
+  const q = await NatsBatchQueue.open(h, opts);
+  t.teardown(() => q.close());
+  return q;
+}
+
+/** Takes `n` packages off the queue (bounded), reading their batches; acks each. */
+async function drain(t: Test, q: BatchQueue, n: number, timeoutMs = 20_000): Promise<{ meta: PackageMeta; attempt: number; data: Buffer }[]> {
+  const got: { meta: PackageMeta; attempt: number; data: Buffer }[] = [];
+  let done!: () => void;
+  const all = new Promise<void>((resolve) => (done = resolve));
+  const consumer = q.consume(async (pkg: CommittedPackage) => {
+    const chunks: Buffer[] = [];
+    for await (const b of pkg.batches()) chunks.push(Buffer.from(b));
+    got.push({ meta: pkg.meta, attempt: pkg.attempt, data: Buffer.concat(chunks) });
+    if (got.length === n) done();
+  });
+  t.teardown(() => consumer.stop());
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([all, new Promise((_, reject) => (timer = setTimeout(() => reject(new Error(`only ${got.length} of ${n} packages in ${timeoutMs} ms`)), timeoutMs)))]);
+  clearTimeout(timer);
+  await consumer.stop();
+  return got;
+}
+
+t.test('NatsSessionStore: 20 concurrent creates from two connections, exactly one winner', async (t) => {
+  const bucket = unique('race');
+  const [a, b] = [await connection(t), await connection(t)];
+  const stores = [await NatsSessionStore.open(a, { bucket, replicas: 1 }), await NatsSessionStore.open(b, { bucket, replicas: 1 })];
+  const results = await Promise.allSettled(Array.from({ length: 20 }, (_, i) => stores[i % 2]!.create('active.6163', { i })));
+  const won = results.flatMap((r, i) => (r.status === 'fulfilled' ? [{ i, rev: r.value }] : []));
+  t.equal(won.length, 1, 'one winner');
+  t.ok(results.every((r) => r.status === 'fulfilled' || isStoreConflict(r.reason)), 'the rest STORE_CONFLICT');
+  t.same(await stores[1]!.get('active.6163'), { value: { i: won[0]?.i }, revision: won[0]?.rev }, 'the other connection reads the winner');
+  const { config } = await a.jsm.streams.info(`KV_${bucket}`);
+  t.match(config, { max_msgs_per_subject: 1, storage: 'file', allow_direct: false }, 'history 1, file storage, reads from the leader');
+  await a.jsm.streams.delete(`KV_${bucket}`);
+});
+
+t.test('NatsSessionStore: keys that are not NATS subjects as they are', async (t) => {
+  const h = await connection(t);
+  const store = await NatsSessionStore.open(h, { bucket: unique('keys'), replicas: 1 });
+  const keys = ['.a', 'a.', 'a..b', '..', '-', '=', 'a.b'];
+  for (const [i, k] of keys.entries()) await store.create(k, i);
+  for (const [i, k] of keys.entries()) t.equal((await store.get(k))?.value, i, `key ${JSON.stringify(k)}`);
+});
+
+t.test('NatsBatchQueue: the stream is a work queue on file storage, with the documented subjects', async (t) => {
+  const h = await connection(t);
+  const stream = unique('LAYOUT');
+  const q = await openQueue(t, h, queueOpts(stream));
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const info = await h.jsm.streams.info(stream);
+  t.equal(info.config.retention, 'workqueue');
+  t.equal(info.config.storage, 'file');
+  t.same(info.config.subjects, [`${stream}.b.>`, `${stream}.c.>`]);
+  const open = await q.open(meta('u-1', 'p-open', 'acme.corp *>'));
+  await open.append(Buffer.from('["x"]\n'));
+  await commit(q, meta('u-1', 'p-done', 'acme.corp *>'), [Buffer.from('["a"]\n'), Buffer.from('["b"]\n')]);
+  const subjects = (await h.jsm.streams.info(stream, { subjects_filter: '>' })).state.subjects;
+  const client = Buffer.from('acme.corp *>').toString('hex');
+  t.same(subjects, {
+    [`${stream}.b.${client}.u-1.stores.p-open`]: 1,
+    [`${stream}.b.${client}.u-1.stores.p-done`]: 2,
+    [`${stream}.c.${client}.u-1.stores.p-done`]: 1,
+  });
+  const consumer = await h.jsm.consumers.info(stream, 'uploader');
+  t.equal(consumer.config.filter_subject, `${stream}.c.>`);
+  t.equal(consumer.num_pending, 1, 'the consumer sees the commit only');
+  await open.abort();
+});
+
+t.test('NatsBatchQueue: batches near the batch size limit round-trip byte for byte', async (t) => {
+  const h = await connection(t);
+  const stream = unique('BIG');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, queueOpts(stream));
+  const batches = [0, 1, 2, 3].map((i) => Buffer.alloc(512 * 1024, 0x30 + i));
+  await commit(q, meta('u1', 'big'), batches);
+  const [got] = await drain(t, q, 1);
+  t.ok(got!.data.equals(Buffer.concat(batches)), '2 MiB in four 512 KiB batches');
+  t.equal(await q.pending('u1'), 0);
+  t.same((await h.jsm.streams.info(stream)).state.messages, 0, 'nothing left in the stream after the ack');
+});
+
+t.test('NatsBatchQueue: a package in the hands of a crashed process is delivered again after the ack wait', async (t) => {
+  const stream = unique('CRASH');
+  const opts = { ...queueOpts(stream), ackWaitMs: 1000 };
+  const crashing = await connectNats({ servers: server.url, name: 'crashing' });
+  const q1 = await NatsBatchQueue.open(crashing, opts);
+  await commit(q1, meta('u1', 'p1'), [Buffer.from('["p1"]\n')]);
+  let taken!: () => void;
+  let release!: () => void;
+  const inHand = new Promise<void>((resolve) => (taken = resolve));
+  q1.consume(() => {
+    taken();
+    return new Promise<void>((resolve) => (release = resolve)); // finishes only after the "crash"
+  });
+  t.teardown(async () => {
+    release();
+    await q1.close();
+  });
+  await inHand;
+  await crashing.nc.close(); // no ack, no drain: a crash as the server sees it
+  const h = await connection(t);
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q2 = await openQueue(t, h, opts);
+  t.equal(await q2.pending('u1'), 1, 'still pending while nobody acked it');
+  const started = Date.now();
+  const [got] = await drain(t, q2, 1);
+  t.equal(got!.attempt, 2, 'second delivery');
+  t.ok(Date.now() - started < 5000, 'after about the ack wait');
+  t.equal(got!.data.toString(), '["p1"]\n');
+  t.equal(await q2.pending('u1'), 0);
+});
+
+t.test('NatsBatchQueue: sweep removes batches of dead writers only', async (t) => {
+  const h = await connection(t);
+  const stream = unique('SWEEP');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const orphanAfterMs = 60_000;
+  const q = await openQueue(t, h, { ...queueOpts(stream), orphanAfterMs });
+  const dead = await q.open(meta('u1', 'dead'));
+  await dead.append(Buffer.from('["d1"]\n'));
+  await dead.append(Buffer.from('["d2"]\n'));
+  await commit(q, meta('u1', 'committed'), [Buffer.from('["c1"]\n')]);
+  t.equal(await q.sweep(), 0, 'nothing is old yet');
+  const live = await q.open(meta('u1', 'live'));
+  t.equal(await q.sweep(Date.now() + orphanAfterMs + 1000), 1, 'the dead package, later');
+  await live.append(Buffer.from('["l1"]\n'));
+  await live.commit({ rows: 1, bytes: 7 });
+  const got = await drain(t, q, 2);
+  t.same(got.map((d) => [d.meta.package_id, d.data.toString()]), [
+    ['committed', '["c1"]\n'],
+    ['live', '["l1"]\n'],
+  ]);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'no batch of the dead writer is left');
+});
+
+t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, not redelivered forever', async (t) => {
+  const h = await connection(t);
+  const stream = unique('LOST');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const errors: string[] = [];
+  const q = await openQueue(t, h, { ...queueOpts(stream), onError: (_err, what) => errors.push(what) });
+  await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n')]);
+  // A message delete, not a filtered purge: nats-server 2.9 moves the consumer past everything on those.
+  const batch = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.b.${Buffer.from('client-1').toString('hex')}.u1.stores.p1` });
+  await h.jsm.streams.deleteMessage(stream, batch.seq, false);
+  let attempts = 0;
+  const consumer = q.consume(async (pkg) => {
+    attempts++;
+    for await (const _ of pkg.batches());
+  });
+  t.teardown(() => consumer.stop());
+  const deadline = Date.now() + 10_000;
+  while ((await q.pending('u1')) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+  await consumer.stop();
+  t.equal(await q.pending('u1'), 0, 'dropped');
+  t.equal(attempts, 1, 'once');
+  t.match(errors, [/drop package p1 of session u1: its batches are gone/]);
+});
+
+t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader', async (t) => {
+  const startedAt = Date.now();
+  const cluster = await startNatsCluster(t, 3);
+  t.comment(`cluster with JetStream ready in ${Date.now() - startedAt} ms`);
+  const h = await connection(t, cluster.urls);
+  const retryMs = 30_000;
+  const store = await NatsSessionStore.open(h, { bucket: 'sessions', replicas: 3, retryMs });
+  const q = await openQueue(t, h, { ...queueOpts('INGEST'), replicas: 3, retryMs });
+  t.equal((await h.jsm.streams.info('KV_sessions')).config.num_replicas, 3);
+  t.equal((await h.jsm.streams.info('INGEST')).config.num_replicas, 3);
+
+  const revisions = new Map<string, number>();
+  let packages = 0;
+  /** One write of each kind; a bounded retry on top of the adapters' own while leadership moves. */
+  const writeRound = async (i: number): Promise<void> => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const key = `session.k${i}`;
+        const cur = revisions.get(key);
+        const rev = cur === undefined ? await store.create(key, { i, v: 1 }) : await store.update(key, { i, v: 2 }, cur);
+        revisions.set(key, rev);
+        break;
+      } catch (err) {
+        if (isStoreConflict(err) || attempt === 3) throw err;
+      }
+    }
+    const n = packages;
+    await commit(q, meta('u-cluster', `p${n}`), [Buffer.from(`["${n}a"]\n`), Buffer.from(`["${n}b"]\n`)]);
+    packages++;
+  };
+
+  for (let i = 0; i < 10; i++) await writeRound(i);
+  const leaderOf = async (stream: string) => (await h.jsm.streams.info(stream)).cluster?.leader;
+  const kvLeader = await leaderOf('KV_sessions');
+  // The stronger case is one node leading both streams: step the queue's leader down (a few times at most) to get there.
+  for (let n = 0; n < 6 && (await leaderOf('INGEST')) !== kvLeader; n++) {
+    const before = await leaderOf('INGEST');
+    await h.nc.request('$JS.API.STREAM.LEADER.STEPDOWN.INGEST', undefined, { timeout: 5000 });
+    const deadline = Date.now() + 10_000;
+    for (let l = await leaderOf('INGEST').catch(() => undefined); (!l || l === before) && Date.now() < deadline; l = await leaderOf('INGEST').catch(() => undefined)) {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+  const queueLeader = await leaderOf('INGEST');
+  const victim = cluster.servers.find((s) => s.name === kvLeader)!;
+  t.ok(victim, `KV leader is ${kvLeader}, queue leader ${queueLeader}`);
+  await victim.kill();
+  const killedAt = Date.now();
+  await writeRound(10);
+  t.comment(`first round of writes after killing ${victim.name} took ${Date.now() - killedAt} ms`);
+  for (let i = 11; i < 20; i++) await writeRound(i);
+  t.comment(`10 rounds of writes after killing ${victim.name} took ${Date.now() - killedAt} ms`);
+  for (let i = 0; i < 10; i++) await writeRound(i); // updates of the keys written before the kill
+
+  for (let i = 0; i < 20; i++) {
+    const got = await store.get<{ i: number; v: number }>(`session.k${i}`);
+    t.same(got, { value: { i, v: i < 10 ? 2 : 1 }, revision: revisions.get(`session.k${i}`) }, `k${i}`);
+  }
+  t.not((await h.jsm.streams.info('KV_sessions')).cluster?.leader, victim.name, 'a new KV leader');
+  t.equal(await q.pending('u-cluster'), packages, 'every committed package is pending');
+  const drainedAt = Date.now();
+  const got = await drain(t, q, packages, 60_000);
+  t.comment(`${packages} packages consumed in ${Date.now() - drainedAt} ms`);
+  const byId = new Map(got.map((d) => [d.meta.package_id, d.data.toString()]));
+  t.equal(byId.size, 30);
+  t.ok(
+    [...byId].every(([id, data]) => data === `["${id.slice(1)}a"]\n["${id.slice(1)}b"]\n`),
+    'every package with its batches, in order',
+  );
+  t.equal(await q.pending('u-cluster'), 0);
+});

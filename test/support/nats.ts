@@ -1,0 +1,233 @@
+/**
+ * Real `nats-server` processes for tests: loopback only, free ports, JetStream on, a fresh
+ * store directory per server, teardown registered as soon as each resource exists. The
+ * machine's own NATS (4222) is never touched. The binary is `NATS_SERVER_BIN`, else
+ * `nats-server` on PATH or in /usr/sbin, /usr/local/bin.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { createServer, type AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { delimiter, join } from 'node:path';
+import { connect } from 'nats';
+
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
+
+export interface NatsServer {
+  /** `nats://127.0.0.1:<port>` */
+  readonly url: string;
+  readonly name: string;
+  readonly storeDir: string;
+  readonly running: boolean;
+  /** SIGTERM, and waits for the exit (SIGKILL after 10 s). */
+  stop(): Promise<void>;
+  /** SIGKILL: a crash. */
+  kill(): Promise<void>;
+  /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
+  restart(): Promise<void>;
+}
+
+export interface NatsCluster {
+  readonly servers: NatsServer[];
+  /** Every node's URL, comma-separated, as `connectNats` takes them. */
+  readonly urls: string;
+}
+
+const READY_TIMEOUT_MS = 20_000;
+
+export async function startNats(t: Teardown, opts: { name?: string } = {}): Promise<NatsServer> {
+  const [port] = await freePorts(1);
+  const dir = await mkdtemp(join(tmpdir(), 'ingest-nats-'));
+  const node = new Node(t, opts.name ?? 'n1', port!, dir, null);
+  await node.start();
+  await waitForJetStream([node.url]);
+  return node;
+}
+
+export async function startNatsCluster(t: Teardown, size = 3): Promise<NatsCluster> {
+  const ports = await freePorts(size * 2);
+  const routes = Array.from({ length: size }, (_, i) => `nats-route://127.0.0.1:${ports[size + i]}`);
+  const nodes: Node[] = [];
+  for (let i = 0; i < size; i++) {
+    const dir = await mkdtemp(join(tmpdir(), `ingest-nats-n${i + 1}-`));
+    const cluster = { name: 'ingest-test', port: ports[size + i]!, routes: routes.filter((_, j) => j !== i) };
+    nodes.push(new Node(t, `n${i + 1}`, ports[i]!, dir, cluster));
+  }
+  await Promise.all(nodes.map((n) => n.start()));
+  // JetStream answers only once the cluster has elected its meta leader.
+  await waitForJetStream(nodes.map((n) => n.url));
+  return { servers: nodes, urls: nodes.map((n) => n.url).join(',') };
+}
+
+class Node implements NatsServer {
+  readonly url: string;
+  readonly #config: string;
+  #proc: ChildProcess | null = null;
+  #exited: Promise<void> = Promise.resolve();
+  #log: string[] = [];
+
+  constructor(
+    t: Teardown,
+    readonly name: string,
+    readonly port: number,
+    readonly storeDir: string,
+    readonly cluster: { name: string; port: number; routes: string[] } | null,
+  ) {
+    this.url = `nats://127.0.0.1:${port}`;
+    this.#config = join(storeDir, 'server.conf');
+    // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
+    t.teardown(async () => {
+      await this.kill();
+      await rm(storeDir, { recursive: true, force: true });
+    });
+  }
+
+  get running(): boolean {
+    return this.#proc !== null;
+  }
+
+  async start(): Promise<void> {
+    if (this.#proc) throw new Error(`nats-server ${this.name} is already running`);
+    await writeFile(this.#config, this.#configText());
+    const proc = spawn(natsServerBin(), ['-c', this.#config], { stdio: ['ignore', 'pipe', 'pipe'] });
+    this.#proc = proc;
+    this.#log = [];
+    const keep = (chunk: Buffer): void => {
+      this.#log.push(...chunk.toString('utf8').split('\n').filter(Boolean));
+      if (this.#log.length > 200) this.#log.splice(0, this.#log.length - 200);
+    };
+    proc.stdout!.on('data', keep);
+    proc.stderr!.on('data', keep);
+    // A test process that dies without its teardown (a tap timeout) takes its servers with it.
+    const orphaned = (): void => {
+      proc.kill('SIGKILL');
+    };
+    process.once('exit', orphaned);
+    this.#exited = new Promise((resolve) => proc.once('exit', () => resolve()));
+    void this.#exited.then(() => {
+      process.removeListener('exit', orphaned);
+      if (this.#proc === proc) this.#proc = null;
+    });
+    const ready = await Promise.race([
+      waitFor(() => this.#log.some((l) => l.includes('Server is ready')), READY_TIMEOUT_MS),
+      this.#exited.then(() => false),
+    ]);
+    if (!ready) {
+      await this.kill();
+      throw new Error(`nats-server ${this.name} did not start:\n${this.#log.slice(-20).join('\n')}`);
+    }
+  }
+
+  async stop(): Promise<void> {
+    const proc = this.#proc;
+    if (!proc) return;
+    proc.kill('SIGTERM');
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), 10_000)));
+    const outcome = await Promise.race([this.#exited, late]);
+    clearTimeout(timer);
+    if (outcome === 'late') await this.kill();
+  }
+
+  async kill(): Promise<void> {
+    const proc = this.#proc;
+    if (!proc) return;
+    proc.kill('SIGKILL');
+    await this.#exited;
+  }
+
+  async restart(): Promise<void> {
+    await this.stop();
+    await this.start();
+    await waitForJetStream([this.url]);
+  }
+
+  #configText(): string {
+    const lines = [
+      `server_name: "${this.name}"`,
+      `listen: "127.0.0.1:${this.port}"`,
+      `jetstream {`,
+      `  store_dir: ${JSON.stringify(this.storeDir)}`,
+      `  max_memory_store: 64MB`,
+      `  max_file_store: 2GB`,
+      `}`,
+    ];
+    if (this.cluster) {
+      lines.push(
+        `cluster {`,
+        `  name: "${this.cluster.name}"`,
+        `  listen: "127.0.0.1:${this.cluster.port}"`,
+        `  routes: [${this.cluster.routes.map((r) => JSON.stringify(r)).join(', ')}]`,
+        `}`,
+      );
+    }
+    return `${lines.join('\n')}\n`;
+  }
+}
+
+/** Until every URL answers `$JS.API.INFO` (bounded). */
+async function waitForJetStream(urls: string[]): Promise<void> {
+  const deadline = Date.now() + READY_TIMEOUT_MS;
+  for (const url of urls) {
+    let last: unknown;
+    for (;;) {
+      const nc = await connect({ servers: url, timeout: 2000, reconnect: false }).catch((err: unknown) => {
+        last = err;
+        return null;
+      });
+      if (nc) {
+        try {
+          const jsm = await nc.jetstreamManager({ timeout: 2000 });
+          await jsm.getAccountInfo();
+          break;
+        } catch (err) {
+          last = err;
+        } finally {
+          await nc.close();
+        }
+      }
+      if (Date.now() > deadline) throw new Error(`JetStream at ${url} not ready: ${String(last)}`);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+}
+
+async function waitFor(cond: () => boolean, timeoutMs: number): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  while (!cond()) {
+    if (Date.now() > deadline) return false;
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  return true;
+}
+
+/** Ports the OS just handed out on loopback; all held at once so they differ, then released. */
+async function freePorts(n: number): Promise<number[]> {
+  const servers = await Promise.all(
+    Array.from(
+      { length: n },
+      () =>
+        new Promise<ReturnType<typeof createServer>>((resolve, reject) => {
+          const s = createServer();
+          s.once('error', reject);
+          s.listen(0, '127.0.0.1', () => resolve(s));
+        }),
+    ),
+  );
+  const ports = servers.map((s) => (s.address() as AddressInfo).port);
+  await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));
+  return ports;
+}
+
+function natsServerBin(): string {
+  const fromEnv = process.env.NATS_SERVER_BIN;
+  if (fromEnv) return fromEnv;
+  const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/local/bin', '/usr/bin'];
+  for (const dir of dirs) {
+    if (dir && existsSync(join(dir, 'nats-server'))) return join(dir, 'nats-server');
+  }
+  throw new Error('nats-server not found: install it (Debian: apt-get install nats-server) or set NATS_SERVER_BIN');
+}
