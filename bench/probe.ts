@@ -1,0 +1,108 @@
+/**
+ * The in-process probe every server under test runs (the service and the HTTP peers alike,
+ * so they are measured the same way): event-loop delay and peak RSS, reset and read by
+ * the driver over IPC.
+ *
+ * Peak RSS comes from the kernel's high-water mark (`VmHWM` in /proc/self/status), reset
+ * by writing 5 to /proc/self/clear_refs: a stall on the main thread cannot hide a peak
+ * from it, as it would from a timer. Where that is not available, a 20 ms sampler stands in.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import type { ProbeSample, ServerCommand, ServerEvent } from './protocol.js';
+
+const SAMPLE_MS = 20;
+
+export interface Probe {
+  reset(): void;
+  read(): ProbeSample;
+  stop(): void;
+}
+
+export function startProbe(): Probe {
+  const eld = monitorEventLoopDelay({ resolution: 1 });
+  eld.enable();
+  let sampledPeak = process.memoryUsage.rss();
+  const timer = setInterval(() => {
+    sampledPeak = Math.max(sampledPeak, process.memoryUsage.rss());
+  }, SAMPLE_MS);
+  timer.unref();
+  let hwm = resetHighWaterMark();
+
+  return {
+    reset() {
+      eld.reset();
+      hwm = resetHighWaterMark();
+      sampledPeak = process.memoryUsage.rss();
+    },
+    read() {
+      const rss = process.memoryUsage.rss();
+      sampledPeak = Math.max(sampledPeak, rss);
+      const kernelPeak = hwm ? highWaterMark() : null;
+      return {
+        eldMaxMs: eld.max / 1e6,
+        eldP99Ms: eld.percentile(99) / 1e6,
+        peakRssBytes: Math.max(kernelPeak ?? 0, sampledPeak),
+        rssBytes: rss,
+        peakSource: kernelPeak === null ? 'sampled' : 'vmhwm',
+      };
+    },
+    stop() {
+      clearInterval(timer);
+      eld.disable();
+    },
+  };
+}
+
+/**
+ * Answers the driver's probe commands and calls `onStop` on `stop`, on SIGTERM/SIGINT,
+ * or when the driver goes away (IPC disconnect), so no server outlives its run.
+ */
+export function serveProbe(probe: Probe, onStop: () => Promise<void>): void {
+  let stopping = false;
+  const stop = () => {
+    if (stopping) return;
+    stopping = true;
+    probe.stop();
+    onStop().then(
+      () => {
+        if (process.connected) process.disconnect();
+      },
+      (err: unknown) => {
+        console.error('bench: server failed to stop cleanly', err);
+        process.exitCode = 1;
+        if (process.connected) process.disconnect();
+      },
+    );
+  };
+  process.on('message', (msg: ServerCommand) => {
+    if (msg.type === 'probe-reset') probe.reset();
+    else if (msg.type === 'probe-read') send({ type: 'probe', sample: probe.read() });
+    else if (msg.type === 'stop') stop();
+  });
+  process.on('disconnect', stop);
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+export function send(event: ServerEvent): void {
+  process.send?.(event);
+}
+
+function resetHighWaterMark(): boolean {
+  try {
+    writeFileSync('/proc/self/clear_refs', '5');
+    return highWaterMark() !== null;
+  } catch {
+    return false;
+  }
+}
+
+function highWaterMark(): number | null {
+  try {
+    const m = /^VmHWM:\s+(\d+)\s+kB$/m.exec(readFileSync('/proc/self/status', 'utf8'));
+    return m ? Number(m[1]) * 1024 : null;
+  } catch {
+    return null;
+  }
+}
