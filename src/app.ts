@@ -17,11 +17,8 @@ import { listen, uwsIsNative, type Server } from './http/server.js';
 import { ValidationPool } from './ingest/pool.js';
 import { jsonLogger, type Logger } from './log.js';
 import { SessionService } from './session/service.js';
-import { FileBatchQueue } from './store/embedded/batch-queue.js';
-import { FileObjectStore } from './store/embedded/object-store.js';
-import { FileSessionStore } from './store/embedded/session-store.js';
-import type { BatchQueue, ObjectStore, QueueConsumer, SessionStore } from './store/ports.js';
-import { countRows, startUploader } from './uploader/uploader.js';
+import { openEngines } from './store/engines.js';
+import { countRows, runUploader } from './uploader/uploader.js';
 
 /** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (see http/server.ts). */
 const LISTEN_RETRY_MS = 90_000;
@@ -56,28 +53,24 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
   try {
     const dataDir = resolve(config.dataDir);
     await mkdir(dataDir, { recursive: true });
-    const sessions: SessionStore = await FileSessionStore.open(join(dataDir, 'sessions'));
-    closers.push(() => sessions.close());
-    const queue: BatchQueue = await FileBatchQueue.open(join(dataDir, 'queue'));
-    closers.push(() => queue.close());
-    const objects: ObjectStore = await FileObjectStore.open(join(dataDir, 'objects'));
-    closers.push(() => objects.close());
+    const engines = await openEngines(config, log, 'ingest-gateway');
+    closers.push(() => engines.close());
+    const { sessions, queue, objects } = engines;
+    log.info('storage engines', engines.describe);
 
-    let uploader: QueueConsumer | undefined;
     if (config.storage.inProcessUploader) {
-      uploader = startUploader({
-        queue,
-        objects,
-        prefix: config.storage.objectPrefix,
-        onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
-      });
-      closers.push(() => uploader!.stop());
+      const uploader = await runUploader(engines, config, log);
+      closers.push(() => uploader.stop());
     }
 
     const pool = new ValidationPool({
       workers: resolvedWorkers(config),
       maxQueue: config.ingest.maxQueue,
       batchBytes: config.ingest.batchBytes,
+      pieceBytes: config.ingest.pieceBytes,
+      piecesPerRequest: config.ingest.piecesPerRequest,
+      poolPieces: config.ingest.poolPieces,
+      maxDecompressedBytes: config.ingest.maxDecompressedBytes,
       onError: (err) => log.error('validation worker failed outside a task', { err }),
     });
     closers.push(() => pool.destroy());
@@ -128,6 +121,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       port: config.port,
       routes: routes(deps),
       limits: config.limits,
+      trustedProxies,
       listenRetryMs: LISTEN_RETRY_MS,
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.id }),
     });

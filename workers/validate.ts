@@ -1,39 +1,37 @@
 /**
- * Piscina worker: validates one whole ingest body and encodes its rows for storage.
- * Bad input is answered with data, never thrown (STYLE.md); a throw here is a bug and
- * reaches the main thread as a failed task.
+ * Piscina worker of the ingest pool: one entry for the three task kinds of
+ * `src/ingest/tasks.ts`. Bad input is answered with data, never thrown (STYLE.md); a throw
+ * here is a bug and reaches the main thread as a failed task.
  */
 import { Buffer, isUtf8 } from 'node:buffer';
 import { move, transferableSymbol, valueSymbol } from 'piscina';
-import type { ValidationIssue } from '../src/errors.js';
 import { findEntity } from '../src/entities/catalog.js';
 import { INVALID_JSON, bodyIssue, columnsError, compileRowCheck } from '../src/entities/validators.js';
+import { checkSkeleton, type SkeletonFacts } from '../src/ingest/skeleton.js';
+import type { BodyResult, RowsResult, Task } from '../src/ingest/tasks.js';
+import { encode } from './encode.js';
+import { processRows } from './rows.js';
 
-export interface ValidateTask {
-  /** The request body, transferred. */
-  body: ArrayBuffer;
-  /** A catalog entity name. */
-  entity: string;
-  /** Upper bound of one batch, in bytes; a single longer line is a batch of its own. */
-  batchBytes: number;
+export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts {
+  switch (task.kind) {
+    case 'rows': {
+      const result = processRows(task);
+      return transfer(result, [...new Set([...result.parts, ...result.batches])]);
+    }
+    case 'skeleton':
+      return checkSkeleton(new Uint8Array(task.text), task.sentinel, task.headColumns);
+    default: {
+      const result = validateBody(task.body, task.entity, task.batchBytes);
+      return result.ok ? transfer(result, result.batches) : result;
+    }
+  }
 }
 
-export type ValidateResult =
-  | {
-      ok: true;
-      rows: number;
-      /** Total encoded bytes, the sum of the batch sizes. */
-      bytes: number;
-      columns: string[];
-      /** NDJSON (`JSON.stringify(row)` + `\n` per row, the client's column order), whole lines per batch, in row order. Transferred. */
-      batches: ArrayBuffer[];
-    }
-  /** 422 with a string detail. */
-  | { ok: false; kind: 'payload'; message: string }
-  /** 422 with a Pydantic-style array. */
-  | { ok: false; kind: 'validation'; issues: ValidationIssue[] };
-
-export default function validate({ body, entity: name, batchBytes }: ValidateTask): ValidateResult {
+/**
+ * The plain path: `JSON.parse` of the whole body, then every check of `validators.ts` in
+ * order, then the NDJSON batches. The streaming sink must give exactly its answers.
+ */
+export function validateBody(body: ArrayBuffer, name: string, batchBytes: number): BodyResult {
   const entity = findEntity(name);
   if (!entity) throw new Error(`Unknown entity ${name}`);
 
@@ -52,9 +50,12 @@ export default function validate({ body, entity: name, batchBytes }: ValidateTas
   }
 
   const { batches, bytes } = encode(data, batchBytes);
-  const result: ValidateResult = { ok: true, rows: data.length, bytes, columns, batches };
-  // piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`.
-  return move({ [transferableSymbol]: batches, [valueSymbol]: result }) as unknown as ValidateResult;
+  return { ok: true, rows: data.length, bytes, columns, batches };
+}
+
+/** piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`. */
+function transfer<T>(value: T, buffers: ArrayBuffer[]): T {
+  return move({ [transferableSymbol]: buffers, [valueSymbol]: value } as never) as unknown as T;
 }
 
 const NOT_JSON = Symbol('not JSON');
@@ -70,38 +71,4 @@ function parse(body: ArrayBuffer): unknown {
   }
 }
 
-const payload = (message: string): ValidateResult => ({ ok: false, kind: 'payload', message });
-
-const encoder = new TextEncoder();
-/** Reused across tasks: a worker runs one task at a time and `encode` is synchronous. */
-let scratch = new Uint8Array(0);
-
-function encode(rows: readonly unknown[], batchBytes: number): { batches: ArrayBuffer[]; bytes: number } {
-  if (scratch.byteLength !== batchBytes) scratch = new Uint8Array(batchBytes);
-  const batches: ArrayBuffer[] = [];
-  let bytes = 0;
-  let used = 0;
-  const flush = () => {
-    batches.push(scratch.slice(0, used).buffer);
-    bytes += used;
-    used = 0;
-  };
-  for (const row of rows) {
-    const line = `${JSON.stringify(row)}\n`;
-    // encodeInto never writes half a character; `read` short of the length means no room.
-    let { read, written } = encoder.encodeInto(line, scratch.subarray(used));
-    if (read < line.length && used > 0) {
-      flush();
-      ({ read, written } = encoder.encodeInto(line, scratch));
-    }
-    if (read < line.length) {
-      const own = encoder.encode(line);
-      batches.push(own.buffer as ArrayBuffer);
-      bytes += own.byteLength;
-    } else {
-      used += written;
-    }
-  }
-  if (used > 0) flush();
-  return { batches, bytes };
-}
+const payload = (message: string): BodyResult => ({ ok: false, kind: 'payload', message });

@@ -1,14 +1,14 @@
 import { findEntity } from '../entities/catalog.js';
 import { errors } from '../errors.js';
-import type { IngestResult } from '../ingest/pool.js';
 import type { BodyStream, StreamingHandler } from '../http/server.js';
-import type { IngestSink } from '../ingest/pool.js';
+import type { IngestResult, IngestSink } from '../ingest/pool.js';
 import { authenticate, json, type ApiDeps } from './context.js';
 
 /**
  * `POST /{upload_uuid}/{entity_name}`: every row is validated while the body arrives; the
  * package is committed to the queue (and counted in the session) only after its last row
- * passed, so a failed or abandoned package leaves nothing behind.
+ * passed, so a failed or abandoned package leaves nothing behind. `Content-Encoding: gzip`
+ * bodies are inflated on the way (the edge limits the wire bytes, the pool the inflated ones).
  */
 export const ingestEntity =
   (deps: ApiDeps): StreamingHandler =>
@@ -20,11 +20,13 @@ export const ingestEntity =
     const entity = findEntity(entityName);
     if (!entity) throw errors.unknownEntity(entityName);
     if (session.value.status !== 'UPLOADING') throw errors.invalidSessionStatus('UPLOADING', session.value.status);
+    const encoding = contentEncoding(req.headers.get('content-encoding'));
 
     const packageId = await deps.service.beginIngest(client, uploadUuid);
     try {
       const sink = deps.pool.createIngest({
         entity,
+        encoding,
         open: (columns) =>
           deps.queue.open({ package_id: packageId, client_id: client.id, upload_uuid: uploadUuid, entity: entity.name, columns }),
       });
@@ -41,6 +43,17 @@ export const ingestEntity =
       throw err;
     }
   };
+
+/**
+ * The body's coding: none (`identity`, or no header) or gzip (`x-gzip` is its old name,
+ * RFC 9110). Anything else, stacked codings included, answers 415 before a byte is read.
+ */
+function contentEncoding(header: string | undefined): 'identity' | 'gzip' {
+  const coding = (header ?? '').trim().toLowerCase();
+  if (coding === '' || coding === 'identity') return 'identity';
+  if (coding === 'gzip' || coding === 'x-gzip') return 'gzip';
+  throw errors.unsupportedMediaType();
+}
 
 class ClientGone extends Error {
   override readonly name = 'ClientGone';

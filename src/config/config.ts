@@ -27,12 +27,31 @@ export interface Config {
     ingestBodyBytes: PositiveInt;
     otherBodyBytes: PositiveInt;
     requestTimeoutMs: PositiveInt;
+    /** A request body that advances less than `idleProgressBytes` in this time: 408 (slow-loris). */
+    idleTimeoutMs: PositiveInt;
+    idleProgressBytes: PositiveInt;
+    /** Per client IP, average rate of `/api/v1/` requests (fractions allowed); 0 = no rate limit. */
+    requestsPerSecond: number & tags.Minimum<0>;
+    /** Per client IP, `/api/v1/` requests a rested client may send at once. */
+    burst: PositiveInt;
+    /** Per client IP, requests in flight; 0 = no cap. */
+    concurrentPerClient: Count;
+    /** Client IPs tracked at once (bounds the limiter's memory). */
+    trackedClients: PositiveInt;
   };
   ingest: {
     /** Validation worker threads; 0 = one per core. */
     workers: Count;
-    /** Tasks allowed to wait for a worker before requests are turned away. */
+    /** Ingest requests allowed open beyond one per worker before requests are turned away (503). */
     maxQueue: PositiveInt;
+    /** Target size of a piece of rows handed to a worker. */
+    pieceBytes: number & tags.Type<'uint32'> & tags.Minimum<4096> & tags.Maximum<67108864>;
+    /** Pieces one request may have in flight before its socket is paused. */
+    piecesPerRequest: PositiveInt & tags.Maximum<1024>;
+    /** Tasks running or queued in the pool, all requests together; 0 = two per worker. */
+    poolPieces: Count;
+    /** Bound of a `Content-Encoding: gzip` body once inflated (413 past it). */
+    maxDecompressedBytes: PositiveInt;
     /** Upper bound of one encoded batch (NATS max_payload is 1 MiB). */
     batchBytes: number & tags.Type<'uint32'> & tags.Minimum<1024> & tags.Maximum<1000000>;
     /** How long an in-flight ingest counts against `upload_tasks_finished` if its instance dies. */
@@ -50,13 +69,34 @@ export interface Config {
     webhookToleranceSeconds: PositiveInt;
     emulatorDelayMs: Count;
   };
-  nats: { url: null | (string & tags.MinLength<1>) };
+  nats: {
+    /** Comma-separated server URLs; set: session state and the batch queue live on JetStream. */
+    url: null | (string & tags.MinLength<1>);
+    kvBucket: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
+    stream: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
+    /** The durable pull consumer all uploaders share. */
+    durable: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
+    /** Replicas of the KV bucket and the stream (3 on a 3-node cluster). */
+    replicas: number & tags.Type<'uint32'> & tags.Minimum<1> & tags.Maximum<5>;
+    requestTimeoutMs: PositiveInt;
+    /** How long an uploader may hold a package without a heartbeat. */
+    ackWaitMs: PositiveInt;
+  };
   s3: {
     endpoint: null | (string & tags.Format<'uri'>);
     bucket: null | (string & tags.MinLength<1>);
     region: string & tags.MinLength<1>;
     accessKeyId: null | string;
     secretAccessKey: null | string;
+    /** Multipart part size (S3's minimum is 5 MiB). */
+    partSizeBytes: number & tags.Type<'uint32'> & tags.Minimum<5242880>;
+    /** Parts uploaded in parallel per object. */
+    queueSize: PositiveInt;
+    requestTimeoutMs: PositiveInt;
+    /** Create the bucket at start if it is missing (development servers). */
+    createBucket: boolean;
+    /** Multipart uploads older than this are a crashed uploader's: the uploader aborts them at start. */
+    abortIncompleteAfterMs: PositiveInt;
   };
 }
 
@@ -75,6 +115,9 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   TRUSTED_PROXIES: { path: ['trustedProxies'], type: 'list' },
   INGEST_WORKERS: { path: ['ingest', 'workers'], type: 'int' },
   INGEST_MAX_QUEUE: { path: ['ingest', 'maxQueue'], type: 'int' },
+  INGEST_PIECE_BYTES: { path: ['ingest', 'pieceBytes'], type: 'int' },
+  INGEST_PIECES_PER_REQUEST: { path: ['ingest', 'piecesPerRequest'], type: 'int' },
+  INGEST_POOL_PIECES: { path: ['ingest', 'poolPieces'], type: 'int' },
   CONNECTOR_URL: { path: ['connector', 'url'], type: 'string' },
   CONNECTOR_TIMEOUT_MS: { path: ['connector', 'timeoutMs'], type: 'int' },
   CONNECTOR_WEBHOOK_SECRET: { path: ['connector', 'webhookSecret'], type: 'string' },
@@ -85,6 +128,9 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   S3_REGION: { path: ['s3', 'region'], type: 'string' },
   S3_ACCESS_KEY_ID: { path: ['s3', 'accessKeyId'], type: 'string' },
   S3_SECRET_ACCESS_KEY: { path: ['s3', 'secretAccessKey'], type: 'string' },
+  NATS_REPLICAS: { path: ['nats', 'replicas'], type: 'int' },
+  S3_CREATE_BUCKET: { path: ['s3', 'createBucket'], type: 'bool' },
+  IN_PROCESS_UPLOADER: { path: ['storage', 'inProcessUploader'], type: 'bool' },
 };
 
 export const DEFAULT_CONFIG_PATH = fileURLToPath(new URL('../../../config/default.json', import.meta.url));

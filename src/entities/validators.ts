@@ -91,7 +91,20 @@ for (const entity of ENTITIES) {
 /** A row's 422 detail (`Invalid data types in payload: …`), or null when the row is valid. */
 export type RowCheck = (row: readonly unknown[], index: number) => string | null;
 
+/**
+ * What is wrong with a row, without its index: the part of the 422 detail after
+ * `row <index>` (`: expected 4 values, got 5` or `, column "price": …`), or null when the
+ * row is valid. Validation workers see a piece of the rows and report local indexes; the
+ * main thread adds the global index with `rowMessage`.
+ */
+export type RowProblem = (row: readonly unknown[]) => string | null;
+
 const TYPES_PREFIX = 'Invalid data types in payload: ';
+
+/** The 422 detail of the row at `index` (0-based, of the whole `data` array). */
+export function rowMessage(index: number, problem: string): string {
+  return `${TYPES_PREFIX}row ${index}${problem}`;
+}
 
 /**
  * Compiles the checker for one request. `columns` must have passed `columnsError`.
@@ -99,6 +112,15 @@ const TYPES_PREFIX = 'Invalid data types in payload: ';
  * path then only runs for a rejected row, to name the offending cell.
  */
 export function compileRowCheck(entity: EntitySpec, columns: readonly string[]): RowCheck {
+  const problem = compileRowProblem(entity, columns);
+  return (row, index) => {
+    const found = problem(row);
+    return found === null ? null : rowMessage(index, found);
+  };
+}
+
+/** `compileRowCheck` without the index: see `RowProblem`. */
+export function compileRowProblem(entity: EntitySpec, columns: readonly string[]): RowProblem {
   const specs = columns.map((name) => {
     const spec = entity.columns.find((c) => c.name === name);
     if (!spec) throw new TypeError(`Column ${name} is not in entity ${entity.name}`);
@@ -110,13 +132,13 @@ export function compileRowCheck(entity: EntitySpec, columns: readonly string[]):
   });
   const width = columns.length;
 
-  const slow: RowCheck = (row, index) => {
-    if (row.length !== width) return `${TYPES_PREFIX}row ${index}: expected ${width} values, got ${row.length}`;
+  const slow: RowProblem = (row) => {
+    if (row.length !== width) return `: expected ${width} values, got ${row.length}`;
     for (let j = 0; j < width; j++) {
       const value = row[j];
       if (!checks[j]!(value)) {
         const { name, type } = specs[j]!;
-        return `${TYPES_PREFIX}row ${index}, column "${name}": expected ${TYPE_LABELS[type].expected}, got ${show(value)}`;
+        return `, column "${name}": expected ${TYPE_LABELS[type].expected}, got ${show(value)}`;
       }
     }
     return null;
@@ -125,7 +147,8 @@ export function compileRowCheck(entity: EntitySpec, columns: readonly string[]):
   const tuple = TUPLE_OF.get(entity);
   if (!tuple || width !== entity.columns.length || specs.some((s, j) => s !== entity.columns[j])) return slow;
   const calendar = specs.flatMap((s, j) => (s.type === 'date' || s.type === 'datetime' ? [j] : []));
-  return (row, index) => (tuple(row) && calendar.every((j) => checks[j]!(row[j])) ? null : slow(row, index));
+  if (calendar.length === 0) return (row) => (tuple(row) ? null : slow(row));
+  return (row) => (tuple(row) && calendar.every((j) => checks[j]!(row[j])) ? null : slow(row));
 }
 
 /**
@@ -239,6 +262,20 @@ function show(value: unknown): string {
 
 function issue(type: string, loc: (string | number)[], msg: string, input: unknown): ValidationIssue {
   return { type, loc, msg, input: scalarInput(input) };
+}
+
+/**
+ * Step 2 for one element of `data` that is not a list, as `bodyIssue` reports it. A worker
+ * that found it passes `rowNotListInput(value)` (never the value itself: it may be large),
+ * the main thread the global index.
+ */
+export function rowNotListIssue(index: number, input: unknown): ValidationIssue {
+  return { type: 'list_type', loc: ['body', 'data', index], msg: 'Input should be a valid list', input };
+}
+
+/** The `input` of `rowNotListIssue` for a `data` element. */
+export function rowNotListInput(value: unknown): unknown {
+  return scalarInput(value);
 }
 
 function listIssue(loc: (string | number)[], input: unknown): ValidationIssue {

@@ -6,8 +6,11 @@
  * header is read synchronously in the route callback, chunks are copied before they are
  * kept, and every write after an await happens inside `cork`.
  */
+import type { BlockList } from 'node:net';
 import uWS from 'uWebSockets.js';
 import { errors, isServiceError, ServiceError } from '../errors.js';
+import { clientAddress } from './auth.js';
+import { ClientLimiter, type ClientLimits, type ClientSlot } from './client-limiter.js';
 
 export interface Request {
   readonly method: string;
@@ -17,6 +20,8 @@ export interface Request {
   readonly headers: ReadonlyMap<string, string>;
   /** The peer address as seen on the socket. */
   readonly remoteAddress: string;
+  /** The client's address after the trusted-proxy rule of `clientAddress` (what the per-client limits count). */
+  readonly clientAddress: string;
   readonly params: Readonly<Record<string, string>>;
   readonly id: number;
 }
@@ -51,11 +56,29 @@ export type Route =
   | { method: string; pattern: string; body: 'buffered'; handler: BufferedHandler }
   | { method: string; pattern: string; body: 'streaming'; handler: StreamingHandler };
 
+export interface ServerLimits extends ClientLimits {
+  /** Body limit of streaming (ingest) routes (413). */
+  ingestBodyBytes: number;
+  /** Body limit of every other request (413). */
+  otherBodyBytes: number;
+  /** A request not answered by then: 408, connection closed. */
+  requestTimeoutMs: number;
+  /**
+   * While the server waits for body bytes (not while it paused the socket itself), the body
+   * must advance `idleProgressBytes` or end within every `idleTimeoutMs`; else 408 and the
+   * connection is closed. A trickle of a byte a second is no progress (slow-loris).
+   */
+  idleTimeoutMs: number;
+  idleProgressBytes: number;
+}
+
 export interface ServerOptions {
   host: string;
   port: number;
   routes: Route[];
-  limits: { ingestBodyBytes: number; otherBodyBytes: number; requestTimeoutMs: number };
+  limits: ServerLimits;
+  /** Peers whose `X-Forwarded-For` is believed when naming the client the per-client limits count. */
+  trustedProxies?: BlockList | null;
   /** How long to keep retrying a fixed port that is still taken (0: fail at once). */
   listenRetryMs?: number;
   /** Called with errors that become 500s; never with client errors. */
@@ -81,6 +104,9 @@ const STATUS_TEXT: Record<number, string> = {
   502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout',
 };
 
+/** Requests under this prefix take a token of the per-client rate limit (the spec's Limits table). */
+const RATED_PREFIX = '/api/v1/';
+
 /** True when the native uWS binary loaded (the package silently falls back to a slow JS server). */
 export function uwsIsNative(): boolean {
   return Function.prototype.toString.call(uWS.App).includes('[native code]');
@@ -93,32 +119,43 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     route,
     bodyLimit: route.body === 'streaming' ? opts.limits.ingestBodyBytes : opts.limits.otherBodyBytes,
   }));
+  const limiter = new ClientLimiter(opts.limits);
+  const trusted = opts.trustedProxies ?? null;
   let nextId = 1;
   const app = uWS.App();
 
   app.any('/*', (res, uwsReq) => {
-    const exchange = new Exchange(res, opts);
     const method = uwsReq.getCaseSensitiveMethod().toUpperCase();
     const url = uwsReq.getUrl();
     const query = uwsReq.getQuery() ?? '';
     const headers = new Map<string, string>();
     uwsReq.forEach((k, v) => headers.set(k, v));
     const remoteAddress = normaliseAddress(Buffer.from(res.getRemoteAddressAsText()).toString());
+    const address = clientAddress(remoteAddress, headers.get('x-forwarded-for'), trusted);
 
     const match = matchRoute(compiled, method, url);
-    const req: Request = { method, path: url, query, headers, remoteAddress, params: match.params, id: nextId++ };
-    exchange.req = req;
+    const req: Request = { method, path: url, query, headers, remoteAddress, clientAddress: address, params: match.params, id: nextId++ };
 
+    // Check 1 of DECISIONS.md, answered inside this callback (no Exchange, no timers): body too
+    // large by Content-Length, then the per-client limits. An unread body closes the connection.
     const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
     const declared = headers.get('content-length');
     if (declared !== undefined && (!/^\d+$/.test(declared) || Number(declared) > limit)) {
-      exchange.fail(declared !== undefined && /^\d+$/.test(declared) ? errors.bodyTooLarge() : errors.invalidContentLength(), true);
+      respondNow(res, /^\d+$/.test(declared) ? errors.bodyTooLarge() : errors.invalidContentLength(), true);
+      return;
+    }
+    const hasBody = declared !== undefined ? Number(declared) > 0 : headers.has('transfer-encoding');
+    const slot = limiter.admit(address, url.startsWith(RATED_PREFIX));
+    if (typeof slot === 'number') {
+      respondNow(res, errors.rateLimited(slot), hasBody);
       return;
     }
     if (!match.route) {
-      exchange.fail(match.methodMismatch ? errors.methodNotAllowed() : errors.routeNotFound(), true);
+      limiter.release(slot);
+      respondNow(res, match.methodMismatch ? errors.methodNotAllowed() : errors.routeNotFound(), hasBody);
       return;
     }
+    const exchange = new Exchange(res, opts, req, hasBody, limiter, slot);
     const route = match.route.route;
     if (route.body === 'buffered') exchange.runBuffered(route.handler, limit);
     else exchange.runStreaming(route.handler, limit);
@@ -142,12 +179,23 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   };
 }
 
-/** One request/response pair: owns the uWS response until it is ended or aborted. */
+/**
+ * One request/response pair: owns the uWS response until it is ended or aborted, and the
+ * client's in-flight slot until then.
+ *
+ * Timers: `requestTimeoutMs` runs from the headers to the response, whatever the handler is
+ * doing. The idle timer runs only while the server waits for body bytes. uWS's own timers
+ * (this build: 10 s, checked every 4 s) close a socket whose headers do not complete, and one
+ * whose unpaused body delivers less than 160 KiB per 10 s, without a response; a paused
+ * socket has no uWS timer (see `runStreaming`).
+ */
 class Exchange {
-  req: Request | undefined;
   private finished = false;
   private readonly abort = new AbortController();
   private readonly timer: NodeJS.Timeout;
+  private idle: NodeJS.Timeout | undefined;
+  private idleBytes = 0;
+  private slot: ClientSlot | undefined;
   private sink: BodySink | undefined;
   private early: Uint8Array[] = [];
   private received = 0;
@@ -158,17 +206,23 @@ class Exchange {
   constructor(
     private readonly res: uWS.HttpResponse,
     private readonly opts: ServerOptions,
+    readonly req: Request,
+    private readonly hasBody: boolean,
+    private readonly limiter: ClientLimiter,
+    slot: ClientSlot,
   ) {
     res.onAborted(() => {
       this.finished = true;
       this.teardown(false);
     });
+    this.slot = slot;
     this.timer = setTimeout(() => this.fail(errors.requestTimeout(), true), opts.limits.requestTimeoutMs);
     this.timer.unref();
   }
 
   runBuffered(handler: BufferedHandler, limit: number): void {
     const chunks: Buffer[] = [];
+    this.watchBody();
     this.res.onData((ab, isLast) => {
       if (this.finished) return;
       this.received += ab.byteLength;
@@ -176,10 +230,14 @@ class Exchange {
         this.fail(errors.bodyTooLarge(), true);
         return;
       }
-      if (ab.byteLength > 0) chunks.push(copy(ab));
+      if (ab.byteLength > 0) {
+        chunks.push(copy(ab));
+        this.progress(ab.byteLength);
+      }
       if (isLast) {
         this.bodyDone = true;
-        this.settle(handler(this.req!, chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
+        this.unwatchBody();
+        this.settle(handler(this.req, chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
       }
     });
   }
@@ -188,6 +246,12 @@ class Exchange {
     // Nothing is read until the handler has done its checks and asks for the body.
     this.res.pause();
     this.paused = true;
+    // uWS arms its 10 s body timer when this callback returns, paused or not, and would close
+    // a request whose checks take longer. A pause from outside the callback disarms it; the
+    // request timeout still covers the wait.
+    setImmediate(() => {
+      if (this.paused && !this.finished) this.res.pause();
+    });
     this.res.onData((ab, isLast) => {
       if (this.finished && !this.discarding) return;
       this.received += ab.byteLength;
@@ -195,8 +259,12 @@ class Exchange {
         this.fail(errors.bodyTooLarge(), true);
         return;
       }
+      this.progress(ab.byteLength);
+      if (isLast) {
+        this.bodyDone = true;
+        this.unwatchBody();
+      }
       if (this.discarding) return;
-      if (isLast) this.bodyDone = true;
       if (!this.sink) {
         if (ab.byteLength > 0) this.early.push(copy(ab));
         return;
@@ -225,7 +293,7 @@ class Exchange {
         this.resume();
       },
     };
-    this.settle(handler(this.req!, body, this.abort.signal));
+    this.settle(handler(this.req, body, this.abort.signal));
   }
 
   fail(err: ServiceError, closeConnection: boolean): void {
@@ -236,7 +304,7 @@ class Exchange {
     pending.then(
       (reply) => this.send(reply, !this.bodyDone),
       (err: unknown) => {
-        if (!isServiceError(err)) this.opts.onInternalError(err, this.req!);
+        if (!isServiceError(err)) this.opts.onInternalError(err, this.req);
         this.send(replyFor(isServiceError(err) ? err : errors.internal(err)), !this.bodyDone);
       },
     );
@@ -245,25 +313,24 @@ class Exchange {
   private send(reply: Reply, closeConnection: boolean): void {
     if (this.finished) return;
     this.finished = true;
-    const body =
-      reply.raw !== undefined ? (reply.body as string | Uint8Array) : JSON.stringify(reply.body ?? null);
-    const contentType = reply.raw?.contentType ?? 'application/json';
     this.res.cork(() => {
       // A paused socket stays paused after the response; the next request on it would hang.
       if (this.paused) {
         this.paused = false;
         this.res.resume();
       }
-      this.res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? ''}`.trimEnd());
-      this.res.writeHeader('Content-Type', contentType);
-      for (const [k, v] of Object.entries(reply.headers ?? {})) this.res.writeHeader(k, v);
-      this.res.end(body, closeConnection);
+      writeReply(this.res, reply, closeConnection);
     });
     this.teardown(true);
   }
 
   private teardown(responded: boolean): void {
     clearTimeout(this.timer);
+    this.unwatchBody();
+    if (this.slot) {
+      this.limiter.release(this.slot);
+      this.slot = undefined;
+    }
     if (!responded || !this.bodyDone) {
       this.abort.abort();
       this.sink?.finish(false);
@@ -272,9 +339,35 @@ class Exchange {
     this.early = [];
   }
 
+  /** Starts the idle timer: the server now waits for body bytes. */
+  private watchBody(): void {
+    if (!this.hasBody || this.bodyDone || this.finished || this.idle) return;
+    this.idleBytes = 0;
+    this.idle = setTimeout(() => this.fail(errors.requestTimeout(), true), this.opts.limits.idleTimeoutMs);
+    this.idle.unref();
+  }
+
+  private unwatchBody(): void {
+    if (this.idle) {
+      clearTimeout(this.idle);
+      this.idle = undefined;
+    }
+  }
+
+  /** Counts body bytes; every `idleProgressBytes` of them re-arm the idle timer. */
+  private progress(bytes: number): void {
+    if (!this.idle) return;
+    this.idleBytes += bytes;
+    if (this.idleBytes >= this.opts.limits.idleProgressBytes) {
+      this.idleBytes = 0;
+      this.idle.refresh();
+    }
+  }
+
   private pause(): void {
     if (!this.paused && !this.finished) {
       this.paused = true;
+      this.unwatchBody();
       this.res.pause();
     }
   }
@@ -283,8 +376,22 @@ class Exchange {
     if (this.paused && !this.finished) {
       this.paused = false;
       this.res.resume();
+      this.watchBody();
     }
   }
+}
+
+/** Answers inside the route callback, where uWS has corked the socket already. */
+function respondNow(res: uWS.HttpResponse, err: ServiceError, closeConnection: boolean): void {
+  writeReply(res, replyFor(err), closeConnection);
+}
+
+function writeReply(res: uWS.HttpResponse, reply: Reply, closeConnection: boolean): void {
+  const body = reply.raw !== undefined ? (reply.body as string | Uint8Array) : JSON.stringify(reply.body ?? null);
+  res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? ''}`.trimEnd());
+  res.writeHeader('Content-Type', reply.raw?.contentType ?? 'application/json');
+  for (const [k, v] of Object.entries(reply.headers ?? {})) res.writeHeader(k, v);
+  res.end(body, closeConnection);
 }
 
 function replyFor(err: ServiceError): Reply {

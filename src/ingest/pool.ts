@@ -1,27 +1,51 @@
 /**
  * The validation worker pool and the per-request ingest sink in front of it.
  *
- * This sink buffers the whole body and validates it in one task. The interface is the
- * streaming one, so that a splitter feeding workers row chunks can replace it without
- * touching callers.
+ * A sink streams: body chunks are cut into pieces of whole rows as they arrive and parsed,
+ * validated and encoded in the workers (see `stream.ts`); gzip bodies are inflated on the
+ * way in (`gzip.ts`). The pool bounds the work in flight: each sink keeps at most
+ * `piecesPerRequest` pieces out, the pool runs at most `poolPieces` tasks at once (the
+ * rest wait here, in order, before any byte is transferred), and at most
+ * `workers + maxQueue` sinks are open at a time (past that, `createIngest` refuses).
  */
 import { Buffer } from 'node:buffer';
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
-import type { ValidateResult, ValidateTask } from '../../workers/validate.js';
 import type { EntitySpec } from '../entities/catalog.js';
-import { errors, isServiceError, type ServiceError } from '../errors.js';
+import { errors } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
+import { GunzipIngest } from './gzip.js';
+import { StreamingIngest, type Engine, type IngestStats } from './stream.js';
+import type { Task } from './tasks.js';
+
+export type { IngestStats } from './stream.js';
 
 export const DEFAULT_BATCH_BYTES = 512 * 1024;
+export const DEFAULT_PIECE_BYTES = 1024 * 1024;
+export const DEFAULT_PIECES_PER_REQUEST = 4;
+export const DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024;
+/** Heads (bytes before `data`'s elements) longer than this go to the one-shot path. */
+const HEAD_BYTES = 64 * 1024;
+/** Skeletons (head + tail) up to this size are checked on the main thread. */
+const INLINE_SKELETON_BYTES = 64 * 1024;
 
 export interface ValidationPoolOptions {
   /** Worker threads; 0 = one per core. */
   workers: number;
-  /** Tasks that may wait for a free worker; beyond them `end()` fails with RATE_LIMITED (503). */
+  /** Sinks that may be open beyond one per worker; past `workers + maxQueue`, a new sink fails with RATE_LIMITED (503). */
   maxQueue: number;
   /** Upper bound of one stored batch in bytes (whole NDJSON lines); default 512 KiB. */
   batchBytes?: number;
+  /** Target size of a piece of rows sent to a worker; default 1 MiB. */
+  pieceBytes?: number;
+  /** Pieces one request may have in flight (dispatched, not yet stored); default 4. */
+  piecesPerRequest?: number;
+  /** Tasks the pool runs or queues at once, all requests together; 0 (default) = two per worker. */
+  poolPieces?: number;
+  /** Bound of a gzip body once inflated (413 past it); default 256 MiB. */
+  maxDecompressedBytes?: number;
+  /** Heads longer than this are validated in one task; default 64 KiB. Tests lower it. */
+  headBytes?: number;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -46,15 +70,16 @@ export interface IngestSink {
   /**
    * Body complete. Resolves when every row passed and every batch was appended to the
    * writer (NOT committed: the caller commits). Rejects with a ServiceError:
-   * INVALID_PAYLOAD or VALIDATION_FAILED (422), BODY_TOO_LARGE past `maxBodyBytes`,
-   * RATE_LIMITED when the pool's queue is full, whatever ServiceError `open` or the
-   * writer threw, else INTERNAL (worker crash, store failure, `abort()`; `cause` says which).
-   * On any rejection the writer, if opened, has been aborted. Calling it again returns
-   * the same promise.
+   * INVALID_PAYLOAD or VALIDATION_FAILED (422), BODY_TOO_LARGE past `maxBodyBytes` (or the
+   * inflated bound of a gzip body), whatever ServiceError `open` or the writer threw,
+   * else INTERNAL (worker crash, store failure, `abort()`; `cause` says which). On any
+   * rejection the writer, if opened, has been aborted. Calling it again returns the same
+   * promise. The writer is opened with the first batch, so it may be open (and then
+   * aborted) even when the answer is a 422; nothing is committed either way.
    */
   end(): Promise<IngestResult>;
   /**
-   * Client went away: release buffered chunks, cancel the task (AbortSignal to piscina),
+   * Client went away: release buffered chunks, cancel the tasks (AbortSignal to piscina),
    * abort the writer. Later writes are ignored. A no-op once `end()` has resolved: the
    * writer is then the caller's.
    */
@@ -63,147 +88,157 @@ export interface IngestSink {
 
 export interface IngestOptions {
   entity: EntitySpec;
-  /** Opens the package once the body is valid, with the client's columns. */
+  /** Opens the package with the client's columns, when the first batch is ready (or at the end). */
   open: (columns: string[]) => Promise<PackageWriter>;
   maxBodyBytes?: number;
+  /** The body's `Content-Encoding` (already checked: only these two are served). */
+  encoding?: 'identity' | 'gzip';
 }
 
 const WORKER = new URL('../../workers/validate.js', import.meta.url).href;
 
 export class ValidationPool {
-  readonly #pool: Piscina<ValidateTask, ValidateResult>;
+  readonly #pool: Piscina<Task, unknown>;
   readonly #batchBytes: number;
+  readonly #pieceBytes: number;
+  readonly #piecesPerRequest: number;
+  readonly #poolPieces: number;
+  readonly #maxDecompressedBytes: number;
+  readonly #headBytes: number;
+  readonly #stats: IngestStats = { pieces: 0, continuations: 0, oneShots: 0, skeletonTasks: 0 };
   // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
-  #inFlight = 0;
+  #open = 0;
   readonly #capacity: number;
+  #running = 0;
+  readonly #waiting: Waiter[] = [];
+  readonly #bufferBytes: number;
+  readonly #free: ArrayBuffer[] = [];
+  readonly #maxFree: number;
 
   constructor(options: ValidationPoolOptions) {
-    const { workers, maxQueue, batchBytes = DEFAULT_BATCH_BYTES, filename = WORKER, onError = () => {} } = options;
+    const {
+      workers,
+      maxQueue,
+      batchBytes = DEFAULT_BATCH_BYTES,
+      pieceBytes = DEFAULT_PIECE_BYTES,
+      piecesPerRequest = DEFAULT_PIECES_PER_REQUEST,
+      poolPieces = 0,
+      maxDecompressedBytes = DEFAULT_MAX_DECOMPRESSED_BYTES,
+      headBytes = HEAD_BYTES,
+      filename = WORKER,
+      onError = () => {},
+    } = options;
     requireInteger('workers', workers, 0);
     requireInteger('maxQueue', maxQueue, 0);
     requireInteger('batchBytes', batchBytes, 1);
+    requireInteger('pieceBytes', pieceBytes, 1);
+    requireInteger('piecesPerRequest', piecesPerRequest, 1);
+    requireInteger('poolPieces', poolPieces, 0);
+    requireInteger('maxDecompressedBytes', maxDecompressedBytes, 1);
+    requireInteger('headBytes', headBytes, 1);
     const threads = workers === 0 ? availableParallelism() : workers;
     this.#batchBytes = batchBytes;
+    this.#pieceBytes = pieceBytes;
+    this.#piecesPerRequest = piecesPerRequest;
+    this.#poolPieces = poolPieces === 0 ? 2 * threads : poolPieces;
+    this.#maxDecompressedBytes = maxDecompressedBytes;
+    this.#headBytes = headBytes;
     this.#capacity = threads + maxQueue;
+    // Room past the target for the rest of the row the cut waits for.
+    this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
+    this.#maxFree = 2 * this.#poolPieces + 8;
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads });
     this.#pool.on('error', onError);
   }
 
+  /**
+   * A sink for one request's body. Throws RATE_LIMITED (503) when `workers + maxQueue`
+   * sinks are open already, so the request is answered before its body is read.
+   */
   createIngest(options: IngestOptions): IngestSink {
-    return new BufferedIngest(options, async (body, signal) => {
-      if (this.#inFlight >= this.#capacity) throw errors.rateLimited(1);
-      const task: ValidateTask = { body, entity: options.entity.name, batchBytes: this.#batchBytes };
-      this.#inFlight++;
-      try {
-        return await this.#pool.run(task, { transferList: [body], signal });
-      } finally {
-        this.#inFlight--;
-      }
-    });
+    if (this.#open >= this.#capacity) throw errors.rateLimited(1);
+    this.#open++;
+    let released = false;
+    const engine: Engine = {
+      run: (task, transfer, signal, priority) => this.#run(task, transfer, signal, priority),
+      buffers: { take: () => this.#take(), give: (buffer) => this.#give(buffer) },
+      stats: this.#stats,
+      pieceBytes: this.#pieceBytes,
+      piecesPerRequest: this.#piecesPerRequest,
+      batchBytes: this.#batchBytes,
+      headBytes: this.#headBytes,
+      inlineSkeletonBytes: INLINE_SKELETON_BYTES,
+      release: () => {
+        if (released) return;
+        released = true;
+        this.#open--;
+      },
+    };
+    const sink = new StreamingIngest(options, engine);
+    return options.encoding === 'gzip' ? new GunzipIngest(sink, this.#maxDecompressedBytes) : sink;
+  }
+
+  /** Counters since the pool started (a live object: read, do not keep). */
+  get stats(): Readonly<IngestStats> {
+    return this.#stats;
   }
 
   /** Stops every worker; tasks in flight reject. */
   destroy(): Promise<void> {
     return this.#pool.destroy();
   }
-}
 
-type RunTask = (body: ArrayBuffer, signal: AbortSignal) => Promise<ValidateResult>;
-
-class BufferedIngest implements IngestSink {
-  readonly #options: IngestOptions;
-  readonly #run: RunTask;
-  readonly #abort = new AbortController();
-  /** null once released: ended, aborted, or over the size limit. */
-  #chunks: Uint8Array[] | null = [];
-  #size = 0;
-  #ended: Promise<IngestResult> | null = null;
-  #settled = false;
-
-  constructor(options: IngestOptions, run: RunTask) {
-    this.#options = options;
-    this.#run = run;
-  }
-
-  write(chunk: Uint8Array): boolean {
-    if (this.#chunks === null) return true;
-    this.#size += chunk.byteLength;
-    if (this.#options.maxBodyBytes !== undefined && this.#size > this.#options.maxBodyBytes) {
-      this.#chunks = null;
-    } else {
-      this.#chunks.push(chunk.slice());
+  async #run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R> {
+    if (this.#running < this.#poolPieces) this.#running++;
+    else await this.#slot(signal, priority);
+    try {
+      return (await this.#pool.run(task, { transferList: transfer, signal })) as R;
+    } finally {
+      this.#running--;
+      this.#next();
     }
-    return true;
   }
 
-  /** Never fires: this sink buffers everything and `write` never asks for a pause. */
-  onDrain(_cb: () => void): void {}
-
-  end(): Promise<IngestResult> {
-    this.#ended ??= this.#finish().finally(() => {
-      this.#settled = true;
+  /** Waits for a task slot; the slot is counted when granted. */
+  #slot(signal: AbortSignal, priority: boolean): Promise<void> {
+    return new Promise((resolve, reject) => {
+      signal.throwIfAborted();
+      const waiter: Waiter = {
+        grant: () => {
+          signal.removeEventListener('abort', onAbort);
+          resolve();
+        },
+      };
+      const onAbort = () => {
+        const at = this.#waiting.indexOf(waiter);
+        if (at >= 0) this.#waiting.splice(at, 1);
+        reject(signal.reason);
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      if (priority) this.#waiting.unshift(waiter);
+      else this.#waiting.push(waiter);
     });
-    return this.#ended;
   }
 
-  abort(): void {
-    if (this.#settled || this.#abort.signal.aborted) return;
-    this.#chunks = null;
-    this.#abort.abort();
+  #next(): void {
+    while (this.#running < this.#poolPieces && this.#waiting.length > 0) {
+      this.#running++;
+      this.#waiting.shift()!.grant();
+    }
   }
 
-  async #finish(): Promise<IngestResult> {
-    const { signal } = this.#abort;
-    const chunks = this.#chunks;
-    this.#chunks = null;
-    if (signal.aborted) throw aborted(signal);
-    if (chunks === null) throw errors.bodyTooLarge();
+  #take(): ArrayBuffer {
+    return this.#free.pop() ?? (Buffer.allocUnsafeSlow(this.#bufferBytes).buffer as ArrayBuffer);
+  }
 
-    let result: ValidateResult;
-    try {
-      result = await this.#run(join(chunks, this.#size), signal);
-    } catch (err) {
-      throw signal.aborted ? aborted(signal) : asServiceError(err);
-    }
-    if (!result.ok) {
-      throw result.kind === 'payload' ? errors.invalidPayload(result.message) : errors.validationFailed(result.issues);
-    }
-
-    let writer: PackageWriter | undefined;
-    try {
-      signal.throwIfAborted();
-      writer = await this.#options.open(result.columns);
-      for (const batch of result.batches) {
-        signal.throwIfAborted();
-        await writer.append(new Uint8Array(batch));
-      }
-      signal.throwIfAborted();
-    } catch (err) {
-      // The failure that got us here is the one to report, not a failing abort.
-      await writer?.abort().catch(() => {});
-      throw signal.aborted ? aborted(signal) : asServiceError(err);
-    }
-    return { rows: result.rows, bytes: result.bytes, columns: result.columns, writer };
+  #give(buffer: ArrayBuffer): void {
+    // A transferred (detached) buffer has byteLength 0 and is never kept.
+    if (buffer.byteLength === this.#bufferBytes && this.#free.length < this.#maxFree) this.#free.push(buffer);
   }
 }
 
-/** One ArrayBuffer of exactly `size` bytes, not from Buffer's shared pool: it is transferred. */
-function join(chunks: readonly Uint8Array[], size: number): ArrayBuffer {
-  const joined = Buffer.allocUnsafeSlow(size);
-  let offset = 0;
-  for (const chunk of chunks) {
-    joined.set(chunk, offset);
-    offset += chunk.byteLength;
-  }
-  return joined.buffer as ArrayBuffer;
-}
-
-function aborted(signal: AbortSignal): ServiceError {
-  return errors.internal(signal.reason);
-}
-
-function asServiceError(err: unknown): ServiceError {
-  return isServiceError(err) ? err : errors.internal(err);
+interface Waiter {
+  grant(): void;
 }
 
 function requireInteger(key: string, value: unknown, min: number): void {

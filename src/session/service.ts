@@ -5,7 +5,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
-import { errors, type ValidationIssue } from '../errors.js';
+import { errors, isServiceError, type ValidationIssue } from '../errors.js';
 import { activeKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
 import { isStoreConflict, type BatchQueue, type ObjectStore, type SessionStore, type Versioned } from '../store/ports.js';
 import {
@@ -48,6 +48,8 @@ export interface ClientRef {
 }
 
 const MAX_CAS_ATTEMPTS = 32;
+/** Background retries of a lease release back off up to this delay (about a minute in all). */
+const RELEASE_RETRY_MAX_DELAY_MS = 32_000;
 
 export class SessionService {
   private readonly now: () => number;
@@ -99,7 +101,13 @@ export class SessionService {
   /** Registers an ingest (its lease keeps `upload_tasks_finished` false) and returns its package id. */
   async beginIngest(client: ClientRef, uploadUuid: string): Promise<string> {
     const packageId = randomUUID();
-    await this.mutate(client, uploadUuid, (r) => decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs));
+    try {
+      await this.mutate(client, uploadUuid, (r) => decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs));
+    } catch (err) {
+      // A store failure leaves it unknown whether the lease was written: take it back.
+      if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);
+      throw err;
+    }
     return packageId;
   }
 
@@ -111,11 +119,31 @@ export class SessionService {
     await this.mutate(client, uploadUuid, (r) => decideIngestCommit(r, pkg, this.now()));
   }
 
-  /** Ends a failed ingest's lease. Never throws: a lease also expires by itself. */
+  /**
+   * Ends a failed ingest's lease. Never throws: when the store is unavailable (a failover,
+   * often the very reason the ingest failed) it keeps trying in the background, since the
+   * lease would otherwise hold `upload_tasks_finished` false until it expires.
+   */
   async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
-    await this.mutate(client, uploadUuid, (r) => decideIngestRelease(r, packageId, this.now()), { anyState: true }).catch(
-      (err: unknown) => this.deps.onBackgroundError?.(err, 'release ingest lease'),
-    );
+    const release = () => this.mutate(client, uploadUuid, (r) => decideIngestRelease(r, packageId, this.now()), { anyState: true });
+    try {
+      await release();
+    } catch (first) {
+      if (isServiceError(first) && first.statusCode < 500) return; // the session is gone: nothing to release
+      void (async () => {
+        let lastErr: unknown = first;
+        for (let delay = 500; delay <= RELEASE_RETRY_MAX_DELAY_MS; delay *= 2) {
+          await new Promise((r) => setTimeout(r, delay).unref());
+          try {
+            await release();
+            return;
+          } catch (err) {
+            lastErr = err;
+          }
+        }
+        this.deps.onBackgroundError?.(lastErr, 'release ingest lease');
+      })();
+    }
   }
 
   async start(

@@ -154,6 +154,7 @@ export function decideIngestCommit(
 
 /** A package failed or was abandoned: only its lease ends. Allowed in any state. */
 export function decideIngestRelease(r: SessionRecord, packageId: string, now: number): Decision {
+  if (!(packageId in r.in_flight)) return ok(r);
   return ok(touch(r, now, { in_flight: pruneLeases(r.in_flight, now, packageId) }));
 }
 

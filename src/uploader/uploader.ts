@@ -1,4 +1,8 @@
-import { objectKey } from '../store/keys.js';
+import type { Config } from '../config/config.js';
+import type { Logger } from '../log.js';
+import type { SessionRecord } from '../session/state.js';
+import type { Engines } from '../store/engines.js';
+import { objectKey, sessionKey } from '../store/keys.js';
 import type { BatchQueue, CommittedPackage, ObjectStore, PackageMeta, QueueConsumer } from '../store/ports.js';
 
 /** First line of every stored object; the rows follow, one JSON array per line. */
@@ -18,6 +22,36 @@ export interface UploaderOptions {
   prefix: string;
   /** Told about every failed delivery before the package goes back for redelivery. */
   onError?: (err: unknown, pkg: PackageMeta) => void;
+  /**
+   * True when the package's session is gone (deleted while the package was in flight on
+   * some gateway): the package is dropped instead of re-creating objects under a deleted
+   * session's prefix.
+   */
+  isAbandoned?: (pkg: PackageMeta) => Promise<boolean>;
+}
+
+/**
+ * The uploader as the gateway and the uploader process run it: sweeps the multipart uploads
+ * a crashed uploader left behind, then consumes committed packages (several uploaders share
+ * the queue's one durable consumer).
+ */
+export async function runUploader(
+  engines: Pick<Engines, 'queue' | 'objects' | 'sessions' | 'sweepIncompleteUploads'>,
+  config: Pick<Config, 'storage'>,
+  log: Logger,
+): Promise<QueueConsumer> {
+  const swept = await engines.sweepIncompleteUploads();
+  if (swept > 0) log.warn('aborted incomplete multipart uploads left by a crashed uploader', { count: swept });
+  return startUploader({
+    queue: engines.queue,
+    objects: engines.objects,
+    prefix: config.storage.objectPrefix,
+    isAbandoned: async (meta) => {
+      const session = await engines.sessions.get<SessionRecord>(sessionKey(meta.upload_uuid));
+      return session === null || session.value.deleted === true;
+    },
+    onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
+  });
 }
 
 /**
@@ -26,9 +60,10 @@ export interface UploaderOptions {
  * delivers the package again.
  */
 export function startUploader(opts: UploaderOptions): QueueConsumer {
-  const { objects, prefix, onError } = opts;
+  const { objects, prefix, onError, isAbandoned } = opts;
   return opts.queue.consume(async (pkg) => {
     try {
+      if (await isAbandoned?.(pkg.meta)) return; // acked unstored: its session was deleted
       await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg));
     } catch (err) {
       onError?.(err, pkg.meta);

@@ -1,12 +1,10 @@
 /** A restart of the embedded default loses no session and no accepted package. */
-import { join } from 'node:path';
 import t from 'tap';
-import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import { clientOf, products, startService, waitForStatus, yesterday } from '../support/harness.js';
+import { clientOf, type Service, products, startService, waitForStatus, yesterday } from '../support/harness.js';
 
 /** Every stored row, read back through the object store the service wrote. */
-async function storedRows(dataDir: string): Promise<string[]> {
-  const objects = await FileObjectStore.open(join(dataDir, 'objects'));
+async function storedRows(svc: Service): Promise<string[]> {
+  const objects = await svc.openObjects();
   try {
     const rows: string[] = [];
     for (const { key } of await objects.list('')) {
@@ -35,7 +33,7 @@ t.test('sessions, entities and stored rows survive a restart; the flow continues
   t.equal(again.status, 409, 'the active session survived');
   t.equal(again.body.upload_uuid, uuid);
 
-  const rows = await storedRows(svc.dataDir);
+  const rows = await storedRows(svc);
   t.equal(rows.length, 76, 'every accepted row is stored, once');
   t.ok(rows.includes('["p-74","Product 74",74]'));
 
@@ -55,5 +53,5 @@ t.test('packages committed but not yet uploaded are uploaded after a restart', a
   t.equal(pending.can_start_upload, false);
   await svc.restart({ storage: { inProcessUploader: true } });
   await waitForStatus(svc, uuid, (b) => b.can_start_upload);
-  t.equal((await storedRows(svc.dataDir)).length, 30);
+  t.equal((await storedRows(svc)).length, 30);
 });

@@ -9,9 +9,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { startApp, type App } from '../../src/app.js';
-import { loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
+import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { signWebhook } from '../../src/connector/webhook.js';
 import { silentLogger } from '../../src/log.js';
+import { FileObjectStore } from '../../src/store/embedded/object-store.js';
+import type { ObjectStore } from '../../src/store/ports.js';
+import { S3ObjectStore } from '../../src/store/s3/object-store.js';
+import { startNats } from './nats.js';
+import { startS3 } from './s3.js';
 
 export const API = '/api/v1/uploading';
 export const DEMO = { id: 'demo', token: 'demo-token' } as const;
@@ -27,6 +32,8 @@ export interface Service {
   url: string;
   dataDir: string;
   config: Config;
+  /** A reader of the objects the service stored (its own handle; closed by the caller). */
+  openObjects(): Promise<ObjectStore>;
   /** Stops and starts the service on the same data (and a new port), optionally with changed config. */
   restart(patch?: DeepPartial<Config>): Promise<void>;
   stop(): Promise<void>;
@@ -38,18 +45,37 @@ export async function tempDir(t: Teardown, name = 'ingest-'): Promise<string> {
   return dir;
 }
 
+/**
+ * `TEST_BACKEND=nats-s3` runs the same suites on the distributed engines: each service gets
+ * its own fresh nats-server and S3-protocol server (the demo clients via CLIENTS_FILE).
+ */
+export const BACKEND = process.env.TEST_BACKEND === 'nats-s3' ? 'nats-s3' : 'embedded';
+
+export async function backendConfig(t: Teardown): Promise<DeepPartial<Config>> {
+  if (BACKEND === 'embedded') return {};
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  return {
+    clientsFile: DEMO_CLIENTS_PATH,
+    nats: { url: nats.url },
+    s3: { endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey, createBucket: true },
+  };
+}
+
 export async function startService(
   t: Teardown,
   overrides: DeepPartial<Config> = {},
   env: NodeJS.ProcessEnv = {},
 ): Promise<Service> {
   const dataDir = await tempDir(t);
-  const defaults: DeepPartial<Config> = {
-    port: 0,
-    dataDir,
-    ingest: { workers: 2 },
-    connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
-  };
+  const defaults: DeepPartial<Config> = deepMerge<DeepPartial<Config>>(
+    {
+      port: 0,
+      dataDir,
+      ingest: { workers: 2 },
+      connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
+    },
+    await backendConfig(t),
+  );
   const config = loadConfig(env, deepMerge(defaults, overrides));
   const svc: Service = {
     app: await startApp(config, { logger: silentLogger }),
@@ -64,6 +90,13 @@ export async function startService(
     },
     async stop() {
       await svc.app.close();
+    },
+    async openObjects() {
+      const { s3 } = config;
+      if (s3.endpoint && s3.bucket) {
+        return S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
+      }
+      return FileObjectStore.open(join(dataDir, 'objects'));
     },
   };
   svc.url = svc.app.url;

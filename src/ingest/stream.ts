@@ -1,0 +1,587 @@
+/**
+ * The streaming ingest sink: a body's bytes go on to the workers as they arrive, in pieces
+ * of whole rows, and the answer is exactly the one `JSON.parse` of the whole body followed
+ * by the checks of `validators.ts` would give (the one-shot `validateBody` of the worker).
+ *
+ * How the pieces stay exact:
+ * - The head (bytes before `data`'s elements) is scanned here (`head.ts`); a layout it does
+ *   not stream (`data` before `columns`, not an object, …) goes to the one-shot task whole.
+ * - The elements are cut at guessed boundaries (`cutter.ts`) and parsed speculatively, each
+ *   piece as if its cut were right. Results are taken in piece order; a piece counts only
+ *   when the piece before it ended on a real boundary. A piece whose exact scan shows that
+ *   its end was not a boundary hands its unfinished element on (a carry) and the next
+ *   piece runs again after it, its first result dropped; a piece that shows where `data`
+ *   ends turns every later byte into the tail.
+ * - The tail is checked with the head as a skeleton (`skeleton.ts`): validity outside
+ *   `data`, repeated keys, the `columns` that `JSON.parse` keeps.
+ * - The answer follows the plain path's order: body too large, not JSON (any piece or the
+ *   skeleton), the first structural issue (columns, then the first element that is not a
+ *   list), the column checks, the first bad row. Only `Invalid JSON format.` is known
+ *   before the body ends; the others wait for it, with the rest checked parse-only.
+ * - Back-pressure: at most `piecesPerRequest` pieces are in flight (dispatched and not yet
+ *   taken and appended); past that `write` returns false until they drain.
+ * - Batches are appended to the writer in row order as pieces are taken; the writer is
+ *   opened with the first batch and aborted on any failure; the caller commits.
+ */
+import { Buffer } from 'node:buffer';
+import { INVALID_JSON, bodyIssue, columnsError, rowMessage, rowNotListIssue } from '../entities/validators.js';
+import { errors, isServiceError, type ServiceError } from '../errors.js';
+import type { PackageWriter } from '../store/ports.js';
+import { PieceCutter, type Buffers } from './cutter.js';
+import { HeadScanner } from './head.js';
+import { SENTINEL, SENTINEL_JSON, checkSkeleton, type SkeletonFacts } from './skeleton.js';
+import { Mode, type BodyResult, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
+import type { IngestOptions, IngestResult, IngestSink } from './pool.js';
+
+/** Counters of the pool, cheap to keep: tests and the README's tuning notes read them. */
+export interface IngestStats {
+  /** Row tasks run, continuations included. */
+  pieces: number;
+  /** Row tasks that completed an element a wrong cut had split (the slower path). */
+  continuations: number;
+  /** Bodies validated in one task (layouts the sink does not stream; a replaced `data`). */
+  oneShots: number;
+  /** Skeletons too large to check on the main thread. */
+  skeletonTasks: number;
+}
+
+/** What the pool lends one sink. */
+export interface Engine {
+  /** Runs a task when the pool has room for it (priority: before waiting pieces), transferring `transfer`. */
+  run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R>;
+  readonly buffers: Buffers;
+  readonly stats: IngestStats;
+  readonly pieceBytes: number;
+  readonly piecesPerRequest: number;
+  readonly batchBytes: number;
+  readonly headBytes: number;
+  /** Skeletons up to this size are checked on the main thread. */
+  readonly inlineSkeletonBytes: number;
+  /** Gives back the sink's admission; called once, when the sink is done. */
+  release(): void;
+}
+
+interface Part {
+  buffer: ArrayBuffer;
+  start: number;
+  end: number;
+}
+
+interface Piece {
+  parts: Part[];
+  state: ScanState | null;
+  first: boolean;
+  last: boolean;
+  status: 'ready' | 'running' | 'done';
+  result: RowsResult | null;
+}
+
+interface Carry {
+  parts: Part[];
+  state: ScanState;
+  first: boolean;
+}
+
+type Phase = 'head' | 'rows' | 'tail' | 'whole';
+
+const COMMA = Uint8Array.of(0x2c);
+const SENTINEL_BYTES = Buffer.from(SENTINEL_JSON);
+
+export class StreamingIngest implements IngestSink {
+  readonly #options: IngestOptions;
+  readonly #engine: Engine;
+  readonly #abort = new AbortController();
+  #phase: Phase = 'head';
+  #received = 0;
+  #tooLarge = false;
+  /** Not JSON, for certain. */
+  #invalid = false;
+  /** A task failed (worker crash): an internal error. */
+  #failure: { cause: unknown } | null = null;
+
+  readonly #head: HeadScanner;
+  /** The whole body, for the one-shot task. */
+  #whole: Uint8Array[] = [];
+
+  #cutter: PieceCutter | null = null;
+  /** By piece number; taken pieces are dropped. */
+  #pieces: (Piece | undefined)[] = [];
+  /** The next piece to take (all before it are taken). */
+  #cursor = 0;
+  /** The next piece to dispatch. */
+  #dispatched = 0;
+  /** Pieces dispatched and not yet taken (and appended). */
+  #inFlight = 0;
+  #carry: Carry | null = null;
+
+  #headColumns: unknown;
+  /** The head's columns when they passed every column check (what the rows are validated against). */
+  #columns: string[] = [];
+  #mode: Mode = Mode.check;
+  /** Batches go to the writer: the columns passed and no row failed so far. */
+  #storing = false;
+
+  #rows = 0;
+  #bytes = 0;
+  #notList: { index: number; input: unknown } | null = null;
+  #rowError: { index: number; problem: string } | null = null;
+
+  /** Tail bytes, in body order, from `data`'s `]` on; pieces from `#tailFrom` join them at the end. */
+  #tail: Uint8Array[] = [];
+  #tailFrom = 0;
+  #tailRest: Uint8Array[] = [];
+
+  #writer: PackageWriter | null = null;
+  #opened = false;
+  #appends: Promise<void> = Promise.resolve();
+  #storeError: { cause: unknown } | null = null;
+
+  #full = false;
+  #drain: (() => void) | null = null;
+  #wake: (() => void) | null = null;
+  #ended: Promise<IngestResult> | null = null;
+  #settled = false;
+  #cleanup: Promise<void> | null = null;
+
+  constructor(options: IngestOptions, engine: Engine) {
+    this.#options = options;
+    this.#engine = engine;
+    this.#head = new HeadScanner(engine.headBytes);
+  }
+
+  write(chunk: Uint8Array): boolean {
+    if (this.#closed || this.#ended) return true;
+    this.#received += chunk.byteLength;
+    const max = this.#options.maxBodyBytes;
+    if (max !== undefined && this.#received > max) {
+      this.#tooLarge = true;
+      this.#drop();
+      return true;
+    }
+    this.#take(chunk);
+    if (this.#backlog) this.#full = true;
+    return !this.#full;
+  }
+
+  onDrain(cb: () => void): void {
+    this.#drain = cb;
+  }
+
+  end(): Promise<IngestResult> {
+    this.#ended ??= this.#finish();
+    return this.#ended;
+  }
+
+  abort(): void {
+    if (this.#settled || this.#abort.signal.aborted) return;
+    this.#abort.abort();
+    this.#drop();
+    // Whether or not `end()` comes, the writer is aborted and the admission given back.
+    this.end().catch(() => {});
+  }
+
+  get #closed(): boolean {
+    return this.#abort.signal.aborted || this.#tooLarge || this.#invalid || this.#failure !== null;
+  }
+
+  /** Cut pieces wait for a dispatch slot. */
+  get #backlog(): boolean {
+    return this.#phase === 'rows' && !this.#closed && this.#dispatched < this.#pieces.length;
+  }
+
+  #take(chunk: Uint8Array): void {
+    switch (this.#phase) {
+      case 'head': {
+        const at = this.#head.push(chunk, 0);
+        if (this.#head.status === 'scanning') return;
+        if (this.#head.status === 'other') {
+          this.#phase = 'whole';
+          this.#whole.push(this.#head.bytes.slice());
+          if (at < chunk.length) this.#whole.push(chunk.slice(at));
+          return;
+        }
+        this.#startRows();
+        this.#cutter?.push(chunk, at);
+        return;
+      }
+      case 'rows':
+        this.#cutter!.push(chunk, 0);
+        return;
+      case 'tail':
+        this.#tailRest.push(chunk.slice());
+        return;
+      case 'whole':
+        this.#whole.push(chunk.slice());
+        return;
+    }
+  }
+
+  #startRows(): void {
+    const columns = this.#head.columns();
+    if (columns === undefined) {
+      this.#invalid = true;
+      this.#drop();
+      return;
+    }
+    this.#headColumns = columns;
+    if (bodyIssue({ columns, data: [] }) === null && columnsError(this.#options.entity, columns as string[]) === null) {
+      this.#columns = columns as string[];
+      this.#mode = Mode.validate;
+      this.#storing = true;
+    }
+    this.#phase = 'rows';
+    this.#cutter = new PieceCutter(this.#engine.pieceBytes, this.#engine.buffers, (buffer, length) => this.#addPiece(buffer, length, false));
+  }
+
+  #addPiece(buffer: ArrayBuffer, length: number, last: boolean): void {
+    const first = this.#pieces.length === 0;
+    this.#pieces.push({ parts: [{ buffer, start: 0, end: length }], state: null, first, last, status: 'ready', result: null });
+    this.#schedule();
+  }
+
+  #schedule(): void {
+    while (this.#backlog && this.#inFlight < this.#engine.piecesPerRequest) {
+      this.#inFlight++;
+      this.#dispatch(this.#dispatched++, false);
+    }
+    if (this.#full && !this.#backlog) {
+      this.#full = false;
+      this.#drain?.();
+    }
+  }
+
+  #dispatch(seq: number, priority: boolean): void {
+    const piece = this.#pieces[seq]!;
+    const carry = seq === this.#cursor ? this.#carry : null;
+    if (carry) {
+      this.#carry = null;
+      piece.parts = [...carry.parts, ...piece.parts];
+      piece.state = carry.state;
+      piece.first = carry.first;
+      this.#engine.stats.continuations++;
+    }
+    piece.status = 'running';
+    piece.result = null;
+    this.#engine.stats.pieces++;
+    const task: RowsTask = {
+      kind: 'rows',
+      entity: this.#options.entity.name,
+      columns: this.#columns,
+      mode: this.#mode,
+      parts: piece.parts.map((p) => p.buffer),
+      ranges: piece.parts.flatMap((p) => [p.start, p.end]),
+      state: piece.state,
+      first: piece.first,
+      last: piece.last,
+      batchBytes: this.#engine.batchBytes,
+    };
+    this.#engine.run<RowsResult>(task, [...new Set(task.parts)], this.#abort.signal, priority).then(
+      (result) => {
+        piece.parts = piece.parts.map((p, k) => ({ ...p, buffer: result.parts[k]! }));
+        piece.status = 'done';
+        piece.result = result;
+        if (!this.#closed) this.#consume();
+        this.#wakeUp();
+      },
+      (err: unknown) => {
+        piece.status = 'done';
+        if (!this.#abort.signal.aborted && !this.#closed) {
+          this.#failure = { cause: err };
+          this.#drop();
+        }
+        this.#wakeUp();
+      },
+    );
+  }
+
+  /** Takes finished pieces in order; see the file comment. */
+  #consume(): void {
+    while (this.#phase === 'rows' && !this.#closed) {
+      const seq = this.#cursor;
+      const piece = this.#pieces[seq];
+      if (!piece) break;
+      if (this.#carry) {
+        // The piece ran as if its start were a boundary, and it is not: run it again after the carry.
+        // Not yet dispatched, it takes the carry when it is; running, it is re-run once back.
+        if (piece.status === 'done') this.#dispatch(seq, true);
+        break;
+      }
+      if (piece.status !== 'done') break;
+      const result = piece.result!;
+      if (!result.ok) {
+        this.#invalid = true;
+        this.#drop();
+        break;
+      }
+      this.#account(result);
+      const keep = new Set<ArrayBuffer>();
+      if (result.carry) {
+        const { part, offset, state } = result.carry;
+        const parts = piece.parts.slice(part);
+        parts[0] = { ...parts[0]!, start: offset };
+        this.#carry = { parts, state, first: piece.first && part === 0 && offset === piece.parts[0]!.start };
+        for (const p of parts) keep.add(p.buffer);
+      }
+      if (result.tail) {
+        const part = piece.parts[result.tail.part]!;
+        this.#tail = [new Uint8Array(part.buffer, result.tail.offset, part.end - result.tail.offset)];
+        keep.add(part.buffer);
+      }
+      for (const p of piece.parts) if (!keep.has(p.buffer)) this.#engine.buffers.give(p.buffer);
+      this.#pieces[seq] = undefined;
+      this.#cursor++;
+      if (this.#storing && result.batches.length > 0) this.#append(result.batches, result.bytes);
+      else this.#inFlight--;
+      if (result.tail) this.#startTail(seq + 1);
+    }
+    this.#schedule();
+  }
+
+  #account(result: RowsResult): void {
+    const base = this.#rows;
+    this.#rows += result.rows;
+    if (this.#notList) return;
+    if (result.notList >= 0) {
+      this.#notList = { index: base + result.notList, input: result.notListInput };
+      this.#mode = Mode.parse;
+      this.#storing = false;
+    } else if (result.rowError && !this.#rowError) {
+      this.#rowError = { index: base + result.rowError.index, problem: result.rowError.problem };
+      this.#mode = Mode.check;
+      this.#storing = false;
+    }
+  }
+
+  /** Appends in row order; the piece's dispatch slot is freed once its batches are stored. */
+  #append(batches: ArrayBuffer[], bytes: number): void {
+    this.#bytes += bytes;
+    this.#opened = true;
+    const { signal } = this.#abort;
+    this.#appends = this.#appends
+      .then(async () => {
+        if (this.#storeError || signal.aborted) return;
+        try {
+          this.#writer ??= await this.#options.open(this.#columns);
+          for (const batch of batches) {
+            if (signal.aborted) return;
+            await this.#writer.append(new Uint8Array(batch));
+          }
+        } catch (err) {
+          // Reported only if the body has no payload error: the plain path validates before it stores.
+          this.#storeError = { cause: err };
+          this.#storing = false;
+        }
+      })
+      .finally(() => {
+        this.#inFlight--;
+        this.#schedule();
+        this.#wakeUp();
+      });
+  }
+
+  /** `data` ended: every later piece and byte is tail. */
+  #startTail(from: number): void {
+    this.#phase = 'tail';
+    this.#tailFrom = from;
+    if (this.#cutter) {
+      const rest = this.#cutter.flush();
+      this.#cutter = null;
+      this.#tailRest = [COMMA, new Uint8Array(rest.buffer, 0, rest.length)];
+    }
+    this.#schedule();
+  }
+
+  /** Releases what the sink holds once its answer is decided (or it was aborted). */
+  #drop(): void {
+    this.#whole = [];
+    this.#cutter = null;
+    this.#carry = null;
+    for (let i = this.#cursor; i < this.#pieces.length; i++) {
+      const piece = this.#pieces[i];
+      if (piece && piece.status !== 'running') this.#pieces[i] = undefined;
+    }
+    this.#tail = [];
+    this.#tailRest = [];
+    if (this.#full) {
+      this.#full = false;
+      this.#drain?.();
+    }
+    this.#wakeUp();
+  }
+
+  #wakeUp(): void {
+    const wake = this.#wake;
+    this.#wake = null;
+    wake?.();
+  }
+
+  #changed(): Promise<void> {
+    return new Promise((resolve) => (this.#wake = resolve));
+  }
+
+  async #finish(): Promise<IngestResult> {
+    try {
+      return await this.#conclude();
+    } catch (err) {
+      await this.#abandon();
+      throw this.#abort.signal.aborted ? aborted(this.#abort.signal) : asServiceError(err);
+    } finally {
+      this.#settled = true;
+      this.#engine.release();
+    }
+  }
+
+  /** Waits for the stored batches to settle, then aborts the writer. */
+  #abandon(): Promise<void> {
+    this.#cleanup ??= (async () => {
+      await this.#appends;
+      const writer = this.#writer;
+      this.#writer = null;
+      await writer?.abort().catch(() => {});
+    })();
+    return this.#cleanup;
+  }
+
+  async #conclude(): Promise<IngestResult> {
+    if (this.#phase === 'head' && !this.#closed) {
+      // The body ended before `data`'s elements: it is all head.
+      this.#phase = 'whole';
+      this.#whole = [this.#head.bytes.slice()];
+    }
+    if (this.#phase === 'rows' && this.#cutter && !this.#closed) {
+      const { buffer, length } = this.#cutter.flush();
+      this.#cutter = null;
+      this.#addPiece(buffer, length, true);
+    }
+    for (;;) {
+      this.#throwIfDecided();
+      if (this.#phase === 'whole') return this.#oneShot(join(this.#whole));
+      if (this.#phase === 'tail' && this.#tailSettled()) break;
+      await this.#changed();
+    }
+
+    const facts = await this.#checkSkeleton();
+    this.#throwIfDecided();
+    if (!facts.json) throw errors.invalidPayload(INVALID_JSON);
+    if (facts.dataReplaced) return this.#replaced();
+    if (facts.columnsIssue) throw errors.validationFailed([facts.columnsIssue]);
+    if (this.#notList) throw errors.validationFailed([rowNotListIssue(this.#notList.index, this.#notList.input)]);
+    const columns = facts.columns!;
+    const columnsMessage = columnsError(this.#options.entity, columns);
+    if (columnsMessage) throw errors.invalidPayload(columnsMessage);
+    if (!facts.sameColumns) {
+      // A `columns` key after `data` changed them: the rows were checked against the head's.
+      if (this.#rows > 0) throw errors.invalidPayload(DUPLICATE('columns'));
+      return this.#success(columns);
+    }
+    if (this.#rowError) throw errors.invalidPayload(rowMessage(this.#rowError.index, this.#rowError.problem));
+    return this.#success(this.#columns);
+  }
+
+  #throwIfDecided(): void {
+    this.#abort.signal.throwIfAborted();
+    if (this.#tooLarge) throw errors.bodyTooLarge();
+    if (this.#failure) throw errors.internal(this.#failure.cause);
+    if (this.#invalid) throw errors.invalidPayload(INVALID_JSON);
+  }
+
+  /** Every piece after `data`'s end has come back from its worker (their bytes are tail). */
+  #tailSettled(): boolean {
+    for (let i = this.#tailFrom; i < this.#pieces.length; i++) if (this.#pieces[i]?.status === 'running') return false;
+    return true;
+  }
+
+  /** Head (no BOM) + placeholder + `]` + tail, as one buffer of its own (it may be transferred). */
+  #skeletonText(): Buffer {
+    const tail: Uint8Array[] = [...this.#tail];
+    for (let i = this.#tailFrom; i < this.#pieces.length; i++) {
+      const piece = this.#pieces[i]!;
+      tail.push(COMMA);
+      for (const p of piece.parts) tail.push(new Uint8Array(p.buffer, p.start, p.end - p.start));
+    }
+    tail.push(...this.#tailRest);
+    return join([this.#head.bytes.subarray(this.#head.bom), SENTINEL_BYTES, ...tail]);
+  }
+
+  async #checkSkeleton(): Promise<SkeletonFacts> {
+    const text = this.#skeletonText();
+    if (text.length <= this.#engine.inlineSkeletonBytes) return checkSkeleton(text, SENTINEL, this.#headColumns);
+    this.#engine.stats.skeletonTasks++;
+    const buffer = text.buffer as ArrayBuffer;
+    return this.#engine.run<SkeletonFacts>({ kind: 'skeleton', text: buffer, sentinel: SENTINEL, headColumns: this.#headColumns }, [buffer], this.#abort.signal, true);
+  }
+
+  /** A later `data` key replaced the streamed array: the skeleton is the body `JSON.parse` sees. */
+  async #replaced(): Promise<IngestResult> {
+    const text = this.#skeletonText();
+    if (!this.#opened) return this.#oneShot(text);
+    const result = await this.#runBody(text);
+    if (!result.ok) throw bodyError(result);
+    // Its rows would be stored after the streamed ones, which are in the writer already.
+    throw errors.invalidPayload(DUPLICATE('data'));
+  }
+
+  async #success(columns: string[]): Promise<IngestResult> {
+    await this.#appends;
+    this.#abort.signal.throwIfAborted();
+    if (this.#storeError) throw asServiceError(this.#storeError.cause);
+    this.#writer ??= await this.#options.open(columns);
+    this.#abort.signal.throwIfAborted();
+    return { rows: this.#rows, bytes: this.#bytes, columns, writer: this.#writer };
+  }
+
+  #runBody(body: Buffer): Promise<BodyResult> {
+    this.#engine.stats.oneShots++;
+    const buffer = body.buffer as ArrayBuffer;
+    const task: Task = { kind: 'body', body: buffer, entity: this.#options.entity.name, batchBytes: this.#engine.batchBytes };
+    return this.#engine.run<BodyResult>(task, [buffer], this.#abort.signal, true);
+  }
+
+  async #oneShot(body: Buffer): Promise<IngestResult> {
+    this.#whole = [];
+    const result = await this.#runBody(body);
+    if (!result.ok) throw bodyError(result);
+    const { signal } = this.#abort;
+    signal.throwIfAborted();
+    this.#writer = await this.#options.open(result.columns);
+    for (const batch of result.batches) {
+      signal.throwIfAborted();
+      await this.#writer.append(new Uint8Array(batch));
+    }
+    signal.throwIfAborted();
+    return { rows: result.rows, bytes: result.bytes, columns: result.columns, writer: this.#writer };
+  }
+}
+
+/**
+ * The one divergence from `JSON.parse` (README, API decisions): a body that repeats
+ * `columns` or `data` after the `data` array in a way that changes the answer for rows the
+ * sink has already validated or stored. Holding every row until the body ends would undo
+ * the streaming for a layout no client sends.
+ */
+const DUPLICATE = (key: string) => `Duplicate key in payload: ${key}`;
+
+function bodyError(result: Extract<BodyResult, { ok: false }>): ServiceError {
+  return result.kind === 'payload' ? errors.invalidPayload(result.message) : errors.validationFailed(result.issues);
+}
+
+/** One Buffer of exactly the bytes, not from Buffer's shared pool: it may be transferred. */
+function join(chunks: readonly Uint8Array[]): Buffer {
+  let size = 0;
+  for (const chunk of chunks) size += chunk.byteLength;
+  const joined = Buffer.allocUnsafeSlow(size);
+  let offset = 0;
+  for (const chunk of chunks) {
+    joined.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return joined;
+}
+
+function aborted(signal: AbortSignal): ServiceError {
+  return errors.internal(signal.reason);
+}
+
+function asServiceError(err: unknown): ServiceError {
+  return isServiceError(err) ? err : errors.internal(err);
+}

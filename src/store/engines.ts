@@ -1,0 +1,98 @@
+/**
+ * Chooses the adapters of the three ports from configuration only: `nats.url` puts session
+ * state and the batch queue on NATS JetStream, `s3.endpoint` puts objects on S3; unset, the
+ * embedded file-backed adapters under `dataDir` serve. Nothing above the ports changes.
+ */
+import { mkdir } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
+import type { Config } from '../config/config.js';
+import type { Logger } from '../log.js';
+import { FileBatchQueue } from './embedded/batch-queue.js';
+import { FileObjectStore } from './embedded/object-store.js';
+import { FileSessionStore } from './embedded/session-store.js';
+import { NatsBatchQueue } from './nats/batch-queue.js';
+import { connectNats, type NatsHandle } from './nats/connection.js';
+import { NatsSessionStore } from './nats/session-store.js';
+import type { BatchQueue, ObjectStore, SessionStore } from './ports.js';
+import { S3ObjectStore } from './s3/object-store.js';
+
+export interface Engines {
+  sessions: SessionStore;
+  queue: BatchQueue;
+  objects: ObjectStore;
+  /** Which adapters serve, for logs and readiness. */
+  describe: { sessions: 'nats-kv' | 'file'; queue: 'jetstream' | 'file'; objects: 's3' | 'file' };
+  /** Aborts multipart uploads a crashed uploader left behind (S3 only; a no-op on files). */
+  sweepIncompleteUploads(): Promise<number>;
+  close(): Promise<void>;
+}
+
+export async function openEngines(config: Config, log: Logger, name: string): Promise<Engines> {
+  const closers: (() => Promise<void>)[] = [];
+  const close = async () => {
+    for (const fn of closers.reverse()) await fn().catch((err: unknown) => log.error('close failed', { err }));
+  };
+  try {
+    const dataDir = resolve(config.dataDir);
+    let sessions: SessionStore;
+    let queue: BatchQueue;
+    let nats: NatsHandle | undefined;
+    if (config.nats.url) {
+      nats = await connectNats({ servers: config.nats.url, name, requestTimeoutMs: config.nats.requestTimeoutMs });
+      const handle = nats;
+      closers.push(() => handle.close());
+      sessions = await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas });
+      closers.push(() => sessions.close());
+      queue = await NatsBatchQueue.open(nats, {
+        stream: config.nats.stream,
+        replicas: config.nats.replicas,
+        durable: config.nats.durable,
+        ackWaitMs: config.nats.ackWaitMs,
+        onError: (err, what) => log.error(`batch queue: ${what}`, { err }),
+      });
+      closers.push(() => queue.close());
+    } else {
+      await mkdir(dataDir, { recursive: true });
+      sessions = await FileSessionStore.open(join(dataDir, 'sessions'));
+      closers.push(() => sessions.close());
+      queue = await FileBatchQueue.open(join(dataDir, 'queue'));
+      closers.push(() => queue.close());
+    }
+
+    let objects: ObjectStore;
+    let sweepIncompleteUploads = async () => 0;
+    const { s3 } = config;
+    if (s3.endpoint && s3.bucket) {
+      const store = await S3ObjectStore.open({
+        endpoint: s3.endpoint,
+        bucket: s3.bucket,
+        region: s3.region,
+        accessKeyId: s3.accessKeyId,
+        secretAccessKey: s3.secretAccessKey,
+        partSizeBytes: s3.partSizeBytes,
+        queueSize: s3.queueSize,
+        requestTimeoutMs: s3.requestTimeoutMs,
+        createBucket: s3.createBucket,
+      });
+      objects = store;
+      sweepIncompleteUploads = async () =>
+        (await store.abortIncompleteUploads(config.storage.objectPrefix, s3.abortIncompleteAfterMs)).length;
+    } else {
+      await mkdir(dataDir, { recursive: true });
+      objects = await FileObjectStore.open(join(dataDir, 'objects'));
+    }
+    closers.push(() => objects.close());
+
+    return {
+      sessions,
+      queue,
+      objects,
+      describe: { sessions: nats ? 'nats-kv' : 'file', queue: nats ? 'jetstream' : 'file', objects: s3.endpoint ? 's3' : 'file' },
+      sweepIncompleteUploads,
+      close,
+    };
+  } catch (err) {
+    await close();
+    throw err;
+  }
+}

@@ -1,0 +1,294 @@
+/**
+ * The spec's Limits table at the edge, over real HTTP on loopback: the per-client-IP token
+ * bucket and in-flight cap (503 + Retry-After, before authentication), the idle-body and
+ * request timeouts (408, connection closed), and 413 on chunked bodies without reading on.
+ * Limits are made small per test; raw sockets are used where the exact bytes matter.
+ */
+import { connect, type Socket } from 'node:net';
+import t from 'tap';
+import { API, call, clientOf, DEMO, fakeConnector, products, startService, waitForStatus, yesterday } from '../support/harness.js';
+
+interface RawResponse {
+  status: number;
+  headers: Record<string, string>;
+  body: string;
+}
+
+/** Parses the first final (non-1xx) response out of the bytes received so far. */
+function parseResponse(text: string): RawResponse | null {
+  let rest = text;
+  for (;;) {
+    const end = rest.indexOf('\r\n\r\n');
+    if (end < 0) return null;
+    const lines = rest.slice(0, end).split('\r\n');
+    const status = Number(lines[0]!.split(' ')[1]);
+    const headers: Record<string, string> = {};
+    for (const line of lines.slice(1)) {
+      const i = line.indexOf(':');
+      headers[line.slice(0, i).trim().toLowerCase()] = line.slice(i + 1).trim();
+    }
+    rest = rest.slice(end + 4);
+    if (status >= 100 && status < 200) continue;
+    const length = Number(headers['content-length'] ?? 0);
+    if (rest.length < length) return null;
+    return { status, headers, body: rest.slice(0, length) };
+  }
+}
+
+/** A plain TCP client: writes exactly what it is told, records what comes back and when the server closes. */
+class RawClient {
+  text = '';
+  closed = false;
+  readonly sock: Socket;
+  private wake: () => void = () => {};
+
+  constructor(t: { teardown(fn: () => unknown): void }, base: string) {
+    const { hostname, port } = new URL(base);
+    this.sock = connect(Number(port), hostname);
+    this.sock.setNoDelay(true);
+    t.teardown(() => this.sock.destroy());
+    this.sock.on('data', (d: Buffer) => {
+      this.text += d.toString('latin1');
+      this.wake();
+    });
+    this.sock.on('close', () => {
+      this.closed = true;
+      this.wake();
+    });
+    this.sock.on('error', () => {}); // writes after the server closed: 'close' follows
+  }
+
+  /** Resolves with `probe()` once it is truthy; bounded by `timeoutMs`. */
+  async until<T>(probe: () => T | null | undefined | false, what: string, timeoutMs = 5000): Promise<T> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const value = probe();
+      if (value) return value;
+      const left = deadline - Date.now();
+      if (left <= 0) throw new Error(`timed out waiting for ${what}; received ${JSON.stringify(this.text.slice(0, 200))}`);
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.wake = () => {
+          clearTimeout(timer);
+          resolve();
+        };
+      });
+    }
+  }
+
+  response(timeoutMs?: number): Promise<RawResponse> {
+    return this.until(() => parseResponse(this.text), 'a response', timeoutMs);
+  }
+
+  closedByServer(timeoutMs?: number): Promise<true> {
+    return this.until(() => this.closed, 'the server to close the connection', timeoutMs);
+  }
+
+  /** Writes, and waits for the socket to drain or close: never buffers unboundedly. */
+  async write(data: string | Buffer): Promise<void> {
+    if (this.closed) return;
+    if (this.sock.write(data)) return;
+    await new Promise<void>((resolve) => {
+      const done = () => {
+        this.sock.off('drain', done);
+        this.sock.off('close', done);
+        resolve();
+      };
+      this.sock.on('drain', done);
+      this.sock.on('close', done);
+    });
+  }
+}
+
+const auth = `Authorization: ${DEMO.token}\r\nClient-Id: ${DEMO.id}\r\n`;
+const head = (method: string, path: string, extra = '') => `${method} ${path} HTTP/1.1\r\nHost: test\r\n${extra}\r\n`;
+const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+t.test('rate limit: a burst beyond the bucket answers 503 with Retry-After, before authentication', async (t) => {
+  // 0.2 tokens/s: the burst of 60 cannot earn a token back, whatever the machine's speed.
+  const svc = await startService(t, { trustedProxies: ['127.0.0.1'], limits: { requestsPerSecond: 0.2, burst: 50 } });
+  const statuses: number[] = [];
+  const limited: { retryAfter: unknown; body: unknown }[] = [];
+  for (let i = 0; i < 60; i++) {
+    const res = await call(svc.url, 'GET', `${API}/entities`);
+    statuses.push(res.status);
+    if (res.status === 503) limited.push({ retryAfter: res.headers['retry-after'], body: res.body });
+  }
+  t.same(statuses.slice(0, 50), Array(50).fill(200), 'the first 50 pass');
+  t.same(statuses.slice(50), Array(10).fill(503), 'the other 10 are turned away');
+  for (const { retryAfter, body } of limited) {
+    t.same(body, { detail: 'Rate limit exceeded' });
+    t.match(retryAfter, /^[1-5]$/, 'Retry-After: whole seconds until a token is back (1/0.2 s at most)');
+  }
+
+  const anonymous = await call(svc.url, 'GET', `${API}/entities`, { client: null });
+  t.equal(anonymous.status, 503, 'checked before authentication (check 1 of DECISIONS.md)');
+  const unknown = await call(svc.url, 'GET', '/api/v1/nowhere');
+  t.equal(unknown.status, 503, 'every /api/v1/ path is rated, even one that does not exist');
+  const doc = await call(svc.url, 'GET', '/openapi.json', { client: null });
+  t.equal(doc.status, 200, 'requests outside /api/v1/ take no token');
+
+  const proxied = await call(svc.url, 'GET', `${API}/entities`, { client: null, headers: { 'x-forwarded-for': '203.0.113.5' } });
+  t.equal(proxied.status, 401, 'another client behind the trusted proxy has its own bucket (and reaches authentication)');
+  const proxiedMany = await call(svc.url, 'GET', `${API}/entities`, { client: null, headers: { 'x-forwarded-for': '198.51.100.1, 203.0.113.6' } });
+  t.equal(proxiedMany.status, 401, 'the right-most untrusted hop names the client');
+  const proxiedSelf = await call(svc.url, 'GET', `${API}/entities`, { client: null, headers: { 'x-forwarded-for': '127.0.0.1' } });
+  t.equal(proxiedSelf.status, 503, 'a forwarded loopback address is still the exhausted client');
+});
+
+t.test('rate limit: X-Forwarded-For from an untrusted peer is ignored', async (t) => {
+  const svc = await startService(t, { limits: { requestsPerSecond: 0.2, burst: 2 } });
+  for (let i = 0; i < 2; i++) t.equal((await call(svc.url, 'GET', `${API}/entities`)).status, 200);
+  const spoofed = await call(svc.url, 'GET', `${API}/entities`, { headers: { 'x-forwarded-for': '203.0.113.7' } });
+  t.equal(spoofed.status, 503, 'a spoofed address neither escapes the bucket nor creates a new one');
+});
+
+t.test('rate limit: the bucket refills; waiting Retry-After is enough', async (t) => {
+  const svc = await startService(t, { limits: { requestsPerSecond: 1, burst: 2 } });
+  t.equal((await call(svc.url, 'GET', `${API}/entities`)).status, 200);
+  t.equal((await call(svc.url, 'GET', `${API}/entities`)).status, 200);
+  const limited = await call(svc.url, 'GET', `${API}/entities`);
+  t.equal(limited.status, 503);
+  t.equal(limited.headers['retry-after'], '1', 'under a second to the next token, rounded up to a whole second');
+  await delay(Number(limited.headers['retry-after']) * 1000);
+  t.equal((await call(svc.url, 'GET', `${API}/entities`)).status, 200, 'a token is back after Retry-After');
+});
+
+t.test('connection limit: the 31st concurrent request of one client IP answers 503', async (t) => {
+  const svc = await startService(t); // the defaults: 30 in flight, burst 50
+  t.equal(svc.config.limits.concurrentPerClient, 30);
+  const held: RawClient[] = [];
+  for (let i = 0; i < 30; i++) {
+    const c = new RawClient(t, svc.url);
+    // Headers complete, body not sent: the request is in flight. uWS answers `100 Continue`
+    // right after our route callback ran, so it tells us the slot is taken (a latch, not a sleep).
+    await c.write(head('POST', `${API}/initialize-session`, `${auth}Content-Length: 2\r\nExpect: 100-continue\r\n`));
+    await c.until(() => c.text.startsWith('HTTP/1.1 100'), '100 Continue');
+    held.push(c);
+  }
+  const over = await call(svc.url, 'GET', `${API}/entities`);
+  t.same([over.status, over.body, over.headers['retry-after']], [503, { detail: 'Rate limit exceeded' }, '1']);
+  const overAnonymous = await call(svc.url, 'GET', '/openapi.json', { client: null });
+  t.equal(overAnonymous.status, 503, 'the cap counts every request, not only /api/v1/');
+
+  const first = held.shift()!;
+  await first.write('{}');
+  const answered = await first.response();
+  t.not(answered.status, 503, 'a held request completes normally');
+  const next = await call(svc.url, 'GET', `${API}/entities`);
+  t.equal(next.status, 200, 'an answered request frees its slot');
+
+  for (const c of held) c.sock.destroy();
+  // Aborted requests free their slots too. Nothing tells the client when the server has seen
+  // the closes, so this polls, bounded: 30 concurrent requests pass only once all 29 are released.
+  let passed = 0;
+  for (let i = 0; i < 50 && passed < 30; i++) {
+    if (i > 0) await delay(20);
+    const results = await Promise.all(Array.from({ length: 30 }, () => call(svc.url, 'GET', '/openapi.json', { client: null })));
+    passed = results.filter((r) => r.status === 200).length;
+  }
+  t.equal(passed, 30, 'aborted requests release their slots');
+});
+
+t.test('slow-loris: a body that does not progress is cut off with 408', async (t) => {
+  const svc = await startService(t, { limits: { idleTimeoutMs: 800, idleProgressBytes: 1024 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+
+  await t.test('nothing after the headers (buffered route)', async (t) => {
+    const raw = new RawClient(t, svc.url);
+    const started = Date.now();
+    await raw.write(head('POST', `${API}/initialize-session`, `${auth}Content-Length: 100\r\n`));
+    const res = await raw.response();
+    const elapsed = Date.now() - started;
+    t.same([res.status, JSON.parse(res.body)], [408, { detail: 'Request timeout' }]);
+    t.ok(elapsed >= 750 && elapsed < 5000, `cut after the idle timeout (${elapsed} ms)`);
+    await raw.closedByServer();
+  });
+
+  await t.test('one byte every 50 ms on ingest (streaming route)', async (t) => {
+    const raw = new RawClient(t, svc.url);
+    const started = Date.now();
+    await raw.write(head('POST', `${API}/${uuid}/products`, `${auth}Content-Type: application/json\r\nContent-Length: 100000\r\n`));
+    const body = JSON.stringify(products(5000));
+    for (let i = 0; i < 200 && !raw.closed && !parseResponse(raw.text); i++) {
+      await raw.write(body[i]!);
+      await delay(50);
+    }
+    const res = await raw.response();
+    const elapsed = Date.now() - started;
+    t.same([res.status, JSON.parse(res.body)], [408, { detail: 'Request timeout' }]);
+    t.ok(elapsed >= 750 && elapsed < 5000, `a trickle is not progress (${elapsed} ms)`);
+    await raw.closedByServer();
+  });
+
+  await t.test('a slow body that keeps progressing is not cut off', async (t) => {
+    const raw = new RawClient(t, svc.url);
+    const body = JSON.stringify(products(400));
+    t.ok(body.length > 8 * 1024, 'several idle windows long');
+    await raw.write(head('POST', `${API}/${uuid}/products`, `${auth}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n`));
+    // 1 KiB every 100 ms: an idle window (800 ms) sees 1 KiB of progress with a wide margin.
+    for (let at = 0; at < body.length; at += 1024) {
+      await raw.write(body.slice(at, at + 1024));
+      if (at + 1024 < body.length) await delay(100);
+    }
+    const res = await raw.response();
+    t.same([res.status, JSON.parse(res.body).rows_processed], [200, 400]);
+  });
+
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same(st.entities, ['products'], 'only the complete package counted');
+});
+
+t.test('request timeout: 408 while the handler is still running, connection closed', async (t) => {
+  const connector = await fakeConnector(t);
+  const svc = await startService(t, { connector: { url: connector.url } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  t.equal((await c.ingest(uuid, 'products', products(3))).status, 200);
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+
+  // The Connector now never answers; its deadline (1.5 s) is beyond the request timeout (0.3 s).
+  connector.script(() => {});
+  await svc.restart({ limits: { requestTimeoutMs: 300 }, connector: { timeoutMs: 1500 } });
+  const raw = new RawClient(t, svc.url);
+  const body = JSON.stringify({ date_from: '2020-01-01', date_to: yesterday() });
+  const started = Date.now();
+  await raw.write(head('POST', `${API}/${uuid}/start-upload`, `${auth}Content-Type: application/json\r\nContent-Length: ${body.length}\r\n`) + body);
+  const res = await raw.response();
+  const elapsed = Date.now() - started;
+  t.same([res.status, JSON.parse(res.body)], [408, { detail: 'Request timeout' }]);
+  t.ok(elapsed >= 250 && elapsed < 5000, `answered at the request timeout (${elapsed} ms)`);
+  t.equal(connector.requests.length, 1, 'the handler was waiting on the Connector');
+  await raw.closedByServer();
+  t.pass('the server closed the connection');
+});
+
+t.test('413 on chunked bodies: cut off at the limit, the rest is never read', async (t) => {
+  const svc = await startService(t, { limits: { ingestBodyBytes: 64 * 1024, otherBodyBytes: 1024 } });
+  const uuid = (await clientOf(svc).init()).body.upload_uuid;
+  const chunk = Buffer.alloc(16 * 1024, 0x20);
+  const framed = Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]);
+  const offered = 64 * 1024 * 1024;
+
+  for (const [name, path] of [
+    ['buffered route (1 KiB limit)', `${API}/${uuid}/start-upload`],
+    ['ingest (64 KiB limit)', `${API}/${uuid}/products`],
+  ] as const) {
+    await t.test(name, async (t) => {
+      const raw = new RawClient(t, svc.url);
+      await raw.write(head('POST', path, `${auth}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n`));
+      let written = 0;
+      while (written < offered && !raw.closed) {
+        await raw.write(framed);
+        written += chunk.length;
+      }
+      await raw.closedByServer();
+      const res = parseResponse(raw.text);
+      t.same([res?.status, res && JSON.parse(res.body)], [413, { detail: 'Request body too large' }]);
+      t.ok(written < offered / 4, `the server stopped reading: ${written} of ${offered} bytes went out before the close`);
+    });
+  }
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same(st.entities, [], 'nothing stored');
+});

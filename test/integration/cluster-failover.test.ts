@@ -1,0 +1,81 @@
+/**
+ * A 3-node JetStream cluster with R3 KV and stream loses a node in the middle of a
+ * 500-package run: requests during failover may fail with a 5xx, never with a wrong
+ * answer, and every package that got 200 is in S3 exactly once.
+ */
+import t from 'tap';
+import { S3ObjectStore } from '../../src/store/s3/object-store.js';
+import { clientOf, waitForStatus } from '../support/harness.js';
+import { startNatsCluster } from '../support/nats.js';
+import { distributed, spawnGateway } from '../support/processes.js';
+import { startS3 } from '../support/s3.js';
+
+const PACKAGES = 500;
+const ROWS = 20;
+
+t.test('a node dies mid-run; every 200 is stored exactly once', async (t) => {
+  const [cluster, s3] = await Promise.all([startNatsCluster(t, 3), startS3(t)]);
+  const base = distributed(cluster.urls, s3);
+  const gw = await spawnGateway(t, { ...base, nats: { ...base.nats, replicas: 3 }, limits: { requestsPerSecond: 0, concurrentPerClient: 0 } } as never);
+  const c = clientOf(gw);
+  const uuid = (await c.init()).body.upload_uuid;
+
+  const accepted = new Set<number>();
+  const failures = new Map<number, number>();
+  let next = 0;
+  let killed = false;
+  const worker = async () => {
+    for (let n = next++; n < PACKAGES; n = next++) {
+      if (n === 150 && !killed) {
+        killed = true;
+        await cluster.servers[0]!.kill();
+      }
+      const body = { columns: ['product_id', 'name'], data: Array.from({ length: ROWS }, (_, i) => [`p-${n}-${i}`, `n${i}`]) };
+      const res = await c.ingest(uuid, 'products', body);
+      if (res.status === 200) {
+        t.equal(res.body.rows_processed, ROWS);
+        accepted.add(n);
+      } else {
+        failures.set(res.status, (failures.get(res.status) ?? 0) + 1);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: 8 }, worker));
+  t.ok(killed);
+  for (const status of failures.keys()) t.ok(status >= 500, `a failed request answered ${status}, a 5xx`);
+  t.ok(accepted.size >= PACKAGES * 0.8, `${accepted.size} of ${PACKAGES} accepted (failures: ${JSON.stringify([...failures])})`);
+
+  await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 60_000).catch(async (err) => {
+    const { connect } = await import('nats');
+    const nc = await connect({ servers: cluster.urls.split(',').slice(1) });
+    const jsm = await nc.jetstreamManager();
+    const si = await jsm.streams.info('INGEST', { subjects_filter: '>' });
+    console.error('DEBUG stream', JSON.stringify(si.state), JSON.stringify(si.cluster));
+    console.error('DEBUG consumer', JSON.stringify(await jsm.consumers.info('INGEST', 'uploader')));
+    const kv = await nc.jetstream().views.kv('ingest_sessions');
+    const rec = await kv.get(`session.${uuid}`);
+    const value = JSON.parse(Buffer.from(rec!.value).toString());
+    const ids = new Set(value.packages.map((p: { id: string }) => p.id));
+    const leases = Object.keys(value.in_flight);
+    console.error('DEBUG record', rec!.revision, 'leases', leases.length, 'committed-with-lease', leases.filter((l) => ids.has(l)).length, 'packages', value.packages.length);
+    const hist = await kv.history({ key: `session.${uuid}` });
+    void hist;
+    await nc.close();
+    throw err;
+  });
+  const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
+  t.teardown(() => store.close());
+  const seen = new Map<string, number>();
+  for (const { key } of await store.list('')) {
+    const chunks: Buffer[] = [];
+    for await (const chunk of (await store.get(key))!) chunks.push(Buffer.from(chunk));
+    for (const line of Buffer.concat(chunks).toString('utf8').trimEnd().split('\n').slice(1)) {
+      const id = JSON.parse(line)[0] as string;
+      seen.set(id, (seen.get(id) ?? 0) + 1);
+    }
+  }
+  let missing = 0;
+  for (const n of accepted) for (let i = 0; i < ROWS; i++) if (seen.get(`p-${n}-${i}`) !== 1) missing++;
+  t.equal(missing, 0, 'every row of every accepted package is stored exactly once');
+  t.ok([...seen.values()].every((count) => count === 1), 'no row stored twice');
+});

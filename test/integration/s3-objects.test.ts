@@ -1,0 +1,57 @@
+/** What lands in S3 after a run: exactly the accepted rows, each package once; 32 MiB goes multipart. */
+import t from 'tap';
+import { S3ObjectStore } from '../../src/store/s3/object-store.js';
+import { clientOf, products, waitForStatus } from '../support/harness.js';
+import { startNats } from '../support/nats.js';
+import { distributed, spawnGateway } from '../support/processes.js';
+import { startS3 } from '../support/s3.js';
+
+async function readAll(store: S3ObjectStore, key: string): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const c of (await store.get(key))!) chunks.push(Buffer.from(c));
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+t.test('objects hold exactly the accepted rows; a 32 MiB package is a multipart upload', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  const gw = await spawnGateway(t, { ...distributed(nats.url, s3), s3: { ...distributed(nats.url, s3).s3, partSizeBytes: 5 * 1024 * 1024 } });
+  const c = clientOf(gw);
+  const uuid = (await c.init()).body.upload_uuid;
+
+  t.equal((await c.ingest(uuid, 'products', products(100, 0))).status, 200);
+  t.equal((await c.ingest(uuid, 'products', products(50, 100))).status, 200);
+  t.equal((await c.ingest(uuid, 'products', { columns: ['product_id', 'name', 'price'], data: [['x', 'y', -1]] })).status, 422);
+  // ~32 MiB of rows.
+  const big = products(400_000, 1000);
+  big.data.forEach((row) => (row[1] = `${row[1]} ${'x'.repeat(47)}`));
+  const size = Buffer.byteLength(JSON.stringify(big));
+  t.ok(size > 30 * 1024 * 1024 && size <= 32 * 1024 * 1024, `big body is ${size} bytes`);
+  const before = s3.requests.length;
+  t.equal((await c.ingest(uuid, 'products', big)).status, 200);
+  await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 120_000);
+
+  const parts = s3.requests.slice(before).filter((r) => r.method === 'PUT' && r.query.partNumber !== undefined);
+  t.ok(parts.length >= 6, `the 32 MiB package went up in ${parts.length} parts`);
+
+  const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
+  t.teardown(() => store.close());
+  const objects = await store.list('');
+  t.equal(objects.length, 3, 'one object per accepted package, none for the rejected one');
+  const ids = new Map<string, number>();
+  let rows = 0;
+  for (const { key } of objects) {
+    t.match(key, new RegExp(`^uploads/demo/${uuid}/products/[0-9a-f-]{36}\\.ndjson$`));
+    const lines = (await readAll(store, key)).trimEnd().split('\n');
+    const header = JSON.parse(lines[0]!);
+    t.equal(header.rows, lines.length - 1, 'header count matches the lines');
+    for (const line of lines.slice(1)) {
+      const id = JSON.parse(line)[0] as string;
+      ids.set(id, (ids.get(id) ?? 0) + 1);
+      rows++;
+    }
+  }
+  t.equal(rows, 400_150, 'every accepted row, and only those');
+  t.equal(ids.size, 400_150, 'each row once');
+  t.equal(ids.get('x'), undefined, 'nothing of the rejected package');
+  t.same(await store.listIncompleteUploads(''), [], 'no incomplete multipart upload left');
+});

@@ -1,0 +1,47 @@
+/** `kill -9` of an uploader in the middle of a multipart upload: stored once, nothing incomplete left. */
+import t from 'tap';
+import { S3ObjectStore } from '../../src/store/s3/object-store.js';
+import { clientOf, products, waitForStatus } from '../support/harness.js';
+import { startNats } from '../support/nats.js';
+import { distributed, spawnGateway, spawnUploader } from '../support/processes.js';
+import { startS3 } from '../support/s3.js';
+
+t.test('an uploader killed mid-multipart: after restart the package is stored exactly once', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  const base = distributed(nats.url, s3);
+  const config = {
+    ...base,
+    storage: { inProcessUploader: false },
+    nats: { ...base.nats, ackWaitMs: 3000 },
+    s3: { ...base.s3, partSizeBytes: 5 * 1024 * 1024, queueSize: 1 },
+  };
+  const gw = await spawnGateway(t, config);
+  const c = clientOf(gw);
+  const uuid = (await c.init()).body.upload_uuid;
+  const big = products(300_000);
+  big.data.forEach((row) => (row[1] = `${row[1]} ${'y'.repeat(60)}`));
+  t.equal((await c.ingest(uuid, 'products', big)).status, 200);
+  t.equal((await c.status(uuid)).body.upload_tasks_finished, false, 'queued, no uploader yet');
+
+  const first = await spawnUploader(t, config);
+  const deadline = Date.now() + 60_000;
+  while (!s3.requests.some((r) => r.method === 'PUT' && r.query.partNumber !== undefined)) {
+    if (Date.now() > deadline) throw new Error(`no part upload seen:\n${first.output()}`);
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  await first.kill();
+
+  const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
+  t.teardown(() => store.close());
+  t.same(await store.list(''), [], 'nothing stored by the killed uploader');
+  t.ok((await store.listIncompleteUploads('')).length >= 1, 'it left an incomplete multipart upload');
+
+  await spawnUploader(t, { ...config, s3: { ...config.s3, abortIncompleteAfterMs: 1 } });
+  await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 60_000);
+  const objects = await store.list('');
+  t.equal(objects.length, 1, 'stored exactly once');
+  const chunks: Buffer[] = [];
+  for await (const chunk of (await store.get(objects[0]!.key))!) chunks.push(Buffer.from(chunk));
+  t.equal(Buffer.concat(chunks).toString('utf8').trimEnd().split('\n').length, 300_001, 'header and every row');
+  t.same(await store.listIncompleteUploads(''), [], 'no incomplete upload left');
+});

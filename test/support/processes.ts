@@ -1,0 +1,98 @@
+/**
+ * Gateways and uploaders as real processes (`node dist/src/main.js`, `node
+ * dist/src/uploader/main.js`), configured through a CONFIG_FILE, killed in teardown.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { DeepPartial, Config } from '../../src/config/config.js';
+import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
+import { tempDir, WEBHOOK_SECRET } from './harness.js';
+import type { S3Endpoint } from './s3.js';
+
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
+
+const GATEWAY = fileURLToPath(new URL('../../src/main.js', import.meta.url));
+const UPLOADER = fileURLToPath(new URL('../../src/uploader/main.js', import.meta.url));
+
+export interface Proc {
+  readonly child: ChildProcess;
+  /** Output so far (stdout and stderr), for failure messages. */
+  output(): string;
+  /** SIGKILL and wait for the exit. */
+  kill(): Promise<void>;
+  /** SIGTERM and wait for the exit code. */
+  stop(): Promise<number | null>;
+}
+
+export interface GatewayProc extends Proc {
+  url: string;
+}
+
+/** The distributed configuration for one NATS and one S3 server. */
+export function distributed(natsUrl: string, s3: S3Endpoint): DeepPartial<Config> {
+  return {
+    clientsFile: DEMO_CLIENTS_PATH,
+    nats: { url: natsUrl },
+    s3: { endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey, createBucket: true },
+    connector: { webhookSecret: WEBHOOK_SECRET, emulatorDelayMs: 50 },
+  };
+}
+
+async function launch(t: Teardown, script: string, config: DeepPartial<Config>, ready: RegExp): Promise<{ proc: Proc; match: RegExpMatchArray }> {
+  const dir = await tempDir(t, 'ingest-proc-');
+  const configFile = join(dir, 'config.json');
+  await writeFile(configFile, JSON.stringify({ port: 0, dataDir: join(dir, 'data'), ...config }));
+  const child = spawn(process.execPath, [script], {
+    env: { PATH: process.env.PATH, CONFIG_FILE: configFile },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const proc: Proc = {
+    child,
+    output: () => out,
+    async kill() {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+    },
+    async stop() {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+      return exited;
+    },
+  };
+  t.teardown(() => proc.kill());
+  const match = await new Promise<RegExpMatchArray>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${script} not ready in 30 s:\n${out}`)), 30_000);
+    const onData = (chunk: Buffer) => {
+      out += chunk.toString();
+      const m = ready.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m);
+      }
+    };
+    child.stdout!.on('data', onData);
+    child.stderr!.on('data', (chunk: Buffer) => {
+      out += chunk.toString();
+    });
+    void exited.then((code) => {
+      clearTimeout(timer);
+      reject(new Error(`${script} exited with ${code}:\n${out}`));
+    });
+  });
+  return { proc, match };
+}
+
+export async function spawnGateway(t: Teardown, config: DeepPartial<Config>): Promise<GatewayProc> {
+  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/);
+  return Object.assign(proc, { url: match[1]! });
+}
+
+export async function spawnUploader(t: Teardown, config: DeepPartial<Config>): Promise<Proc> {
+  const { proc } = await launch(t, UPLOADER, config, /uploader ready/);
+  return proc;
+}

@@ -1,0 +1,357 @@
+/**
+ * The streaming sink against the plain path: thousands of generated bodies (valid and
+ * invalid, odd layouts, adversarial strings) fed in random chunks through pools with tiny
+ * pieces (so most bodies are cut many times, often at the wrong place) must give the same
+ * status, rows, error body and stored bytes as `validateBody` (parse the whole body, then
+ * validate) on the same bytes. Seeded: a failure prints the seed and the body.
+ */
+import { Buffer } from 'node:buffer';
+import { gunzipSync, gzipSync } from 'node:zlib';
+import t, { type Test } from 'tap';
+import { ENTITIES, type ColumnType, type EntitySpec } from '../../src/entities/catalog.js';
+import { isServiceError } from '../../src/errors.js';
+import { ValidationPool, type IngestSink } from '../../src/ingest/pool.js';
+import type { PackageWriter } from '../../src/store/ports.js';
+import { validateBody } from '../../workers/validate.js';
+
+const BATCH_BYTES = 200;
+const SEED = Number(process.env.DIFF_SEED ?? 20240611);
+const BODIES = Number(process.env.DIFF_BODIES ?? 3000);
+
+/** mulberry32 */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let x = a;
+    x = Math.imul(x ^ (x >>> 15), x | 1);
+    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
+    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+class Gen {
+  constructor(readonly rnd: () => number) {}
+  int(n: number): number {
+    return Math.floor(this.rnd() * n);
+  }
+  chance(p: number): boolean {
+    return this.rnd() < p;
+  }
+  pick<T>(items: readonly T[]): T {
+    return items[this.int(items.length)]!;
+  }
+  shuffle<T>(items: readonly T[]): T[] {
+    const out = [...items];
+    for (let i = out.length - 1; i > 0; i--) {
+      const j = this.int(i + 1);
+      [out[i], out[j]] = [out[j]!, out[i]!];
+    }
+    return out;
+  }
+}
+
+/** A number written exactly as `text` in the body (JSON.stringify cannot write `1e3` or `1.50`). */
+class Raw {
+  constructor(readonly text: string) {}
+}
+
+const STRINGS = [
+  'a',
+  'Milk 3.5%',
+  'Grüße, 東京 🚀',
+  '],[',
+  '"],["',
+  '[[', ']]', '],', ',[',
+  'x"],["y',
+  'back\\slash\\',
+  'tab\tnew\nline\r',
+  'ctrl\u0001\u001f\u007f',
+  'sep\u2028\u2029',
+  'Box [6],[12] {x}',
+  '{"a":[1],"b":"],["}',
+  'slash/path',
+  'lone \ud800 high',
+  'lone \udc00 low',
+  '🍎🍏',
+  '',
+  '],['.repeat(40),
+  `long ${'xyz],["'.repeat(60)}`,
+];
+
+const NUMBERS: unknown[] = [
+  0, 1, -1, 1.5, -2.25, 1234.5678, 0.1, 123456789012, 99999999999999,
+  new Raw('-0'), new Raw('0.0'), new Raw('-0.0'), new Raw('1e3'), new Raw('1E3'), new Raw('1.0e+3'), new Raw('2.50'),
+  new Raw('1000.000'), new Raw('1e400'), new Raw('-1e400'), new Raw('1e-7'), new Raw('0.0000001'), new Raw('0.000001'),
+  new Raw('1234567890123456789'), new Raw('0.1234567890123456789'), new Raw('12345678901234567'), new Raw('5e-324'),
+  new Raw('123456789012345'), new Raw('1.00000000000001'),
+];
+
+const DATES = ['2024-02-29', '2023-02-29', '2024-13-01', '2000-01-01', '20240101'];
+const DATETIMES = ['2024-02-29T23:59:59Z', '2024-01-01T10:20:30.5+05:30', '2024-01-01T24:00:00Z', '2024-01-01'];
+
+function cell(g: Gen, type: ColumnType, required: boolean, valid: boolean): unknown {
+  if (!required && g.chance(0.1)) return null;
+  if (!valid) return g.pick<unknown>([null, '', 'abc', -1, 0, 1.5, true, [1, 2], { a: 1 }, new Raw('1e400'), new Raw('-0'), '2023-02-29', [], [['],[']]]);
+  switch (type) {
+    case 'string':
+      return g.pick(STRINGS);
+    case 'id':
+      return g.pick(STRINGS.filter((s) => s !== '')) + (g.chance(0.5) ? String(g.int(1000)) : '');
+    case 'number':
+      return g.pick(NUMBERS);
+    case 'nonNegativeNumber':
+      return g.pick(NUMBERS.filter((n) => typeof n !== 'number' || n >= 0));
+    case 'integer':
+      return g.pick<unknown>([0, 7, -3, new Raw('1e3'), new Raw('2.0'), 1.5, new Raw('-0')]);
+    case 'positiveInteger':
+      return g.pick<unknown>([1, 2, 40, new Raw('1e1'), new Raw('3.0'), 0, new Raw('-0')]);
+    case 'boolean':
+      return g.chance(0.5);
+    case 'date':
+      return g.pick(DATES);
+    case 'datetime':
+      return g.pick(DATETIMES);
+  }
+}
+
+interface Style {
+  ws: () => string;
+  escapeNonAscii: boolean;
+  escapeSlash: boolean;
+  upperHex: boolean;
+}
+
+function writeString(s: string, style: Style): string {
+  let out = JSON.stringify(s);
+  if (style.escapeNonAscii) out = out.replace(/[^\x00-\x7f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  if (style.escapeSlash) out = out.replaceAll('/', '\\/');
+  if (style.upperHex) out = out.replace(/\\u([0-9a-f]{4})/g, (_m, h: string) => `\\u${h.toUpperCase()}`);
+  return out;
+}
+
+function write(v: unknown, style: Style): string {
+  if (v instanceof Raw) return v.text;
+  if (typeof v === 'string') return writeString(v, style);
+  if (Array.isArray(v)) {
+    if (v.length === 0) return `[${style.ws()}]`;
+    return `[${style.ws()}${v.map((x) => write(x, style)).join(`${style.ws()},${style.ws()}`)}${style.ws()}]`;
+  }
+  if (v !== null && typeof v === 'object') {
+    const entries = Object.entries(v).map(([k, x]) => `${writeString(k, style)}${style.ws()}:${style.ws()}${write(x, style)}`);
+    return `{${style.ws()}${entries.join(`${style.ws()},${style.ws()}`)}${style.ws()}}`;
+  }
+  return JSON.stringify(v) ?? 'null';
+}
+
+/** A body as text or bytes, from a random entity, columns, rows, layout and corruption. */
+function makeBody(g: Gen): { entity: EntitySpec; bytes: Buffer } {
+  const entity = g.pick(ENTITIES);
+  const names = entity.columns.map((c) => c.name);
+  const required = entity.columns.filter((c) => c.required).map((c) => c.name);
+  let columns: unknown;
+  const columnsKind = g.rnd();
+  if (columnsKind < 0.45) columns = names;
+  else if (columnsKind < 0.75) columns = g.shuffle([...required, ...names.filter((n) => !required.includes(n) && g.chance(0.5))]);
+  else if (columnsKind < 0.8) columns = [...names, 'bogus'];
+  else if (columnsKind < 0.84) columns = [...required, required[0]];
+  else if (columnsKind < 0.87) columns = [];
+  else if (columnsKind < 0.9) columns = names.filter((n) => !required.includes(n));
+  else if (columnsKind < 0.93) columns = [names[0], 5];
+  else if (columnsKind < 0.95) columns = g.pick<unknown>(['a', null, { a: 1 }, 7]);
+  else columns = names;
+  const specs = Array.isArray(columns)
+    ? columns.map((n) => entity.columns.find((c) => c.name === n) ?? { name: String(n), type: 'string' as ColumnType, required: false })
+    : entity.columns;
+
+  const rowCount = g.pick([0, 1, 2, 3, 5, 8, 13, 30, 60]);
+  const badRate = g.pick([0, 0, 0, 0.01, 0.05, 0.3]);
+  const data: unknown[] = [];
+  for (let i = 0; i < rowCount; i++) {
+    if (g.chance(badRate / 4)) {
+      data.push(g.pick<unknown>([null, 5, 'row', { a: [1] }, true]));
+      continue;
+    }
+    const row = specs.map((s) => cell(g, s.type, s.required, !g.chance(badRate)));
+    if (g.chance(badRate / 3)) row.push('extra');
+    if (g.chance(badRate / 3)) row.pop();
+    data.push(row);
+  }
+
+  const pretty = g.rnd();
+  const style: Style = {
+    ws: pretty < 0.5 ? () => '' : pretty < 0.8 ? () => (g.chance(0.3) ? ' ' : '') : () => g.pick(['', ' ', '\n', '\n    ', '\t', ' \r\n ']),
+    escapeNonAscii: g.chance(0.2),
+    escapeSlash: g.chance(0.1),
+    upperHex: g.chance(0.1),
+  };
+  const ws = style.ws;
+  const key = (k: string) => (g.chance(0.1) ? `"${[...k].map((c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`).join('')}"` : `"${k}"`);
+  const field = (k: string, v: unknown) => `${ws()}${key(k)}${ws()}:${ws()}${write(v, style)}${ws()}`;
+  const extra = () => field(g.pick(['meta', 'note', 'x']), g.pick<unknown>([null, 'data', { a: [[1], [2]], s: '],[' }, [['],['], [1]], 'columns']));
+
+  const fields: string[] = [];
+  const dataFirst = g.chance(0.1);
+  if (g.chance(0.1)) fields.push(extra());
+  // Repeated before `data` (the last one wins). Not when `columns` comes after `data` too:
+  // that one the streaming path answers differently, by design (see the test below).
+  if (!dataFirst && g.chance(0.05)) fields.push(field('columns', ['nope']));
+  if (g.chance(0.05)) fields.push(field('data', 'not yet'));
+  const hasColumns = !g.chance(0.02);
+  const hasData = !g.chance(0.02);
+  if (!dataFirst && hasColumns) fields.push(field('columns', columns));
+  if (g.chance(0.1)) fields.push(extra());
+  if (hasData) fields.push(field('data', data));
+  if (dataFirst && hasColumns) fields.push(field('columns', columns));
+  if (g.chance(0.15)) fields.push(extra());
+  // Repeated after `data`: the same columns (same answer), or a new `data` after an empty one.
+  if (!dataFirst && hasColumns && g.chance(0.05)) fields.push(field('columns', columns));
+  let text = `${ws()}{${fields.join(',')}}${ws()}`;
+  if (hasData && data.length === 0 && g.chance(0.3)) text = text.replace(/}\s*$/, `,"data":${write(g.chance(0.5) ? [] : [[1]], style)}}`);
+  if (g.chance(0.03)) text = write(g.pick<unknown>([[data], null, 'x', 5]), style);
+
+  let bytes = Buffer.from(text);
+  if (g.chance(0.05)) bytes = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), bytes]);
+  const corrupt = g.rnd();
+  if (corrupt < 0.04) bytes = bytes.subarray(0, g.int(bytes.length));
+  else if (corrupt < 0.07) bytes = Buffer.concat([bytes, Buffer.from(g.pick(['x', '}', ',', ' ]', '{}', '\n\n', '\u00a0']))]);
+  else if (corrupt < 0.1) {
+    const at = g.int(bytes.length + 1);
+    bytes = Buffer.concat([bytes.subarray(0, at), Buffer.from(g.pick(['"', '\\', ',', ']', '[', '{', 'x', ' ', '\u0000'])), bytes.subarray(at)]);
+  } else if (corrupt < 0.12) {
+    const at = g.int(bytes.length);
+    bytes = Buffer.concat([bytes.subarray(0, at), bytes.subarray(at + 1)]);
+  } else if (corrupt < 0.13) {
+    bytes = Buffer.from(bytes);
+    bytes[g.int(bytes.length)] = g.pick([0xff, 0xc3, 0xed]);
+  }
+  return { entity, bytes };
+}
+
+interface Outcome {
+  status: number;
+  body?: unknown;
+  rows?: number;
+  stored?: string;
+}
+
+function reference(entity: EntitySpec, bytes: Buffer): Outcome {
+  const copy = Buffer.allocUnsafeSlow(bytes.length);
+  copy.set(bytes);
+  const result = validateBody(copy.buffer as ArrayBuffer, entity.name, BATCH_BYTES);
+  if (!result.ok) return { status: 422, body: { detail: result.kind === 'payload' ? result.message : result.issues } };
+  return { status: 200, rows: result.rows, stored: Buffer.concat(result.batches.map((b) => Buffer.from(b))).toString('base64') };
+}
+
+class MemoryWriter implements PackageWriter {
+  readonly batches: Uint8Array[] = [];
+  aborted = false;
+  async append(batch: Uint8Array): Promise<void> {
+    if (batch.byteLength > BATCH_BYTES && Buffer.from(batch).indexOf(0x0a) !== batch.byteLength - 1) throw new Error('batch over batchBytes');
+    this.batches.push(batch.slice());
+  }
+  async commit(): Promise<void> {}
+  async abort(): Promise<void> {
+    this.aborted = true;
+  }
+}
+
+/** Feeds `bytes` in random chunks from one reused buffer (as uWS does), mostly honouring back-pressure. */
+async function feed(g: Gen, sink: IngestSink, bytes: Buffer): Promise<void> {
+  const maxChunk = g.pick([1, 3, 7, 16, 64, 1000, 1 << 20]);
+  const reused = new Uint8Array(Math.min(maxChunk, Math.max(bytes.length, 1)));
+  let resume: (() => void) | null = null;
+  sink.onDrain(() => resume?.());
+  const honour = g.chance(0.9);
+  for (let at = 0; at < bytes.length; ) {
+    const n = Math.min(1 + g.int(maxChunk), bytes.length - at, reused.length);
+    reused.set(bytes.subarray(at, at + n));
+    at += n;
+    const more = sink.write(reused.subarray(0, n));
+    reused.fill(0x7b); // uWS reuses the memory: a sink that kept the view sees garbage
+    if (!more && honour) await new Promise<void>((r) => (resume = r));
+    resume = null;
+  }
+}
+
+async function streamed(g: Gen, pool: ValidationPool, entity: EntitySpec, bytes: Buffer, gzip = false): Promise<Outcome> {
+  const writers: MemoryWriter[] = [];
+  const sink = pool.createIngest({
+    entity,
+    encoding: gzip ? 'gzip' : 'identity',
+    open: async () => {
+      const w = new MemoryWriter();
+      writers.push(w);
+      return w;
+    },
+  });
+  await feed(g, sink, bytes);
+  try {
+    const result = await sink.end();
+    if (writers.length !== 1 || result.writer !== writers[0]) throw new Error(`${writers.length} writers opened`);
+    return { status: 200, rows: result.rows, stored: Buffer.concat(writers[0]!.batches).toString('base64') };
+  } catch (err) {
+    if (!isServiceError(err)) throw err;
+    if (writers.some((w) => !w.aborted)) throw new Error('a failed ingest left its writer open');
+    return { status: err.statusCode, body: err.body };
+  }
+}
+
+// Tiny pieces so bodies of a few hundred bytes are cut many times; a tiny head limit sends some heads to the one-shot path.
+const pools = [
+  new ValidationPool({ workers: 1, maxQueue: 64, batchBytes: BATCH_BYTES, pieceBytes: 8, piecesPerRequest: 3, poolPieces: 4 }),
+  new ValidationPool({ workers: 1, maxQueue: 64, batchBytes: BATCH_BYTES, pieceBytes: 64, piecesPerRequest: 1 }),
+  new ValidationPool({ workers: 1, maxQueue: 64, batchBytes: BATCH_BYTES, pieceBytes: 300, headBytes: 120 }),
+];
+t.teardown(() => Promise.all(pools.map((p) => p.destroy())));
+
+async function run(t: Test, count: number, seed: number, gzip: boolean): Promise<void> {
+  const g = new Gen(prng(seed));
+  let failures = 0;
+  let next = 0;
+  const statuses = new Map<number, number>();
+  const worker = async () => {
+    while (next < count && failures < 5) {
+      const i = next++;
+      const body = makeBody(g);
+      const pool = pools[i % pools.length]!;
+      let input = body.bytes;
+      let expected: Outcome;
+      if (gzip) {
+        input = gzipSync(body.bytes, { level: 1 });
+        if (g.chance(0.1)) input = input.subarray(0, g.int(input.length));
+        else if (g.chance(0.05)) input = Buffer.concat([input, Buffer.from('junk')]);
+        let inflated: Buffer | null = null;
+        try {
+          inflated = gunzipSync(input);
+        } catch {
+          inflated = null;
+        }
+        expected = inflated ? reference(body.entity, inflated) : { status: 422, body: { detail: 'Invalid JSON format.' } };
+      } else {
+        expected = reference(body.entity, body.bytes);
+      }
+      const actual = await streamed(g, pool, body.entity, input, gzip);
+      statuses.set(expected.status, (statuses.get(expected.status) ?? 0) + 1);
+      if (JSON.stringify(actual) !== JSON.stringify(expected)) {
+        failures++;
+        t.same(actual, expected, `body ${i} (seed ${seed}, pool ${i % pools.length}, ${body.entity.name}): ${JSON.stringify(body.bytes.toString('latin1')).slice(0, 2000)}`);
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: 6 }, worker));
+  t.equal(failures, 0, `${count} bodies agree (${[...statuses].map(([s, n]) => `${n}×${s}`).join(', ')})`);
+  t.ok((statuses.get(200) ?? 0) > count / 10 && (statuses.get(422) ?? 0) > count / 10, 'both accepted and refused bodies were generated');
+}
+
+t.test('streamed answers equal the plain parse-then-validate', (t) => run(t, BODIES, SEED, false));
+
+t.test('gzip bodies: the same answers as inflate-then-validate', (t) => run(t, Math.ceil(BODIES / 10), SEED + 1, true));
+
+t.test('every pool cut bodies into pieces and repaired wrong cuts', async (t) => {
+  for (const pool of pools) {
+    t.ok(pool.stats.pieces > 1000, `pieces: ${pool.stats.pieces}`);
+    t.ok(pool.stats.continuations > 10, `continuations: ${pool.stats.continuations}`);
+    t.ok(pool.stats.oneShots > 10, `one-shots: ${pool.stats.oneShots}`);
+  }
+});

@@ -1,0 +1,240 @@
+/**
+ * The streaming sink's own promises: a large body goes out in many pieces and stores the
+ * plain path's bytes, back-pressure, abort, gzip, repeated keys, hostile layouts. The
+ * answers of many small odd bodies are covered by `ingest-differential.test.ts`.
+ */
+import { Buffer } from 'node:buffer';
+import { gzipSync } from 'node:zlib';
+import t from 'tap';
+import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
+import { DEFAULT_BATCH_BYTES, ValidationPool, type IngestResult, type IngestSink } from '../../src/ingest/pool.js';
+import type { PackageWriter } from '../../src/store/ports.js';
+import { validateBody } from '../../workers/validate.js';
+
+const entity = (name: string): EntitySpec => findEntity(name)!;
+
+class MemoryWriter implements PackageWriter {
+  readonly batches: Uint8Array[] = [];
+  aborted = false;
+  async append(batch: Uint8Array): Promise<void> {
+    this.batches.push(batch.slice());
+  }
+  async commit(): Promise<void> {}
+  async abort(): Promise<void> {
+    this.aborted = true;
+  }
+  stored(): Buffer {
+    return Buffer.concat(this.batches);
+  }
+}
+
+function newPool(options: Partial<ConstructorParameters<typeof ValidationPool>[0]> = {}): ValidationPool {
+  const pool = new ValidationPool({ workers: 1, maxQueue: 8, ...options });
+  t.teardown(() => pool.destroy());
+  return pool;
+}
+
+function start(pool: ValidationPool, name: string, encoding: 'identity' | 'gzip' = 'identity') {
+  const writers: MemoryWriter[] = [];
+  const sink = pool.createIngest({
+    entity: entity(name),
+    encoding,
+    open: async () => {
+      const w = new MemoryWriter();
+      writers.push(w);
+      return w;
+    },
+  });
+  return { sink, writers };
+}
+
+/** Writes `body` in chunks from one reused buffer, waiting for onDrain whenever write says so. */
+async function send(sink: IngestSink, body: Uint8Array, chunkSize = 64 * 1024): Promise<IngestResult> {
+  let resume: (() => void) | null = null;
+  sink.onDrain(() => resume?.());
+  const reused = new Uint8Array(chunkSize);
+  for (let at = 0; at < body.length; at += chunkSize) {
+    const part = body.subarray(at, at + chunkSize);
+    reused.set(part);
+    if (!sink.write(reused.subarray(0, part.length))) await new Promise<void>((r) => (resume = r));
+    resume = null;
+  }
+  return sink.end();
+}
+
+function plain(name: string, body: Uint8Array) {
+  const copy = Buffer.allocUnsafeSlow(body.length);
+  copy.set(body);
+  return validateBody(copy.buffer as ArrayBuffer, name, DEFAULT_BATCH_BYTES);
+}
+
+const NAMES = ['Still water 0.5 l', 'Crème brûlée', 'Tea "Earl Grey"', '日本茶 sencha', 'Path C:\\shelf\\7', 'Line\nbreak', 'Box [6],[12] {x}', 'Apple 🍎'];
+
+/** A products body of at most `maxBytes`, rows in catalog order. */
+function productsBody(maxBytes: number): Buffer {
+  const head = '{"columns":["product_id","name","catalog_id","barcode","unit","price","is_active"],"data":[';
+  const parts: string[] = [head];
+  let size = head.length + 2;
+  for (let i = 0; ; i++) {
+    const row = JSON.stringify([`p${i}`, `${NAMES[i % NAMES.length]} ${i % 977}`, i % 13 === 0 ? null : `c-${i % 500}`, String(4_000_000_000_000 + i), 'pcs', Math.round((i * 7919) % 50000) / 100, i % 2 === 0]);
+    const bytes = Buffer.byteLength(row) + 1;
+    if (size + bytes > maxBytes) break;
+    parts.push(i === 0 ? row : `,${row}`);
+    size += bytes;
+  }
+  parts.push(']}');
+  return Buffer.from(parts.join(''));
+}
+
+t.test('a 32 MiB body arrives in many pieces and stores exactly the one-shot bytes', async (t) => {
+  const pool = newPool({ workers: 2 });
+  const body = productsBody(32 * 1024 * 1024);
+  t.ok(body.length > 33_000_000 && body.length <= 33_554_432, `${body.length} bytes`);
+  const { sink, writers } = start(pool, 'products');
+  const result = await send(sink, body);
+  t.ok(pool.stats.pieces >= 30, `${pool.stats.pieces} pieces`);
+  t.equal(pool.stats.oneShots, 0, 'no whole-body task');
+  const expected = plain('products', body);
+  if (!expected.ok) throw new Error('the body must be valid');
+  t.equal(result.rows, expected.rows);
+  t.equal(result.bytes, expected.bytes);
+  t.ok(writers[0]!.stored().equals(Buffer.concat(expected.batches.map((b) => Buffer.from(b)))), 'identical stored bytes');
+  t.ok(writers[0]!.batches.every((b) => b.byteLength <= DEFAULT_BATCH_BYTES), 'batches within batchBytes');
+});
+
+const catalogs = (rows: number, name = (i: number) => `name ${i}`) =>
+  Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: Array.from({ length: rows }, (_, i) => [`c${i}`, name(i)]) }));
+
+t.test('back-pressure: write returns false past piecesPerRequest, onDrain resumes, rows stay in order', async (t) => {
+  const pool = newPool({ pieceBytes: 64, piecesPerRequest: 2 });
+  const body = catalogs(400);
+  const { sink, writers } = start(pool, 'catalogs');
+  let drained!: () => void;
+  const drain = new Promise<void>((r) => (drained = r));
+  sink.onDrain(() => drained());
+  const half = Math.floor(body.length / 2);
+  t.equal(sink.write(body.subarray(0, half)), false, 'one large chunk: more pieces than the bound');
+  t.ok(pool.stats.pieces <= 2, `only ${pool.stats.pieces} dispatched`);
+  await drain;
+  sink.write(body.subarray(half));
+  const result = await sink.end();
+  t.equal(result.rows, 400);
+  t.equal(writers[0]!.stored().toString(), Array.from({ length: 400 }, (_, i) => `["c${i}","name ${i}"]\n`).join(''));
+});
+
+t.test('the pool bound: many requests share poolPieces slots and all finish', async (t) => {
+  const pool = newPool({ workers: 2, pieceBytes: 256, poolPieces: 1, maxQueue: 16 });
+  const results = await Promise.all(Array.from({ length: 8 }, (_, k) => send(start(pool, 'catalogs').sink, catalogs(300 + k), 100)));
+  t.same(results.map((r) => r.rows), Array.from({ length: 8 }, (_, k) => 300 + k));
+});
+
+t.test('abort mid-body: end() rejects, the writer is aborted, the admission is given back', async (t) => {
+  const pool = newPool({ maxQueue: 0, pieceBytes: 64 });
+  const body = catalogs(2000);
+  const first = start(pool, 'catalogs');
+  const dispatched = pool.stats.pieces;
+  first.sink.write(body.subarray(0, body.length / 2));
+  t.ok(pool.stats.pieces > dispatched, 'pieces were in flight when the client went away');
+  first.sink.abort();
+  t.equal(first.sink.write(body.subarray(body.length / 2)), true, 'later writes are ignored');
+  await t.rejects(first.sink.end(), { code: 'INTERNAL' });
+  t.ok(first.writers.every((w) => w.aborted), 'every opened writer aborted');
+  const next = start(pool, 'catalogs');
+  t.equal((await send(next.sink, catalogs(10))).rows, 10, 'the next request is admitted');
+});
+
+t.test('gzip: inflated on the way, 413 past maxDecompressedBytes, 422 when not gzip', async (t) => {
+  const pool = newPool({ maxDecompressedBytes: 4096, pieceBytes: 512 });
+  const body = catalogs(50);
+  t.ok(body.length < 4096);
+  const ok = start(pool, 'catalogs', 'gzip');
+  t.equal((await send(ok.sink, gzipSync(body), 7)).rows, 50);
+  t.equal(ok.writers[0]!.stored().toString().split('\n').length, 51);
+
+  const big = start(pool, 'catalogs', 'gzip');
+  await t.rejects(send(big.sink, gzipSync(catalogs(500)), 100), { code: 'BODY_TOO_LARGE', statusCode: 413 });
+  t.ok(big.writers.every((w) => w.aborted));
+
+  // 64 MiB of spaces inflate from ~64 KiB: inflating stops at the bound.
+  const bomb = start(pool, 'catalogs', 'gzip');
+  await t.rejects(send(bomb.sink, gzipSync(Buffer.alloc(64 * 1024 * 1024, 0x20))), { code: 'BODY_TOO_LARGE' });
+
+  const invalid = { code: 'INVALID_PAYLOAD', statusCode: 422, body: { detail: 'Invalid JSON format.' } };
+  await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, body), invalid, 'not gzip');
+  await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, gzipSync(body).subarray(0, 40)), invalid, 'cut short');
+  await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, Buffer.alloc(0)), invalid, 'empty');
+  await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, gzipSync(Buffer.from('{"columns":["catalog_id","name"],"data":[['))), invalid, 'gzip of a bad body');
+});
+
+t.test('repeated keys after `data`: the plain answer where the rows allow it, else the documented 422', async (t) => {
+  const pool = newPool({ pieceBytes: 16 });
+  const cases: [string, string, string | number][] = [
+    ['same columns again', '{"columns":["catalog_id","name"],"data":[["a","b"],["c","d"]],"columns":["catalog_id","name"]}', 2],
+    ['new data after an empty one', '{"columns":["catalog_id","name"],"data":[],"data":[["a","b"]]}', 1],
+    ['new data with a bad row', '{"columns":["catalog_id","name"],"data":[["a","b"]],"data":[["c",1]]}', 'Invalid data types in payload: row 0, column "name": expected string, got 1'],
+    ['new columns that fail their checks', '{"columns":["catalog_id","name"],"data":[["a","b"]],"columns":["name"]}', 'Missing required columns: catalog_id'],
+    ['new data replacing stored rows', '{"columns":["catalog_id","name"],"data":[["a","b"]],"data":[["c","d"]]}', 'Duplicate key in payload: data'],
+    ['new columns for validated rows', '{"columns":["x"],"data":[["a","b"]],"columns":["catalog_id","name"]}', 'Duplicate key in payload: columns'],
+  ];
+  for (const [name, text, expected] of cases) {
+    const { sink, writers } = start(pool, 'catalogs');
+    const body = Buffer.from(text);
+    const reference = plain('catalogs', body);
+    if (typeof expected === 'number') {
+      t.equal((await send(sink, body, 5)).rows, expected, name);
+      t.ok(reference.ok && reference.rows === expected, `${name}: as the plain path`);
+    } else {
+      await t.rejects(send(sink, body, 5), { code: 'INVALID_PAYLOAD', statusCode: 422, message: expected }, name);
+      t.ok(writers.every((w) => w.aborted), `${name}: nothing stored`);
+      if (!expected.startsWith('Duplicate key')) t.match(reference, { ok: false, message: expected }, `${name}: as the plain path`);
+      else t.match(reference, { ok: true }, `${name}: the plain path keeps the last key (the documented divergence)`);
+    }
+  }
+});
+
+t.test('hostile layouts: wrong cuts cost continuations (linear), answers stay exact', async (t) => {
+  const pool = newPool({ pieceBytes: 4096 });
+  const hostile = catalogs(6000, (i) => `${'],['.repeat(30)}${i}`);
+  const { sink, writers } = start(pool, 'catalogs');
+  const result = await send(sink, hostile, 1000);
+  const reference = plain('catalogs', hostile);
+  t.ok(reference.ok);
+  t.equal(result.rows, 6000);
+  t.ok(writers[0]!.stored().equals(Buffer.concat((reference as { batches: ArrayBuffer[] }).batches.map((b) => Buffer.from(b)))));
+  t.ok(pool.stats.continuations > 50, `${pool.stats.continuations} continuations`);
+
+  // One row far longer than a piece, full of would-be cuts.
+  const before = pool.stats.continuations;
+  const long = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['a', '],['.repeat(300_000)], ['b', 'c']] }));
+  t.equal((await send(start(pool, 'catalogs').sink, long, 4096)).rows, 2);
+  const used = pool.stats.continuations - before;
+  t.ok(used >= 100 && used < 400, `the long row took ${used} continuations for ${Math.round(long.length / 4096)} pieces: each piece once`);
+
+  // Not JSON inside the long row: found once the carry reaches it, still linear.
+  const broken = Buffer.from(long.toString().replace('],[],[', '],[\u0001],['));
+  await t.rejects(send(start(pool, 'catalogs').sink, broken, 4096), { code: 'INVALID_PAYLOAD', message: 'Invalid JSON format.' });
+});
+
+t.test('data before columns and heads past the limit go whole to one task', async (t) => {
+  const pool = newPool({ headBytes: 64 });
+  const before = pool.stats.oneShots;
+  t.equal((await send(start(pool, 'catalogs').sink, Buffer.from('{"data":[["a","b"]],"columns":["catalog_id","name"]}'))).rows, 1);
+  t.equal((await send(start(pool, 'catalogs').sink, Buffer.from(`{"note":"${'x'.repeat(100)}","columns":["catalog_id","name"],"data":[["a","b"]]}`))).rows, 1);
+  t.equal(pool.stats.oneShots - before, 2);
+});
+
+t.test('a large tail (keys after `data`) is checked in a worker, exactly', async (t) => {
+  const pool = newPool({ pieceBytes: 4096 });
+  const note = `${'],["x"],['.repeat(20_000)}`;
+  const valid = Buffer.from(`{"columns":["catalog_id","name"],"data":[["a","b"],["c","d"]],"note":${JSON.stringify(note)},"more":[[1],[2]]}`);
+  t.equal((await send(start(pool, 'catalogs').sink, valid, 1000)).rows, 2);
+  t.equal(pool.stats.skeletonTasks, 1);
+  const broken = Buffer.from(`${valid.toString().slice(0, -1)},}`);
+  await t.rejects(send(start(pool, 'catalogs').sink, broken, 1000), { code: 'INVALID_PAYLOAD', message: 'Invalid JSON format.' });
+  const replaced = Buffer.from(`{"columns":["catalog_id","name"],"data":[],"note":${JSON.stringify(note)},"data":[["e","f"],["g",7]]}`);
+  await t.rejects(send(start(pool, 'catalogs').sink, replaced, 1000), {
+    code: 'INVALID_PAYLOAD',
+    message: 'Invalid data types in payload: row 1, column "name": expected string, got 7',
+  });
+  t.equal(pool.stats.skeletonTasks, 3);
+});

@@ -1,0 +1,160 @@
+/**
+ * One region of `data`'s elements (see `RowsTask`): parse, check, validate, encode.
+ *
+ * The fast path trusts the main thread's cut: `JSON.parse('[' + text + ']')`. Its success
+ * proves the text is a list of whole elements, whatever the guess was. When it fails, the
+ * exact scan of `element-scan.ts` (from the region's start, or from the carried state)
+ * finds where the elements really end: the region is parsed up to the last real boundary
+ * (or `data`'s `]`), and the unfinished element after it goes back as a carry for the
+ * next task to complete. Each byte is scanned once and parsed at most twice, so a hostile
+ * body (many `],[` inside strings, one huge row) costs linear time, never re-parsing.
+ */
+import { Buffer, isUtf8 } from 'node:buffer';
+import { findEntity } from '../src/entities/catalog.js';
+import { compileRowProblem, rowNotListInput, type RowProblem } from '../src/entities/validators.js';
+import { FRESH, isClean, scanElements } from '../src/ingest/element-scan.js';
+import { Mode, type RowsResult, type RowsTask } from '../src/ingest/tasks.js';
+import { encode, encodeFrom } from './encode.js';
+
+const CLOSE_ARRAY = 0x5d;
+const COMMA = Uint8Array.of(0x2c);
+const FAIL = Symbol('not JSON');
+
+export function processRows(task: RowsTask): RowsResult {
+  const { parts, ranges, state, first, last } = task;
+  const views = parts.map((buffer, k) => new Uint8Array(buffer, ranges[2 * k]!, ranges[2 * k + 1]! - ranges[2 * k]!));
+  const result: RowsResult = {
+    kind: 'rows',
+    ok: true,
+    rows: 0,
+    notList: -1,
+    rowError: null,
+    batches: [],
+    bytes: 0,
+    parts,
+    carry: null,
+    tail: null,
+  };
+  const invalid = (): RowsResult => ({ ...result, ok: false });
+  // Carried parts were checked by the task that carried them (a carry starts at an ASCII byte).
+  if (!isUtf8(views[views.length - 1]!) || (state === null && views.some((v) => !isUtf8(v)))) return invalid();
+
+  // Fast paths: the cut guess held.
+  if (state === null) {
+    const view = views[0]!;
+    if (!last) {
+      const rows = parseList(decode(view, 0, view.length));
+      if (rows !== FAIL && rows.length > 0) return finish(task, result, rows, view);
+    } else {
+      const end = view.lastIndexOf(CLOSE_ARRAY);
+      if (end >= 0) {
+        const rows = parseList(decode(view, 0, end));
+        if (rows !== FAIL && (rows.length > 0 || first)) {
+          result.tail = { part: 0, offset: ranges[0]! + end + 1 };
+          return finish(task, result, rows, view.subarray(0, end));
+        }
+      }
+    }
+  }
+
+  // The exact scan of the last part (the others, if any, are a carry scanned before).
+  const k = views.length - 1;
+  const view = views[k]!;
+  let start = FRESH;
+  if (state !== null) {
+    const join = scanElements(COMMA, 0, 1, state);
+    if (join.end >= 0 || join.boundary >= 0) throw new Error('A carry must end inside an element');
+    start = join.state;
+  }
+  const scan = scanElements(view, 0, view.length, start);
+  // Only `data`'s own `]` may follow an empty region, and only at its start: `[]`.
+  const complete = (upTo: number, atEnd: boolean): unknown[] | typeof FAIL => {
+    const rows = parseList(regionText(views, k, upTo));
+    return rows !== FAIL && (rows.length > 0 || (atEnd && first && state === null)) ? rows : FAIL;
+  };
+  // The region's bytes when they are one range (not after a carry).
+  const source = (upTo: number) => (k === 0 ? view.subarray(0, upTo) : null);
+
+  if (scan.end >= 0) {
+    const rows = complete(scan.end, true);
+    if (rows === FAIL) return invalid();
+    result.tail = { part: k, offset: ranges[2 * k]! + scan.end + 1 };
+    return finish(task, result, rows, source(scan.end));
+  }
+  // The body ended inside `data`'s array.
+  if (last) return invalid();
+  if (isClean(scan.state)) {
+    // A fresh region that ends clean is exactly the text the fast path failed on.
+    if (state === null) return invalid();
+    const rows = complete(view.length, false);
+    return rows === FAIL ? invalid() : finish(task, result, rows, source(view.length));
+  }
+  if (scan.boundary < 0) {
+    result.carry = { part: 0, offset: ranges[0]!, state: scan.state };
+    return result;
+  }
+  const rows = complete(scan.boundary, false);
+  if (rows === FAIL) return invalid();
+  result.carry = { part: k, offset: ranges[2 * k]! + scan.boundary + 1, state: scan.state };
+  return finish(task, result, rows, source(scan.boundary));
+}
+
+function decode(view: Uint8Array, from: number, to: number): string {
+  return Buffer.from(view.buffer, view.byteOffset + from, to - from).toString('utf8');
+}
+
+/** The region's text: every carried part, then the last part up to `upTo`, joined by the commas the cuts left out. */
+function regionText(views: Uint8Array[], k: number, upTo: number): string {
+  let text = '';
+  for (let i = 0; i < k; i++) text += `${decode(views[i]!, 0, views[i]!.length)},`;
+  return text + decode(views[k]!, 0, upTo);
+}
+
+function parseList(text: string): unknown[] | typeof FAIL {
+  try {
+    return JSON.parse(`[${text}]`) as unknown[];
+  } catch {
+    return FAIL;
+  }
+}
+
+function finish(task: RowsTask, result: RowsResult, rows: unknown[], source: Uint8Array | null): RowsResult {
+  result.rows = rows.length;
+  if (task.mode === Mode.parse) return result;
+  for (let i = 0; i < rows.length; i++) {
+    if (!Array.isArray(rows[i])) {
+      result.notList = i;
+      result.notListInput = rowNotListInput(rows[i]);
+      return result;
+    }
+  }
+  if (task.mode !== Mode.validate) return result;
+  const problem = rowProblem(task.entity, task.columns);
+  for (let i = 0; i < rows.length; i++) {
+    const found = problem(rows[i] as unknown[]);
+    if (found !== null) {
+      result.rowError = { index: i, problem: found };
+      return result;
+    }
+  }
+  const { batches, bytes } = source ? encodeFrom(source, rows, task.batchBytes) : encode(rows, task.batchBytes);
+  result.batches = batches;
+  result.bytes = bytes;
+  return result;
+}
+
+/** Compiled checkers by entity and columns: every piece of a request asks for the same one. */
+const problems = new Map<string, RowProblem>();
+
+function rowProblem(name: string, columns: string[]): RowProblem {
+  const key = `${name}\u0000${columns.join('\u0000')}`;
+  let problem = problems.get(key);
+  if (!problem) {
+    const entity = findEntity(name);
+    if (!entity) throw new Error(`Unknown entity ${name}`);
+    if (problems.size >= 256) problems.clear();
+    problem = compileRowProblem(entity, columns);
+    problems.set(key, problem);
+  }
+  return problem;
+}
