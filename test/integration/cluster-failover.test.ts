@@ -16,7 +16,7 @@ const ROWS = 20;
 t.test('a node dies mid-run; every 200 is stored exactly once', async (t) => {
   const [cluster, s3] = await Promise.all([startNatsCluster(t, 3), startS3(t)]);
   const base = distributed(cluster.urls, s3);
-  const gw = await spawnGateway(t, { ...base, nats: { ...base.nats, replicas: 3 }, limits: { requestsPerSecond: 0, concurrentPerClient: 0 } } as never);
+  const gw = await spawnGateway(t, { ...base, nats: { ...base.nats, replicas: 3, ackWaitMs: 10_000 }, limits: { requestsPerSecond: 0, concurrentPerClient: 0 } } as never);
   const c = clientOf(gw);
   const uuid = (await c.init()).body.upload_uuid;
 
@@ -45,22 +45,15 @@ t.test('a node dies mid-run; every 200 is stored exactly once', async (t) => {
   for (const status of failures.keys()) t.ok(status >= 500, `a failed request answered ${status}, a 5xx`);
   t.ok(accepted.size >= PACKAGES * 0.8, `${accepted.size} of ${PACKAGES} accepted (failures: ${JSON.stringify([...failures])})`);
 
-  await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 60_000).catch(async (err) => {
+  await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 120_000).catch(async (err: Error) => {
+    // Say what is holding the session up: leases left in its record, or batches in the queue.
     const { connect } = await import('nats');
     const nc = await connect({ servers: cluster.urls.split(',').slice(1) });
-    const jsm = await nc.jetstreamManager();
-    const si = await jsm.streams.info('INGEST', { subjects_filter: '>' });
-    console.error('DEBUG stream', JSON.stringify(si.state), JSON.stringify(si.cluster));
-    console.error('DEBUG consumer', JSON.stringify(await jsm.consumers.info('INGEST', 'uploader')));
-    const kv = await nc.jetstream().views.kv('ingest_sessions');
-    const rec = await kv.get(`session.${uuid}`);
-    const value = JSON.parse(Buffer.from(rec!.value).toString());
-    const ids = new Set(value.packages.map((p: { id: string }) => p.id));
-    const leases = Object.keys(value.in_flight);
-    console.error('DEBUG record', rec!.revision, 'leases', leases.length, 'committed-with-lease', leases.filter((l) => ids.has(l)).length, 'packages', value.packages.length);
-    const hist = await kv.history({ key: `session.${uuid}` });
-    void hist;
+    const record = await (await nc.jetstream().views.kv('ingest_sessions')).get(`session.${uuid}`);
+    const value = record ? JSON.parse(Buffer.from(record.value).toString()) : null;
+    const stream = await (await nc.jetstreamManager()).streams.info('INGEST');
     await nc.close();
+    err.message += `\nleases: ${JSON.stringify(value?.in_flight)}\npackages: ${value?.packages.length}\nqueue: ${JSON.stringify(stream.state)}\ngateway log tail: ${gw.output().slice(-2000)}`;
     throw err;
   });
   const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });

@@ -98,6 +98,7 @@ function parseServers(list: string): { servers: string[]; auth: { user?: string;
 export const JS_WRONG_LAST_SEQUENCE = 10071;
 /** JetStream API error code of "no message found". */
 export const JS_NO_MESSAGE_FOUND = 10037;
+export const JS_NO_SUITABLE_PEERS = 10005;
 
 export function jsErrorCode(err: unknown): number | undefined {
   const api = (err as { api_error?: { err_code?: unknown } } | null)?.api_error;
@@ -108,8 +109,10 @@ export function jsErrorCode(err: unknown): number | undefined {
 export function isTransient(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
   if (code === 'TIMEOUT' || code === '503' || code === 'DISCONNECT' || code === 'CONNECTION_REFUSED') return true;
-  const api = (err as { api_error?: { code?: unknown } } | null)?.api_error;
-  return api?.code === 503;
+  const api = (err as { api_error?: { code?: unknown; err_code?: unknown } } | null)?.api_error;
+  // 10005 "no suitable peers for placement": a cluster still forming (or not enough nodes:
+  // then the retry budget runs out with the same error).
+  return api?.code === 503 || api?.err_code === JS_NO_SUITABLE_PEERS;
 }
 
 /**
@@ -139,7 +142,7 @@ export function publishOnce(
   ctx: NatsContext,
   subject: string,
   data: Uint8Array,
-  opts: { msgID: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number },
+  opts: { msgID: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number; lastSequence?: number },
 ): Promise<PubAck> {
   return withRetry(ctx, opts.budgetMs, (timeout) =>
     // Fresh options each time: nats.js writes into the options and headers it is given.
@@ -149,6 +152,7 @@ export function publishOnce(
       expect: {
         streamName: opts.stream,
         ...(opts.lastSubjectSequence === undefined ? {} : { lastSubjectSequence: opts.lastSubjectSequence }),
+        ...(opts.lastSequence === undefined ? {} : { lastSequence: opts.lastSequence }),
       },
       ...(opts.headers ? { headers: opts.headers() } : {}),
     }),

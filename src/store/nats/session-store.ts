@@ -9,6 +9,25 @@ export interface NatsSessionStoreOptions {
   replicas: number;
   /** How long one operation keeps re-sending through transient failures such as a leader election (default 10000). */
   retryMs?: number;
+  /**
+   * How compare-and-set is enforced. `subject`: the server checks the key's last sequence
+   * (one round trip). `stream`: the server checks the whole stream's last sequence, after
+   * the key's revision was read back — correct on servers whose clustered subject check is
+   * not serialised (nats-server before 2.10: nats-io/nats-server#4320, where concurrent
+   * updates of one key can all succeed). `auto` (default) picks `stream` for those servers.
+   */
+  casGuard?: 'auto' | 'subject' | 'stream';
+}
+
+/** The first nats-server release line whose clustered expected-last-subject-sequence check is serialised. */
+const SUBJECT_CAS_SINCE = [2, 10, 0] as const;
+
+export function serverNeedsStreamGuard(version: string | undefined): boolean {
+  const parts = (version ?? '0.0.0').split(/[.-]/).map((p) => Number.parseInt(p, 10) || 0);
+  for (let i = 0; i < SUBJECT_CAS_SINCE.length; i++) {
+    if ((parts[i] ?? 0) !== SUBJECT_CAS_SINCE[i]) return (parts[i] ?? 0) < SUBJECT_CAS_SINCE[i]!;
+  }
+  return false;
 }
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
@@ -30,13 +49,20 @@ export class NatsSessionStore implements SessionStore {
   readonly #bucket: string;
   readonly #stream: string;
   readonly #retryMs: number;
+  readonly #streamGuard: boolean;
   #closed = false;
 
-  private constructor(ctx: NatsContext, bucket: string, retryMs: number) {
+  private constructor(ctx: NatsContext, bucket: string, retryMs: number, streamGuard: boolean) {
     this.#ctx = ctx;
     this.#bucket = bucket;
     this.#stream = `KV_${bucket}`;
     this.#retryMs = retryMs;
+    this.#streamGuard = streamGuard;
+  }
+
+  /** Whether writes are guarded by the stream's last sequence (see `casGuard`). */
+  get streamGuard(): boolean {
+    return this.#streamGuard;
   }
 
   static async open(ctx: NatsContext, opts: NatsSessionStoreOptions): Promise<NatsSessionStore> {
@@ -47,7 +73,9 @@ export class NatsSessionStore implements SessionStore {
     await withRetry(ctx, retryMs, () =>
       ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
     );
-    return new NatsSessionStore(ctx, opts.bucket, retryMs);
+    const guard = opts.casGuard ?? 'auto';
+    const streamGuard = guard === 'stream' || (guard === 'auto' && serverNeedsStreamGuard(ctx.nc.info?.version));
+    return new NatsSessionStore(ctx, opts.bucket, retryMs, streamGuard);
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
@@ -95,18 +123,47 @@ export class NatsSessionStore implements SessionStore {
 
   async #write(key: string, data: Uint8Array, expected: number | undefined, hdrs?: () => MsgHdrs): Promise<number> {
     this.#check();
+    const subject = this.#subject(key);
+    const publish = { msgID: nuid.next(), stream: this.#stream, budgetMs: this.#retryMs, ...(hdrs ? { headers: hdrs } : {}) };
+    if (expected !== undefined && this.#streamGuard) return this.#guardedWrite(key, subject, data, expected, publish);
     try {
-      const ack = await publishOnce(this.#ctx, this.#subject(key), data, {
-        msgID: nuid.next(),
-        stream: this.#stream,
-        budgetMs: this.#retryMs,
+      const ack = await publishOnce(this.#ctx, subject, data, {
+        ...publish,
         ...(expected === undefined ? {} : { lastSubjectSequence: expected }),
-        ...(hdrs ? { headers: hdrs } : {}),
       });
       return ack.seq;
     } catch (err) {
       if (jsErrorCode(err) === JS_WRONG_LAST_SEQUENCE) throw new StoreConflictError(key, { cause: err });
       throw err;
+    }
+  }
+
+  /**
+   * Compare-and-set guarded by the whole stream: read the stream's last sequence, then the
+   * key's (both from the leader); the key must still be at `expected`, and the publish
+   * expects the stream unchanged since, so no write of any key came between the check and
+   * the write. A write to another key only costs a retry. The same message id throughout,
+   * so a re-send of a publish that landed is answered with its original acknowledgement.
+   */
+  async #guardedWrite(
+    key: string,
+    subject: string,
+    data: Uint8Array,
+    expected: number,
+    publish: Parameters<typeof publishOnce>[3],
+  ): Promise<number> {
+    const deadline = Date.now() + this.#retryMs;
+    for (;;) {
+      const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream));
+      const last = await this.#last(key);
+      if ((last?.seq ?? 0) !== expected) throw new StoreConflictError(key);
+      try {
+        const ack = await publishOnce(this.#ctx, subject, data, { ...publish, lastSequence: info.state.last_seq });
+        return ack.seq;
+      } catch (err) {
+        if (jsErrorCode(err) !== JS_WRONG_LAST_SEQUENCE) throw err;
+        if (Date.now() > deadline) throw new StoreConflictError(key, { cause: err });
+      }
     }
   }
 
