@@ -1,11 +1,21 @@
 # Batch ingest gateway. Build: docker build -t ingest-gateway .
 #
-# Gateway (default command):
+# One image, two commands:
+#   gateway (default):  node dist/src/main.js             HTTP API on $PORT (8080)
+#   uploader:           node dist/src/uploader/main.js    needs NATS_URL; /metrics, /healthz,
+#                                                         /readyz on $UPLOADER_METRICS_PORT if set
+# Gateway, embedded default (one process, files under /app/data):
 #   docker run --init -p 8080:8080 -e CLIENTS_FILE=/app/config/clients.json \
 #     -v "$PWD/clients.json:/app/config/clients.json:ro" -v ingest-data:/app/data ingest-gateway
+# Uploader next to gateways on NATS + S3 (see docker-compose.yml for the whole set):
+#   docker run --init -e NATS_URL=nats://nats-1:4222 -e S3_ENDPOINT=http://minio:9000 -e S3_BUCKET=ingest \
+#     -e CLIENTS_FILE=/app/config/clients.json -e UPLOADER_METRICS_PORT=9091 -e HEALTHCHECK_PORT=9091 \
+#     ingest-gateway node dist/src/uploader/main.js
 # Issue a client into a mounted clients file (token printed once):
 #   docker run --rm -v "$PWD:/work" ingest-gateway node dist/src/cli/admin.js issue-client \
 #     --id acme --ip 203.0.113.0/24 --file /work/clients.json
+# Print the effective configuration (secrets masked):
+#   docker run --rm -e NATS_URL=... ingest-gateway node dist/src/cli/admin.js print-config
 # Without CLIENTS_FILE the embedded default runs with the demo clients (not for production).
 
 FROM node:20-bookworm-slim AS build
@@ -13,9 +23,14 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY . .
+# Then drop what the runtime never loads: tests, bench, dev dependencies, and the uWS
+# binaries of other platforms and Node ABIs (about 90 MB of the 113 MB package).
 RUN npm run build \
  && rm -rf dist/test dist/bench dist/.tsbuildinfo \
- && npm prune --omit=dev --no-audit --no-fund
+ && npm prune --omit=dev --no-audit --no-fund \
+ && keep="uws_$(node -p 'process.platform + "_" + process.arch + "_" + process.versions.modules').node" \
+ && find node_modules/uWebSockets.js/binaries -name 'uws_*.node' ! -name "$keep" -delete \
+ && test -f "node_modules/uWebSockets.js/binaries/$keep"
 
 FROM node:20-bookworm-slim AS runtime
 ENV NODE_ENV=production HOST=0.0.0.0
@@ -28,6 +43,8 @@ COPY --from=build /app/config ./config
 RUN mkdir -p /app/data && chown node:node /app/data
 USER node
 EXPOSE 8080
-HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
-  CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.PORT||8080)+'/openapi.json').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
+# Liveness of either command: the gateway's port, or HEALTHCHECK_PORT (the uploader's
+# UPLOADER_METRICS_PORT). /healthz says the process answers; /readyz is for load balancers.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
+  CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.HEALTHCHECK_PORT||process.env.PORT||8080)+'/healthz').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
 CMD ["node", "dist/src/main.js"]

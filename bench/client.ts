@@ -1,15 +1,16 @@
 /**
  * A load client process: keeps the run's bodies resident and, on the driver's word,
  * either sends ingest requests from `slots` concurrent loops or polls a status URL at a
- * fixed interval, timing every request with undici. Running in its own process keeps the
- * client's CPU out of the server's event loop.
+ * fixed interval, timing every request made with the client library (`src/client`, on
+ * undici). Running in its own process keeps the client's CPU out of the server's event loop.
  *
  * Protocol (protocol.ts): load → loaded; arm → armed; go → … → result; stop ends a poll.
  */
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Agent, request } from 'undici';
+import { IngestClient } from '../src/client/client.js';
+import { describeDetail, isApiError, isClientError } from '../src/client/errors.js';
 import type { ClientCommand, ClientEvent, IngestJob, PollJob, RequestSamples } from './protocol.js';
 
 /** Hard bound of one poll job's requests, whatever its duration. */
@@ -18,7 +19,7 @@ const MAX_FAILURES = 5;
 
 const now = () => performance.timeOrigin + performance.now();
 const bodies = new Map<string, Buffer>();
-let armed: { job: IngestJob | PollJob; agent: Agent } | null = null;
+let armed: { job: IngestJob | PollJob; client: IngestClient } | null = null;
 let stopped = false;
 
 function emit(event: ClientEvent): void {
@@ -51,73 +52,65 @@ class Recorder {
   }
 }
 
-async function timed(
-  rec: Recorder,
-  agent: Agent,
-  url: string,
-  opts: { method: 'GET' | 'POST'; headers: Record<string, string>; body?: Buffer },
-): Promise<void> {
+/** Times one call; `call` resolves with the rows the service processed (0 for a status poll). */
+async function timed(rec: Recorder, call: () => Promise<number>): Promise<void> {
   const start = now();
   try {
-    const res = await request(url, { ...opts, dispatcher: agent });
-    const text = await res.body.text();
-    const end = now();
-    if (res.statusCode !== 200) {
-      rec.add(start, end, res.statusCode, 0, `${res.statusCode} ${text.slice(0, 200)}`);
-      return;
-    }
-    let rows = 0;
-    if (opts.method === 'POST') {
-      const parsed = JSON.parse(text) as { rows_processed?: unknown };
-      rows = typeof parsed.rows_processed === 'number' ? parsed.rows_processed : 0;
-    }
-    rec.add(start, end, 200, rows);
+    const rows = await call();
+    rec.add(start, now(), 200, rows);
   } catch (err) {
-    const e = err as { code?: string; message?: string };
-    rec.add(start, now(), 0, 0, `no answer: ${e.code ?? ''} ${e.message ?? String(err)}`.trim());
+    const end = now();
+    if (isApiError(err)) rec.add(start, end, err.status, 0, `${err.status} ${describeDetail(err.body).slice(0, 200)}`);
+    else if (isClientError(err) && err.status !== null) rec.add(start, end, err.status, 0, err.message.slice(0, 200));
+    else {
+      const e = err as { code?: string; cause?: { code?: string }; message?: string };
+      rec.add(start, end, 0, 0, `no answer: ${e.cause?.code ?? e.code ?? ''} ${e.message ?? String(err)}`.trim());
+    }
   }
 }
 
-async function runIngest(job: IngestJob, agent: Agent): Promise<RequestSamples> {
+async function runIngest(job: IngestJob, client: IngestClient): Promise<RequestSamples> {
   const body = bodies.get(job.body);
   if (!body) throw new Error(`body ${job.body} was not loaded`);
   const rec = new Recorder();
   const deadline = now() + job.durationMs;
-  const url = job.origin + job.path;
+  const opts = job.gzip ? ({ contentEncoding: 'gzip' } as const) : {};
   const loop = async () => {
     for (let i = 0; i < job.maxRequests; i++) {
       if (i > 0 && (now() >= deadline || stopped)) break;
-      await timed(rec, agent, url, { method: 'POST', headers: job.headers, body });
+      await timed(rec, async () => (await client.ingest(job.uploadUuid, job.entity, body, opts)).rows_processed);
     }
   };
   await Promise.all(Array.from({ length: job.slots }, loop));
   return rec.samples();
 }
 
-async function runPoll(job: PollJob, agent: Agent): Promise<RequestSamples> {
+async function runPoll(job: PollJob, client: IngestClient): Promise<RequestSamples> {
   const rec = new Recorder();
   const deadline = now() + job.maxMs;
-  const url = job.origin + job.path;
   let next = now();
   for (let i = 0; i < MAX_POLLS && !stopped && now() < deadline; i++) {
     const wait = next - now();
     if (wait > 0) await sleep(wait);
     // A late answer does not make the poller burst to catch up.
     next = Math.max(next + job.intervalMs, now());
-    await timed(rec, agent, url, { method: 'GET', headers: job.headers });
+    await timed(rec, async () => {
+      await client.status(job.uploadUuid);
+      return 0;
+    });
   }
   return rec.samples();
 }
 
 async function go(): Promise<void> {
   if (!armed) throw new Error('go before arm');
-  const { job, agent } = armed;
+  const { job, client } = armed;
   armed = null;
   try {
-    const samples = job.kind === 'ingest' ? await runIngest(job, agent) : await runPoll(job, agent);
+    const samples = job.kind === 'ingest' ? await runIngest(job, client) : await runPoll(job, client);
     emit({ type: 'result', id: job.id, samples });
   } finally {
-    await agent.close();
+    await client.close();
   }
 }
 
@@ -140,7 +133,17 @@ process.on('message', (msg: ClientCommand) => {
       stopped = false;
       armed = {
         job: msg.job,
-        agent: new Agent({ headersTimeout: timeout, bodyTimeout: timeout, keepAliveTimeout: 10_000, connectTimeout: 10_000 }),
+        // No pacing: the bench measures the service, whose admission limits it turns off.
+        client: new IngestClient({
+          baseUrl: msg.job.origin,
+          clientId: msg.job.credentials.id,
+          token: msg.job.credentials.token,
+          timeoutMs: timeout,
+          ingestTimeoutMs: timeout,
+          connectTimeoutMs: 10_000,
+          connections: msg.job.kind === 'ingest' ? msg.job.slots : 1,
+          requestsPerSecond: 0,
+        }),
       };
       emit({ type: 'armed', id: msg.job.id });
       break;

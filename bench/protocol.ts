@@ -32,16 +32,26 @@ export interface BodyRef {
   path: string;
 }
 
+/** Who a client process calls as (the HTTP peers ignore it). */
+export interface JobCredentials {
+  id: string;
+  token: string;
+}
+
 export interface IngestJob {
   kind: 'ingest';
   /** Echoed in `armed` and `result`, so a late answer of an abandoned job is never taken for the next one's. */
   id: number;
   /** `http://127.0.0.1:port` (or the `--target` origin). */
   origin: string;
-  path: string;
-  headers: Record<string, string>;
+  credentials: JobCredentials;
+  /** The session the packages go to (`bench` for the HTTP peers, which keep none). */
+  uploadUuid: string;
+  entity: string;
   /** Name of a loaded body. */
   body: string;
+  /** The body is gzip-encoded: sent with `Content-Encoding: gzip`. */
+  gzip: boolean;
   /** Concurrent request loops in this process. */
   slots: number;
   /** Requests per loop at most; each loop sends at least one. */
@@ -56,8 +66,9 @@ export interface PollJob {
   kind: 'poll';
   id: number;
   origin: string;
-  path: string;
-  headers: Record<string, string>;
+  credentials: JobCredentials;
+  /** `GET …/{uploadUuid}/status` is polled. */
+  uploadUuid: string;
   intervalMs: number;
   /** Hard stop even if the driver never says `stop`. */
   maxMs: number;

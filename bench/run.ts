@@ -33,7 +33,7 @@ import {
   type ScenarioInfo,
   type ServerName,
 } from './report.js';
-import { API, authHeaders, initSession, retireSession, waitUntilServing, type BenchSession, type Credentials } from './session-api.js';
+import { initSession, PEER_UPLOAD, retireSession, waitUntilServing, type BenchSession, type Credentials } from './session-api.js';
 import { summariseLoad, summarisePolls } from './stats.js';
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url));
@@ -286,15 +286,14 @@ class Bench {
 
   async startServer(server: ServerName): Promise<ServerHandle> {
     if (this.o.target) {
-      await waitUntilServing(this.o.target, `${API}/entities`, authHeaders(this.o.credentials[0]!), READY_TIMEOUT_MS);
+      await waitUntilServing(this.o.target, this.o.credentials[0]!, 'entities', READY_TIMEOUT_MS);
       return { origin: this.o.target, mailbox: null };
     }
     const args = server === 'ingest' ? [JSON.stringify({ workers: this.o.workers, dataDir: join(this.runDir, `data-${++this.#starts}`) })] : [];
     const mailbox = new Mailbox<ServerEvent>(this.children.fork(SERVER_MODULES[server], args, SERVER_EXEC_ARGV), server);
     const { url, overrides } = await mailbox.expect('ready', READY_TIMEOUT_MS);
     if (server === 'ingest') this.serviceOverrides = overrides ?? {};
-    const readyPath = server === 'ingest' ? `${API}/entities` : `${API}/bench/status`;
-    await waitUntilServing(url, readyPath, authHeaders(DEMO[0]!), READY_TIMEOUT_MS);
+    await waitUntilServing(url, DEMO[0]!, server === 'ingest' ? 'entities' : 'status', READY_TIMEOUT_MS);
     return { origin: url, mailbox };
   }
 
@@ -353,18 +352,18 @@ class Bench {
           sessions.push(session);
         }
       }
-      const pathOf = (i: number) => `${API}/${useSessions ? sessions[i % sessions.length]!.uuid : 'bench'}/${this.o.entity.name}`;
-      const headersOf = (i: number) => ({
-        ...authHeaders(this.o.credentials[i % this.o.credentials.length]!),
-        'content-type': 'application/json',
-        ...(s.gzip ? { 'content-encoding': 'gzip' } : {}),
+      const target = (i: number) => ({
+        credentials: this.o.credentials[i % this.o.credentials.length]!,
+        uploadUuid: useSessions ? sessions[i % sessions.length]!.uuid : PEER_UPLOAD,
+        entity: this.o.entity.name,
+        gzip: s.gzip,
       });
       const body = files[`${s.body}${s.gzip ? 'Gz' : ''}`]!;
       const warmBody = files[`small${s.gzip ? 'Gz' : ''}`]!;
 
       // Warm-up: four 1 MiB packages, two at a time, so every worker thread has run the code.
       const warm = await this.drive(
-        [{ mailbox: this.clients[0]!, job: ingestJob(handle.origin, pathOf(0), headersOf(0), warmBody.name, 2, 2, 60_000) }],
+        [{ mailbox: this.clients[0]!, job: ingestJob(handle.origin, target(0), warmBody.name, 2, 2, 60_000) }],
         null,
         120_000,
       );
@@ -376,8 +375,7 @@ class Bench {
         mailbox: this.clients[i]!,
         job: ingestJob(
           handle.origin,
-          pathOf(i),
-          headersOf(i),
+          target(i),
           body.name,
           Math.floor(s.concurrency / procs) + (i < s.concurrency % procs ? 1 : 0),
           s.maxRequests,
@@ -387,8 +385,8 @@ class Bench {
       const poll: PollJob = {
         kind: 'poll',
         origin: handle.origin,
-        path: `${API}/${useSessions ? sessions[0]!.uuid : 'bench'}/status`,
-        headers: authHeaders(this.o.credentials[0]!),
+        credentials: this.o.credentials[0]!,
+        uploadUuid: useSessions ? sessions[0]!.uuid : PEER_UPLOAD,
         intervalMs: POLL_INTERVAL_MS,
         maxMs: jobBoundMs(s),
         id: nextJobId++,
@@ -432,14 +430,13 @@ let nextJobId = 1;
 
 function ingestJob(
   origin: string,
-  path: string,
-  headers: Record<string, string>,
+  target: Pick<IngestJob, 'credentials' | 'uploadUuid' | 'entity' | 'gzip'>,
   body: string,
   slots: number,
   maxRequests: number,
   durationMs: number,
 ): IngestJob {
-  return { kind: 'ingest', id: nextJobId++, origin, path, headers, body, slots, maxRequests, durationMs, requestTimeoutMs: REQUEST_TIMEOUT_MS };
+  return { kind: 'ingest', id: nextJobId++, origin, ...target, body, slots, maxRequests, durationMs, requestTimeoutMs: REQUEST_TIMEOUT_MS };
 }
 
 function gitInfo(): Meta['git'] {

@@ -48,6 +48,9 @@ export const ERROR_CODES = {
   ROUTE_NOT_FOUND: 404,
   METHOD_NOT_ALLOWED: 405,
   UNSUPPORTED_MEDIA_TYPE: 415,
+  IDEMPOTENCY_KEY_INVALID: 400,
+  IDEMPOTENCY_KEY_IN_PROGRESS: 409,
+  IDEMPOTENCY_KEY_REUSED: 422,
   INTERNAL: 500,
 } as const;
 
@@ -94,7 +97,9 @@ export const errors = {
   connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
   invalidPayload: (message: string) => new ServiceError('INVALID_PAYLOAD', message),
   validationFailed: (issues: ValidationIssue[]) =>
-    new ServiceError('VALIDATION_FAILED', issues[0]?.msg ?? 'Validation failed', { body: { detail: issues } }),
+    new ServiceError('VALIDATION_FAILED', issues[0]?.msg ?? 'Validation failed', {
+      body: { detail: issues.map((i) => ('input' in i && nestedDeeper(i.input, INPUT_DEPTH_MAX) ? { ...i, input: null } : i)) },
+    }),
   dateBeforeMinimum: (minDate: string) =>
     new ServiceError('DATE_BEFORE_MINIMUM', `date_from cannot be earlier than ${minDate}`),
   noEntities: () => new ServiceError('NO_ENTITIES', 'No entities were uploaded in this session'),
@@ -114,8 +119,36 @@ export const errors = {
   routeNotFound: () => new ServiceError('ROUTE_NOT_FOUND', 'Not Found'),
   methodNotAllowed: () => new ServiceError('METHOD_NOT_ALLOWED', 'Method Not Allowed'),
   unsupportedMediaType: () => new ServiceError('UNSUPPORTED_MEDIA_TYPE', 'Unsupported Media Type'),
+  idempotencyKeyInvalid: () =>
+    new ServiceError('IDEMPOTENCY_KEY_INVALID', 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters'),
+  idempotencyKeyInProgress: () =>
+    new ServiceError('IDEMPOTENCY_KEY_IN_PROGRESS', 'A request with this Idempotency-Key is in progress', { headers: { 'Retry-After': '1' } }),
+  idempotencyKeyReused: () =>
+    new ServiceError(
+      'IDEMPOTENCY_KEY_REUSED',
+      'Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)',
+    ),
   internal: (cause?: unknown) => new ServiceError('INTERNAL', 'Internal server error', { cause }),
 };
+
+/**
+ * How deeply an echoed 422 `input` may nest. Pydantic echoes the offending value as is; a
+ * hostile body (`[[[[…` 100,000 deep, which `JSON.parse` accepts) would overflow
+ * `JSON.stringify`'s stack when the answer is written, so such an `input` is sent as null.
+ */
+const INPUT_DEPTH_MAX = 32;
+
+/** True when `value` has objects or arrays nested more than `max` deep. Iterative: the value may be deeper than the stack. */
+function nestedDeeper(value: unknown, max: number): boolean {
+  const pending: [unknown, number][] = [[value, 0]];
+  while (pending.length > 0) {
+    const [v, depth] = pending.pop()!;
+    if (typeof v !== 'object' || v === null) continue;
+    if (depth >= max) return true;
+    for (const child of Array.isArray(v) ? v : Object.values(v)) pending.push([child, depth + 1]);
+  }
+  return false;
+}
 
 export function isServiceError(err: unknown): err is ServiceError {
   return err instanceof ServiceError;

@@ -4,7 +4,6 @@ import { startApp } from './app.js';
 import { ConfigError, loadConfig } from './config/config.js';
 import { jsonLogger } from './log.js';
 
-const log = jsonLogger();
 let config;
 try {
   config = loadConfig();
@@ -16,23 +15,34 @@ try {
   throw err;
 }
 
+const log = jsonLogger(undefined, {}, { level: config.log.level });
 const app = await startApp(config, { logger: log });
 process.stdout.write(`Batch ingest gateway listening on ${app.url}\n`);
 process.stdout.write(`OpenAPI: ${app.url}/openapi.json\n`);
+process.stdout.write(`API docs: ${app.url}/docs\n`);
 if (app.usesDemoClients) {
   process.stdout.write('Demo clients (embedded default only):\n');
   process.stdout.write('  Client-Id: demo    Authorization: demo-token\n');
   process.stdout.write('  Client-Id: demo-2  Authorization: demo-2-token\n');
 }
 
+// SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to limits.shutdownGraceMs),
+// then close the pool, the uploader and the stores, and exit 0. A second signal exits at once:
+// every 200 already sent is durable, and a request cut off has not been answered.
 let stopping = false;
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.on(signal, () => {
-    if (stopping) return;
+    if (stopping) {
+      log.warn('second signal: exiting without waiting for in-flight requests', { signal });
+      process.exit(1);
+    }
     stopping = true;
-    log.info('shutting down', { signal });
-    app.close().then(
-      () => process.exit(0),
+    log.info('shutting down', { signal, grace_ms: config.limits.shutdownGraceMs });
+    app.close({ graceMs: config.limits.shutdownGraceMs }).then(
+      () => {
+        log.info('shut down');
+        process.exit(0);
+      },
       (err: unknown) => {
         log.error('shutdown failed', { err });
         process.exit(1);

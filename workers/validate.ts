@@ -6,7 +6,7 @@
 import { Buffer, isUtf8 } from 'node:buffer';
 import { move, transferableSymbol, valueSymbol } from 'piscina';
 import { findEntity } from '../src/entities/catalog.js';
-import { INVALID_JSON, bodyIssue, columnsError, compileRowCheck } from '../src/entities/validators.js';
+import { INVALID_JSON, bodyIssue, columnsError, compileRowCheck, duplicateKeyMessage, repeatedKey } from '../src/entities/validators.js';
 import { checkSkeleton, type SkeletonFacts } from '../src/ingest/skeleton.js';
 import type { BodyResult, RowsResult, Task } from '../src/ingest/tasks.js';
 import { encode } from './encode.js';
@@ -29,14 +29,19 @@ export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts
 
 /**
  * The plain path: `JSON.parse` of the whole body, then every check of `validators.ts` in
- * order, then the NDJSON batches. The streaming sink must give exactly its answers.
+ * order (a repeated top-level `columns` or `data` key right after JSON validity), then the
+ * NDJSON batches. The streaming sink must give exactly its answers.
  */
 export function validateBody(body: ArrayBuffer, name: string, batchBytes: number): BodyResult {
   const entity = findEntity(name);
   if (!entity) throw new Error(`Unknown entity ${name}`);
 
-  const parsed = parse(body);
+  const text = new Uint8Array(body);
+  const bom = hasBom(text);
+  const parsed = parse(text, bom);
   if (parsed === NOT_JSON) return payload(INVALID_JSON);
+  const repeated = repeatedKey(text, bom ? 3 : 0);
+  if (repeated) return payload(duplicateKeyMessage(repeated));
   const issue = bodyIssue(parsed);
   if (issue) return { ok: false, kind: 'validation', issues: [issue] };
 
@@ -60,12 +65,12 @@ function transfer<T>(value: T, buffers: ArrayBuffer[]): T {
 
 const NOT_JSON = Symbol('not JSON');
 
-function parse(body: ArrayBuffer): unknown {
-  const bytes = Buffer.from(body);
-  if (!isUtf8(bytes)) return NOT_JSON;
-  const bom = bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
+const hasBom = (bytes: Uint8Array) => bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
+
+function parse(body: Uint8Array, bom: boolean): unknown {
+  if (!isUtf8(body)) return NOT_JSON;
   try {
-    return JSON.parse(bytes.toString('utf8', bom ? 3 : 0));
+    return JSON.parse(Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString('utf8', bom ? 3 : 0));
   } catch {
     return NOT_JSON;
   }

@@ -4,6 +4,7 @@ import type { ValidationPool } from '../ingest/pool.js';
 import type { Client, ClientRegistry } from '../http/auth.js';
 import { clientAddress } from '../http/auth.js';
 import type { Request } from '../http/server.js';
+import type { IdempotentIngests } from '../session/idempotency.js';
 import type { SessionService } from '../session/service.js';
 import type { BatchQueue } from '../store/ports.js';
 
@@ -13,13 +14,18 @@ export interface ApiDeps {
   trustedProxies: BlockList | null;
   pool: ValidationPool;
   queue: BatchQueue;
+  /** `Idempotency-Key` records of ingest (retries answered once, stored once). */
+  idempotency: IdempotentIngests;
   webhook: { secret: string; toleranceSeconds: number };
   clock: () => number;
 }
 
+/** The request's client, checked; also names it in the request's access log line. */
 export function authenticate(deps: ApiDeps, req: Request): Client {
   const address = clientAddress(req.remoteAddress, req.headers.get('x-forwarded-for'), deps.trustedProxies);
-  return deps.clients.authenticate(req.headers.get('authorization'), req.headers.get('client-id'), address);
+  const client = deps.clients.authenticate(req.headers.get('authorization'), req.headers.get('client-id'), address);
+  req.context.clientId = client.id;
+  return client;
 }
 
 export const json = (body: unknown, status = 200) => ({ status, body });

@@ -1,7 +1,8 @@
 import { findEntity } from '../entities/catalog.js';
-import { errors } from '../errors.js';
-import type { BodyStream, StreamingHandler } from '../http/server.js';
+import { errors, isServiceError } from '../errors.js';
+import type { BodyStream, Reply, Request, StreamingHandler } from '../http/server.js';
 import type { IngestResult, IngestSink } from '../ingest/pool.js';
+import { parseIdempotencyKey, type Attempt, type RequestFingerprint, type StoredAnswer } from '../session/idempotency.js';
 import { authenticate, json, type ApiDeps } from './context.js';
 
 /**
@@ -9,13 +10,24 @@ import { authenticate, json, type ApiDeps } from './context.js';
  * package is committed to the queue (and counted in the session) only after its last row
  * passed, so a failed or abandoned package leaves nothing behind. `Content-Encoding: gzip`
  * bodies are inflated on the way (the edge limits the wire bytes, the pool the inflated ones).
+ *
+ * With an `Idempotency-Key` (session/idempotency.ts): a finished request's answer is replayed
+ * before the session checks, without reading the body; otherwise the key is claimed once the
+ * package's lease is taken, and the attempt's definite answer (200, or a 413/422 of the body)
+ * is stored for the repeats. Anything else (5xx, an abort) frees the key for a retry.
  */
 export const ingestEntity =
   (deps: ApiDeps): StreamingHandler =>
-  async (req, body) => {
+  async (req, body, signal) => {
     const client = authenticate(deps, req);
+    const key = parseIdempotencyKey(req.headers.get('idempotency-key'));
     const uploadUuid = req.params.upload_uuid!;
     const entityName = req.params.entity_name!;
+    const fingerprint: RequestFingerprint = { upload_uuid: uploadUuid, entity: entityName, content_length: declaredLength(req) };
+    if (key !== null) {
+      const stored = await deps.idempotency.replay(client, key, fingerprint);
+      if (stored) return replayed(body, stored);
+    }
     const session = await deps.service.requireActive(client, uploadUuid);
     const entity = findEntity(entityName);
     if (!entity) throw errors.unknownEntity(entityName);
@@ -23,6 +35,24 @@ export const ingestEntity =
     const encoding = contentEncoding(req.headers.get('content-encoding'));
 
     const packageId = await deps.service.beginIngest(client, uploadUuid);
+    let attempt: Attempt | null = null;
+    if (key !== null) {
+      // After the lease: an attempt a takeover has settled can never begin again (idempotency.ts).
+      const claim = await deps.idempotency.claim(client, key, fingerprint, packageId, signal).catch(async (err: unknown) => {
+        await deps.service.releaseIngest(client, uploadUuid, packageId);
+        throw err;
+      });
+      if (claim.kind !== 'run') {
+        await deps.service.releaseIngest(client, uploadUuid, packageId);
+        if (claim.kind === 'answer') return replayed(body, claim.answer);
+        const answer = success(claim.recorded.entity, claim.recorded.rows);
+        await claim.attempt.finish(answer, claim.recorded.id);
+        return replayed(body, answer);
+      }
+      attempt = claim.attempt;
+    }
+    /** How far the package got: a failure in `body` may be a definite answer; one in `record` may have recorded it. */
+    let stage: 'body' | 'queue' | 'record' = 'body';
     try {
       const sink = deps.pool.createIngest({
         entity,
@@ -31,18 +61,51 @@ export const ingestEntity =
           deps.queue.open({ package_id: packageId, client_id: client.id, upload_uuid: uploadUuid, entity: entity.name, columns }),
       });
       const result = await drain(body, sink);
+      stage = 'queue';
       await result.writer.commit({ rows: result.rows, bytes: result.bytes });
+      stage = 'record';
       await deps.service.commitIngest(client, uploadUuid, { packageId, entity: entity.name, rows: result.rows, bytes: result.bytes });
-      return json({
-        status: 'success',
-        message: `${result.rows} rows of ${entity.name} validated and queued for storage`,
-        rows_processed: result.rows,
-      });
+      const answer = success(entity.name, result.rows);
+      await attempt?.finish(answer);
+      return json(answer.body, answer.status);
     } catch (err) {
       await deps.service.releaseIngest(client, uploadUuid, packageId);
+      if (attempt) {
+        if (stage === 'body' && isDefiniteAnswer(err)) await attempt.finish({ status: err.statusCode, body: err.body });
+        // A ServiceError from recording is the decision refusing it (nothing written); anything else may have landed.
+        else await attempt.release(stage === 'record' && !isServiceError(err));
+      }
       throw err;
     }
   };
+
+function success(entity: string, rows: number): StoredAnswer {
+  return {
+    status: 200,
+    body: { status: 'success', message: `${rows} rows of ${entity} validated and queued for storage`, rows_processed: rows },
+  };
+}
+
+/**
+ * Answers of the body that a retry of the same body would get again: stored for repeats.
+ * Errors before the body (session, entity, encoding) are not stored: a retry is checked
+ * afresh. 5xx answers and aborts are not definite: a retry runs the package again.
+ */
+function isDefiniteAnswer(err: unknown): err is { statusCode: number; body: unknown } {
+  return isServiceError(err) && (err.statusCode === 413 || err.statusCode === 422);
+}
+
+/** A stored answer, sent again without reading the repeat's body (its connection is closed after the answer). */
+function replayed(body: BodyStream, answer: StoredAnswer): Reply {
+  body.discard();
+  return { status: answer.status, body: answer.body, headers: { 'Idempotent-Replayed': 'true' } };
+}
+
+/** The body length the client declared; null for a chunked body (the edge has checked the syntax). */
+function declaredLength(req: Request): number | null {
+  const declared = req.headers.get('content-length');
+  return declared === undefined ? null : Number(declared);
+}
 
 /**
  * The body's coding: none (`identity`, or no header) or gzip (`x-gzip` is its old name,

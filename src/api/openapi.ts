@@ -9,10 +9,12 @@ import typia, { tags } from 'typia';
 import { ENTITIES, TYPE_LABELS } from '../entities/catalog.js';
 import type { InitConflictBody, ValidationIssue as Issue } from '../errors.js';
 import type { WebhookPayload } from '../connector/types.js';
+import type { CheckResult } from '../observability/readiness.js';
 import type { SessionStatus, StatusView } from '../session/state.js';
+import { DOCS_ASSETS, DOCS_ASSET_TYPES } from './docs.js';
+import type { StartUploadBody } from './start-body.js';
 
 type Uuid = string & tags.Format<'uuid'>;
-type CalendarDate = string & tags.Format<'date'>;
 
 /** The standard error body. */
 interface ErrorDetail {
@@ -83,12 +85,15 @@ interface InitializeSessionCreated {
   previous_upload_uuid?: Uuid;
 }
 
+/** One cell: a value of its column's type (the catalog in the ingest description), or `null` in an optional column. */
+type CellValue = string | number | boolean | null;
+
 /** Rows of one package of one entity. */
 interface IngestRequest {
   /** Ordered column names: every required column of the entity, no unknown or repeated one. */
   columns: string[] & tags.MinItems<1>;
   /** Rows; each holds one value per entry of `columns`, in the same order. Optional cells may be `null`. */
-  data: (string | number | boolean | null)[][];
+  data: CellValue[][];
 }
 
 interface IngestResponse {
@@ -98,12 +103,8 @@ interface IngestResponse {
   rows_processed: number & tags.Type<'uint32'>;
 }
 
-interface StartUploadRequest {
-  /** Not earlier than the client's configured minimum date; not later than `date_to`. */
-  date_from: CalendarDate;
-  /** Strictly before today (UTC). */
-  date_to: CalendarDate;
-}
+/** The body start-upload accepts: the type its parser answers once the body is valid. */
+interface StartUploadRequest extends StartUploadBody {}
 
 /** The Connector's JSON, passed through unchanged; its fields are the Connector's choice. */
 interface ConnectorStartResponse {
@@ -153,6 +154,28 @@ interface CatalogColumn {
   min_length?: number & tags.Type<'uint32'>;
 }
 
+/** `GET /healthz`: the process answers. */
+interface Healthy {
+  status: 'ok';
+}
+
+/** Each readiness check by name: `workers`, and the back ends of the configuration (e.g. `nats`, `s3`). */
+interface ReadinessChecks {
+  [check: string]: CheckResult;
+}
+
+/** `GET /readyz` 200: every check passed. */
+interface Ready {
+  status: 'ready';
+  checks: ReadinessChecks;
+}
+
+/** `GET /readyz` 503: a check failed or did not answer in time. */
+interface NotReady {
+  detail: 'Not ready';
+  checks: ReadinessChecks;
+}
+
 /** This document. */
 interface OpenApiDocument {
   openapi: '3.1.0';
@@ -179,6 +202,9 @@ const { components } = typia.json.schemas<
     UploadFinishedPayload,
     WebhookResult,
     EntityCatalog,
+    Healthy,
+    Ready,
+    NotReady,
     OpenApiDocument,
   ],
   '3.1'
@@ -203,6 +229,35 @@ const IP_NOT_ALLOWED = "`IP address not allowed`: the source address is not in t
 const WRONG_UUID = "`Invalid upload UUID`: `upload_uuid` is not the client's active session";
 const NOT_UPLOADING = 'The session is not `UPLOADING` (`expected` is `UPLOADING`)';
 const UNREACHABLE = '`Failed to connect to Connector service`: no connection or no answer in time';
+const BAD_CONTENT_LENGTH = '`Invalid Content-Length header` (checked at the edge, before anything else)';
+
+const NO_CACHE: Json = { description: '`no-cache`', schema: { type: 'string' } };
+const RETRY_AFTER: Json = {
+  description: 'Whole seconds to wait before retrying: until a token of the rate limit is back, 1 for the in-flight limit.',
+  required: true,
+  schema: { type: 'integer', minimum: 1 },
+};
+
+/** On an ingest answer replayed for a repeated `Idempotency-Key`. */
+const REPLAYED: Json = {
+  description: '`true` when this is the stored answer of an earlier request with the same `Idempotency-Key`; absent otherwise.',
+  required: false,
+  schema: { type: 'string', const: 'true' },
+};
+
+/** The ingest retry key (rules: session/idempotency.ts and the README's Idempotent retries). */
+const IDEMPOTENCY_KEY: Json = {
+  name: 'Idempotency-Key',
+  in: 'header',
+  required: false,
+  description:
+    'Optional key the client chooses for one package (e.g. a UUID v4), 1 to 255 visible ASCII characters. A retry ' +
+    'of the same package with the same key (after a timeout, a dropped connection, a 5xx) answers what the first ' +
+    'attempt answered (a 200, or a 413/422 of its body; header `Idempotent-Replayed: true`) and stores the rows once, ' +
+    'on any instance, for 24 h. A repeat while the first attempt runs waits up to 10 s for its answer, then 409. ' +
+    'The same key with another `upload_uuid`, entity or `Content-Length` answers 422.',
+  schema: { type: 'string', minLength: 1, maxLength: 255, pattern: '^[!-~]+$' },
+};
 
 /** Answers every client operation may give: authentication, limits, internal errors. */
 const clientResponses = (own: Json): Json => ({
@@ -216,7 +271,7 @@ const clientResponses = (own: Json): Json => ({
 
 /** The path-bound operations' session-access checks (all but status). */
 const sessionAccess = (more400: string[] = []): Json => ({
-  '400': error([CLIENT_ID_MISSING, NOT_INITIALIZED, ...more400]),
+  '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING, NOT_INITIALIZED, ...more400]),
   '403': error([IP_NOT_ALLOWED, WRONG_UUID]),
 });
 
@@ -238,7 +293,11 @@ queues it for object storage (asynchronously; \`upload_tasks_finished\` in the s
 write is done). A package is all-or-nothing. An entity may be uploaded in many packages: send large datasets as
 several sequential packages rather than one maximum-size body (32 MiB). Requires the session in \`UPLOADING\`.
 
-Checks, first failing one answers: unknown entity 400; session not \`UPLOADING\` 409; payload 422.
+Checks, first failing one answers: unknown entity 400; session not \`UPLOADING\` 409; \`Content-Encoding\` 415; payload 422.
+
+The body may be sent gzip-compressed (\`Content-Encoding: gzip\`): the 32 MiB limit counts the compressed bytes
+on the wire, the inflated body is bounded by 256 MiB (413 past it), and a body that is not gzip or is cut short
+answers 422 \`Invalid JSON format.\`.
 
 The entity catalog (also served by \`GET ${BASE}/entities\`). ${typeLegend}
 
@@ -250,8 +309,122 @@ const paths: Json = {
       operationId: 'getOpenApi',
       tags: ['service'],
       summary: 'This document',
+      description: 'Not authenticated and not rate-limited (the per-client limit of requests in flight applies).',
       security: [],
-      responses: { '200': json('The OpenAPI 3.1 description of the service.', schema('OpenApiDocument')) },
+      responses: {
+        '200': { ...json('The OpenAPI 3.1 description of the service.', schema('OpenApiDocument')), headers: { 'Cache-Control': NO_CACHE } },
+        '503': shared('RateLimited'),
+      },
+    },
+  },
+  '/docs': {
+    get: {
+      operationId: 'getDocsPage',
+      tags: ['service'],
+      summary: 'Interactive API documentation',
+      description:
+        'Swagger UI showing this document, served by the service itself (no CDN). Not authenticated and not ' +
+        'rate-limited (the per-client limit of requests in flight applies).',
+      security: [],
+      responses: {
+        '200': {
+          description: 'The HTML page; it loads its files from `/docs/{asset}` and the document from `/openapi.json`.',
+          headers: { 'Cache-Control': NO_CACHE },
+          content: { 'text/html': { schema: { type: 'string' } } },
+        },
+        '503': shared('RateLimited'),
+      },
+    },
+  },
+  '/docs/{asset}': {
+    get: {
+      operationId: 'getDocsAsset',
+      tags: ['service'],
+      summary: 'A file of the documentation page',
+      description: 'Only the files the page links to; any other name answers 404.',
+      security: [],
+      parameters: [
+        { name: 'asset', in: 'path', required: true, description: 'File name.', schema: { type: 'string', enum: [...DOCS_ASSETS] } },
+        {
+          name: 'v',
+          in: 'query',
+          required: false,
+          description: 'Content version, as the page links it: with the current one the file is cacheable for a year.',
+          schema: { type: 'string' },
+        },
+      ],
+      responses: {
+        '200': {
+          description: 'The file; gzip-compressed when the client accepts it (text files).',
+          headers: {
+            'Cache-Control': {
+              description: '`public, max-age=31536000, immutable` with the current `v`, else `no-cache`.',
+              schema: { type: 'string' },
+            },
+          },
+          content: Object.fromEntries(
+            [...new Set(Object.values(DOCS_ASSET_TYPES).map((t) => t.split(';')[0]!))].map((type) => [
+              type,
+              { schema: type.startsWith('text/') ? { type: 'string' } : { type: 'string', contentMediaType: type } },
+            ]),
+          ),
+        },
+        '404': error(['`Not Found`: not a file of the page'], 'ErrorDetail'),
+        '503': shared('RateLimited'),
+      },
+    },
+  },
+  // Operator endpoints, routed by app.ts (`/metrics` only while metrics are enabled). Outside
+  // `/api/v1/`: no token of the rate limit; the in-flight limit applies as everywhere.
+  '/healthz': {
+    get: {
+      operationId: 'getHealth',
+      tags: ['operations'],
+      summary: 'Liveness',
+      description: 'The process answers. Not authenticated.',
+      security: [],
+      responses: { '200': json('Alive.', schema('Healthy')), '503': shared('RateLimited') },
+    },
+  },
+  '/readyz': {
+    get: {
+      operationId: 'getReadiness',
+      tags: ['operations'],
+      summary: 'Readiness',
+      description:
+        'The service can do its work: a validation worker thread is alive and every back end of the configuration ' +
+        'answers (NATS, S3) within `health.readyTimeoutMs`. Concurrent probes share one round of checks. Not authenticated.',
+      security: [],
+      responses: {
+        '200': json('Ready; every check `ok`.', schema('Ready')),
+        '503': {
+          ...json(
+            [
+              '- `Not ready`: a check `failed` or answered with `timeout` (body `NotReady`, no `Retry-After`)',
+              '- `Rate limit exceeded`: the in-flight limit of the client IP (body `ErrorDetail`, with `Retry-After`)',
+            ].join('\n'),
+            { anyOf: [schema('NotReady'), schema('ErrorDetail')] },
+          ),
+          headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: 'Only with `Rate limit exceeded`.' } },
+        },
+      },
+    },
+  },
+  '/metrics': {
+    get: {
+      operationId: 'getMetrics',
+      tags: ['operations'],
+      summary: 'Prometheus metrics',
+      description:
+        'The Prometheus text exposition of the service: requests by route and status, rows and bytes validated, ' +
+        'worker pool, batches pending, uploader, Connector calls. Routed only while metrics are enabled ' +
+        '(`metrics.enabled`). Unauthenticated unless `metrics.token` is set; keep it off the public listener.',
+      security: [{}, { MetricsToken: [] }],
+      responses: {
+        '200': { description: 'The exposition.', content: { 'text/plain': { schema: { type: 'string' } } } },
+        '401': error(['`User not authenticated`: `metrics.token` is set and `Authorization` is not `Bearer <token>`']),
+        '503': shared('RateLimited'),
+      },
     },
   },
   [`${BASE}/initialize-session`]: {
@@ -263,7 +436,7 @@ const paths: Json = {
         'Creates the client\'s upload session in `UPLOADING`. A client has at most one active session. No session-access checks.',
       responses: clientResponses({
         '200': json('Session created. `previous_upload_uuid` is present when the previous session was `DONE`.', schema('InitializeSessionCreated')),
-        '400': error([CLIENT_ID_MISSING]),
+        '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
         '403': error([IP_NOT_ALLOWED]),
         '409': error(
           [
@@ -283,7 +456,7 @@ const paths: Json = {
       description: `Entity names, columns, types, required flags and parents. ${typeLegend}`,
       responses: clientResponses({
         '200': json('The catalog.', schema('EntityCatalog')),
-        '400': error([CLIENT_ID_MISSING]),
+        '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
         '403': error([IP_NOT_ALLOWED]),
       }),
     },
@@ -324,7 +497,7 @@ const paths: Json = {
       parameters: [{ $ref: '#/components/parameters/UploadUuid' }],
       responses: clientResponses({
         '200': json('The session.', schema('StatusView')),
-        '400': error([CLIENT_ID_MISSING]),
+        '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
         '403': error([IP_NOT_ALLOWED]),
         '404': error(['`Upload session not found`']),
       }),
@@ -341,7 +514,12 @@ const paths: Json = {
         '`date_to` not before today, UTC: `value_error` at `["body","date_to"]`); `date_from` before the client\'s ' +
         'minimum 400; no entities 400; storage writes pending 409; then the Connector.',
       parameters: [{ $ref: '#/components/parameters/UploadUuid' }],
-      requestBody: { required: true, content: { 'application/json': { schema: schema('StartUploadRequest') } } },
+      requestBody: {
+        required: true,
+        content: {
+          'application/json': { schema: schema('StartUploadRequest'), example: { date_from: '2024-01-01', date_to: '2024-01-31' } },
+        },
+      },
       responses: clientResponses({
         '200': json('The Connector\'s JSON answer, unchanged.', schema('ConnectorStartResponse')),
         ...sessionAccess(['`date_from cannot be earlier than YYYY-MM-DD` (the configured minimum)', '`No entities were uploaded in this session`']),
@@ -401,23 +579,75 @@ const paths: Json = {
       tags: ['uploading'],
       summary: 'Upload a package of entity rows',
       description: INGEST_DESCRIPTION,
-      parameters: [{ $ref: '#/components/parameters/UploadUuid' }, { $ref: '#/components/parameters/EntityName' }],
-      requestBody: { required: true, content: { 'application/json': { schema: schema('IngestRequest') } } },
+      parameters: [
+        { $ref: '#/components/parameters/UploadUuid' },
+        { $ref: '#/components/parameters/EntityName' },
+        { $ref: '#/components/parameters/ContentEncoding' },
+        { $ref: '#/components/parameters/IdempotencyKey' },
+      ],
+      requestBody: {
+        required: true,
+        content: {
+          'application/json': {
+            schema: schema('IngestRequest'),
+            examples: {
+              products: {
+                summary: 'products: two rows',
+                value: { columns: ['product_id', 'name', 'catalog_id', 'price'], data: [['p1', 'Water', 'c1', 0.5], ['p2', 'Juice', null, 1.9]] },
+              },
+              receipts: {
+                summary: 'receipts: one row',
+                value: { columns: ['receipt_id', 'store_id', 'sold_at', 'total'], data: [['r1', 's1', '2024-01-31T18:05:00+01:00', 12.4]] },
+              },
+            },
+          },
+        },
+      },
       responses: clientResponses({
-        '200': json('Every row validated and queued.', schema('IngestResponse')),
-        ...sessionAccess(['`Unknown entity: <entity_name>`']),
-        '409': error([NOT_UPLOADING], 'InvalidSessionStatusError'),
-        '422': error(
-          [
-            '`Invalid JSON format.`',
-            '`The columns array cannot be empty.`',
-            '`Missing required columns: <column list>`',
-            '`Unknown column: <column>`',
-            '`Duplicate column: <column>`',
-            '`Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`',
-          ],
-          'IngestPayloadError',
-        ),
+        '200': { ...json('Every row validated and queued.', schema('IngestResponse')), headers: { 'Idempotent-Replayed': REPLAYED } },
+        ...sessionAccess([
+          '`Unknown entity: <entity_name>`',
+          '`Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters` (right after authentication)',
+        ]),
+        '409': {
+          ...json(
+            [
+              `- ${NOT_UPLOADING}: structured \`detail\``,
+              '- `A request with this Idempotency-Key is in progress`: still running after a 10 s wait; `Retry-After` says when to ask again',
+            ].join('\n'),
+            { anyOf: [schema('InvalidSessionStatusError'), schema('ErrorDetail')] },
+          ),
+          headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: 'With `A request with this Idempotency-Key is in progress` only: seconds before asking again.' } },
+        },
+        '413': {
+          ...error([
+            '`Request body too large`: over 32 MiB on the wire, or a gzip body over 256 MiB once inflated',
+          ]),
+          headers: { 'Idempotent-Replayed': REPLAYED },
+        },
+        '415': error([
+          '`Unsupported Media Type`: a `Content-Encoding` other than `identity`, `gzip` or `x-gzip` (stacked codings included)',
+        ]),
+        '422': {
+          ...json(
+            [
+              'A string `detail` for the payload checks, in the order they run:',
+              '- `Invalid JSON format.` (also an empty body, invalid UTF-8, or a gzip body that is not gzip or is cut short)',
+              '- `Duplicate key in payload: <key>`: the top-level object repeats `columns` or `data` (checked right after JSON validity)',
+              '- `The columns array cannot be empty.`',
+              '- `Duplicate column: <column>`',
+              '- `Unknown column: <column>`',
+              '- `Missing required columns: <column list>`',
+              '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`',
+              '- `Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)`',
+              '',
+              'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +
+                'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`).',
+            ].join('\n'),
+            { anyOf: [schema('IngestPayloadError'), schema('ValidationError')] },
+          ),
+          headers: { 'Idempotent-Replayed': REPLAYED },
+        },
       }),
     },
   },
@@ -436,12 +666,15 @@ const document = {
       "a source address in the client's allow-list. Except status, every endpoint with `{upload_uuid}` also checks " +
       'that it is the client\'s active session. Errors are `{"detail": ...}` except the initialize-session conflict.\n\n' +
       'Limits: body 32 MiB on ingest, 1 MiB otherwise (413); 30 requests/s average, burst 50, 30 concurrent ' +
-      'connections per client IP (503 with `Retry-After`); 600 s per request (408). Within `/api/v1` changes are additive.',
+      'connections per client IP (503 with `Retry-After`); 600 s per request (408). Within `/api/v1` changes are additive.\n\n' +
+      'Any path: an unknown one answers 404 `{"detail":"Not Found"}`, a known one with another method 405 ' +
+      '`{"detail":"Method Not Allowed"}`, a malformed `Content-Length` 400.',
   },
   tags: [
     { name: 'uploading', description: 'Client operations on upload sessions.' },
     { name: 'connector', description: 'Called by the Connector.' },
     { name: 'service', description: 'About the service itself.' },
+    { name: 'operations', description: 'For operators and orchestrators: liveness, readiness, metrics.' },
   ],
   security: [{ Authorization: [], 'Client-Id': [] }],
   paths,
@@ -455,6 +688,7 @@ const document = {
         description: 'The access token itself; `Bearer <token>` is accepted too.',
       },
       'Client-Id': { type: 'apiKey', in: 'header', name: 'Client-Id', description: 'The client identifier the token was issued to.' },
+      MetricsToken: { type: 'http', scheme: 'bearer', description: '`metrics.token` of the configuration, when set (`GET /metrics` only).' },
     },
     parameters: {
       UploadUuid: {
@@ -471,6 +705,16 @@ const document = {
         description: 'An entity of the catalog; any other name answers 400 `Unknown entity: <entity_name>`.',
         schema: { type: 'string', enum: ENTITIES.map((e) => e.name) },
       },
+      ContentEncoding: {
+        name: 'Content-Encoding',
+        in: 'header',
+        required: false,
+        description:
+          'The body\'s coding: absent or `identity` (plain JSON), or `gzip` (`x-gzip`, its old name). Any other ' +
+          'value answers 415 before the body is read.',
+        schema: { type: 'string', enum: ['identity', 'gzip', 'x-gzip'] },
+      },
+      IdempotencyKey: IDEMPOTENCY_KEY,
       ConnectorTimestamp: {
         name: 'X-Connector-Timestamp',
         in: 'header',
@@ -493,13 +737,38 @@ const document = {
       InternalError: error(['`Internal server error`']),
       RateLimited: {
         ...error(['`Rate limit exceeded`: over the request rate or the concurrent connections of the client IP']),
-        headers: { 'Retry-After': { description: 'Seconds to wait before retrying.', schema: { type: 'integer', minimum: 0 } } },
+        headers: { 'Retry-After': RETRY_AFTER },
       },
     },
   },
 };
 
-/** A fresh copy of the document, so a caller cannot change what others are served. */
-export function openApiDocument(): object {
-  return structuredClone(document);
+/** A route as the router knows it: `:name` segments are path parameters. */
+export interface RouteKey {
+  method: string;
+  pattern: string;
+}
+
+/** The OpenAPI path of a router pattern: `/a/:b` → `/a/{b}`. */
+export const openApiPath = (pattern: string): string => pattern.replace(/:(\w+)/g, '{$1}');
+
+/**
+ * A fresh copy of the document, so a caller cannot change what others are served. With
+ * `routed`, only the operations of those routes (and the tags they use): the document of
+ * what this process serves, e.g. without `/metrics` while metrics are disabled. A route
+ * without an operation here is left out (test/unit/openapi.test.ts refuses one).
+ */
+export function openApiDocument(routed?: readonly RouteKey[]): object {
+  const copy = structuredClone(document) as typeof document & { paths: Json; tags: { name: string }[] };
+  if (!routed) return copy;
+  const wanted = new Set(routed.map((r) => `${r.method.toLowerCase()} ${openApiPath(r.pattern)}`));
+  const kept: Json = {};
+  for (const [path, item] of Object.entries(copy.paths)) {
+    const ops = Object.entries(item as Json).filter(([method]) => wanted.has(`${method} ${path}`));
+    if (ops.length) kept[path] = Object.fromEntries(ops);
+  }
+  copy.paths = kept;
+  const tags = new Set(Object.values(kept).flatMap((item) => Object.values(item as Json).flatMap((op) => (op as Json).tags ?? [])));
+  copy.tags = copy.tags.filter((tag) => tags.has(tag.name));
+  return copy;
 }

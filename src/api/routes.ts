@@ -1,7 +1,12 @@
-/** The router's table: every endpoint of the spec plus the service's own. Specific paths first. */
+/**
+ * The router's table: every endpoint of the spec plus the service's own. Specific paths first.
+ * `operator` are the routes the composition root adds (health, readiness, metrics); they go
+ * into the table last, and `/openapi.json` documents exactly the table.
+ */
 import type { Route } from '../http/server.js';
 import type { ApiDeps } from './context.js';
 import { deleteUpload } from './delete.js';
+import { docsHandlers, OPENAPI_PATH } from './docs.js';
 import { listEntities } from './entities.js';
 import { ingestEntity } from './ingest.js';
 import { initializeSession } from './initialize.js';
@@ -13,10 +18,13 @@ import { uploadFinished } from './webhook.js';
 
 export const API_BASE = '/api/v1/uploading';
 
-export function routes(deps: ApiDeps): Route[] {
-  const document = JSON.stringify(openApiDocument());
-  return [
-    { method: 'GET', pattern: '/openapi.json', body: 'buffered', handler: async () => ({ status: 200, body: document, raw: { contentType: 'application/json' } }) },
+export function routes(deps: ApiDeps, operator: readonly Route[] = []): Route[] {
+  const docs = docsHandlers();
+  let document = '';
+  const table: Route[] = [
+    { method: 'GET', pattern: OPENAPI_PATH, body: 'buffered', handler: async () => ({ status: 200, body: document, raw: { contentType: 'application/json' }, headers: { 'Cache-Control': 'no-cache' } }) },
+    { method: 'GET', pattern: '/docs', body: 'buffered', handler: docs.page },
+    { method: 'GET', pattern: '/docs/:asset', body: 'buffered', handler: docs.asset },
     { method: 'POST', pattern: `${API_BASE}/initialize-session`, body: 'buffered', handler: initializeSession(deps) },
     { method: 'GET', pattern: `${API_BASE}/entities`, body: 'buffered', handler: listEntities(deps) },
     { method: 'POST', pattern: `${API_BASE}/webhooks/upload-finished`, body: 'buffered', handler: uploadFinished(deps) },
@@ -25,5 +33,8 @@ export function routes(deps: ApiDeps): Route[] {
     { method: 'POST', pattern: `${API_BASE}/:upload_uuid/terminate`, body: 'buffered', handler: terminateWorkflow(deps) },
     { method: 'POST', pattern: `${API_BASE}/:upload_uuid/delete`, body: 'buffered', handler: deleteUpload(deps) },
     { method: 'POST', pattern: `${API_BASE}/:upload_uuid/:entity_name`, body: 'streaming', handler: ingestEntity(deps) },
+    ...operator,
   ];
+  document = JSON.stringify(openApiDocument(table));
+  return table;
 }

@@ -134,6 +134,7 @@ export function redactConfig(config: Readonly<Config>): Config {
   copy.connector.webhookSecret = mask(copy.connector.webhookSecret);
   copy.s3.accessKeyId = mask(copy.s3.accessKeyId);
   copy.s3.secretAccessKey = mask(copy.s3.secretAccessKey);
+  copy.metrics.token = mask(copy.metrics.token);
   copy.connector.url = maskUrlPasswords(copy.connector.url);
   copy.s3.endpoint = maskUrlPasswords(copy.s3.endpoint);
   copy.nats.url = maskUrlPasswords(copy.nats.url);

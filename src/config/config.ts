@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import typia, { tags } from 'typia';
+import type { LogLevel } from '../log.js';
 
 type Port = number & tags.Type<'uint32'> & tags.Maximum<65535>;
 type PositiveInt = number & tags.Type<'uint32'> & tags.Minimum<1>;
@@ -38,6 +39,8 @@ export interface Config {
     concurrentPerClient: Count;
     /** Client IPs tracked at once (bounds the limiter's memory). */
     trackedClients: PositiveInt;
+    /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
+    shutdownGraceMs: Count;
   };
   ingest: {
     /** Validation worker threads; 0 = one per core. */
@@ -98,6 +101,31 @@ export interface Config {
     /** Multipart uploads older than this are a crashed uploader's: the uploader aborts them at start. */
     abortIncompleteAfterMs: PositiveInt;
   };
+  log: {
+    /** Lowest level written: trace, debug, info (one access line per request), warn, error, fatal, silent. */
+    level: LogLevel;
+  };
+  metrics: {
+    /** Serve `GET /metrics` and record request, ingest, uploader and Connector metrics. */
+    enabled: boolean;
+    /** When set, `GET /metrics` requires `Authorization: Bearer <token>` (else 401). */
+    token: null | (string & tags.MinLength<16>);
+    /** The separate uploader process serves `/metrics` and `/healthz` on this port; null = not at all. */
+    uploaderPort: null | Port;
+  };
+  health: {
+    /** Deadline of each readiness check (NATS, S3, storage) behind `GET /readyz`. */
+    readyTimeoutMs: PositiveInt;
+  };
+  /** `Idempotency-Key` on ingest (README: Idempotent retries). */
+  idempotency: {
+    /** How long a finished request's answer is replayed; afterwards the key is free again. */
+    ttlMs: PositiveInt;
+    /** How long a claim outlives a crashed instance (renewed every third of it while its request runs). */
+    leaseMs: PositiveInt & tags.Minimum<30>;
+    /** How long a repeat waits for the request in progress before answering 409. */
+    waitMs: Count;
+  };
 }
 
 export class ConfigError extends Error {
@@ -131,6 +159,12 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   NATS_REPLICAS: { path: ['nats', 'replicas'], type: 'int' },
   S3_CREATE_BUCKET: { path: ['s3', 'createBucket'], type: 'bool' },
   IN_PROCESS_UPLOADER: { path: ['storage', 'inProcessUploader'], type: 'bool' },
+  SHUTDOWN_GRACE_MS: { path: ['limits', 'shutdownGraceMs'], type: 'int' },
+  LOG_LEVEL: { path: ['log', 'level'], type: 'string' },
+  METRICS_ENABLED: { path: ['metrics', 'enabled'], type: 'bool' },
+  METRICS_TOKEN: { path: ['metrics', 'token'], type: 'string' },
+  UPLOADER_METRICS_PORT: { path: ['metrics', 'uploaderPort'], type: 'int' },
+  READY_TIMEOUT_MS: { path: ['health', 'readyTimeoutMs'], type: 'int' },
 };
 
 export const DEFAULT_CONFIG_PATH = fileURLToPath(new URL('../../../config/default.json', import.meta.url));

@@ -93,6 +93,11 @@ export class ClientRegistry {
     return this.byHash.size;
   }
 
+  /** Every configured client id. */
+  ids(): string[] {
+    return [...this.byHash.values()].map((c) => c.id);
+  }
+
   /**
    * Answers the client or throws the first failing check's error. The token is looked up by
    * its SHA-256 (a uniformly random key, so the lookup's timing says nothing about the

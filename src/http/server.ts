@@ -6,7 +6,9 @@
  * header is read synchronously in the route callback, chunks are copied before they are
  * kept, and every write after an await happens inside `cork`.
  */
+import { randomUUID } from 'node:crypto';
 import type { BlockList } from 'node:net';
+import { performance } from 'node:perf_hooks';
 import uWS from 'uWebSockets.js';
 import { errors, isServiceError, ServiceError } from '../errors.js';
 import { clientAddress } from './auth.js';
@@ -24,6 +26,28 @@ export interface Request {
   readonly clientAddress: string;
   readonly params: Readonly<Record<string, string>>;
   readonly id: number;
+  /**
+   * The request id: the client's `X-Request-Id` when it is sane (1 to 128 of
+   * `[A-Za-z0-9._:/+=-]`), else a fresh UUID. Echoed as the `X-Request-Id` response header.
+   */
+  readonly requestId: string;
+  /** What handlers learn about the request for the access log (the authenticated client). */
+  readonly context: RequestContext;
+}
+
+export interface RequestContext {
+  clientId?: string;
+}
+
+/** One answered (or abandoned) request, reported once, after its response was written. */
+export interface ResponseEvent {
+  readonly req: Request;
+  /** The matched route's pattern (never the raw path); null when no route matched. */
+  readonly route: string | null;
+  /** The status sent; 'aborted' when the client went away before the response. */
+  readonly status: number | 'aborted';
+  /** From the headers to the response. */
+  readonly durationMs: number;
 }
 
 export interface Reply {
@@ -83,11 +107,23 @@ export interface ServerOptions {
   listenRetryMs?: number;
   /** Called with errors that become 500s; never with client errors. */
   onInternalError: (err: unknown, req: Request) => void;
+  /** Called once per request when it is answered or aborted (metrics, access log). */
+  onResponse?: (event: ResponseEvent) => void;
 }
 
 export interface Server {
   readonly port: number;
+  /** Closes the listen socket; requests in flight go on against whatever they use. */
   close(): void;
+  /**
+   * A graceful stop: closes the listen socket (new connections are refused), lets every request
+   * in flight finish, its handler included, and answers each with `Connection: close`; a
+   * request that arrives meanwhile on an open keep-alive connection is served the same way (this
+   * uWS build cannot close idle connections). Resolves true once none is left; at `graceMs`,
+   * closes the connections of those still running (their handlers see the abort) and resolves
+   * false.
+   */
+  drain(graceMs: number): Promise<boolean>;
 }
 
 interface CompiledRoute {
@@ -107,6 +143,9 @@ const STATUS_TEXT: Record<number, string> = {
 /** Requests under this prefix take a token of the per-client rate limit (the spec's Limits table). */
 const RATED_PREFIX = '/api/v1/';
 
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:/+=-]{1,128}$/;
+const noResponseObserver = (): void => {};
+
 /** True when the native uWS binary loaded (the package silently falls back to a slow JS server). */
 export function uwsIsNative(): boolean {
   return Function.prototype.toString.call(uWS.App).includes('[native code]');
@@ -122,9 +161,12 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   const limiter = new ClientLimiter(opts.limits);
   const trusted = opts.trustedProxies ?? null;
   let nextId = 1;
+  const observe = opts.onResponse ?? noResponseObserver;
+  const inflight = new Inflight();
   const app = uWS.App();
 
   app.any('/*', (res, uwsReq) => {
+    const startedAt = performance.now();
     const method = uwsReq.getCaseSensitiveMethod().toUpperCase();
     const url = uwsReq.getUrl();
     const query = uwsReq.getQuery() ?? '';
@@ -134,28 +176,55 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     const address = clientAddress(remoteAddress, headers.get('x-forwarded-for'), trusted);
 
     const match = matchRoute(compiled, method, url);
-    const req: Request = { method, path: url, query, headers, remoteAddress, clientAddress: address, params: match.params, id: nextId++ };
+    const incomingId = headers.get('x-request-id');
+    const requestId = incomingId !== undefined && SANE_REQUEST_ID.test(incomingId) ? incomingId : randomUUID();
+    const req: Request = {
+      method,
+      path: url,
+      query,
+      headers,
+      remoteAddress,
+      clientAddress: address,
+      params: match.params,
+      id: nextId++,
+      requestId,
+      context: {},
+    };
+    const pattern = match.route?.route.pattern ?? null;
+    const answerNow = (err: ServiceError, closeConnection: boolean): void => {
+      respondNow(res, err, closeConnection || inflight.draining, requestId);
+      observe({ req, route: pattern, status: err.statusCode, durationMs: performance.now() - startedAt });
+    };
 
     // Check 1 of DECISIONS.md, answered inside this callback (no Exchange, no timers): body too
     // large by Content-Length, then the per-client limits. An unread body closes the connection.
     const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
     const declared = headers.get('content-length');
     if (declared !== undefined && (!/^\d+$/.test(declared) || Number(declared) > limit)) {
-      respondNow(res, /^\d+$/.test(declared) ? errors.bodyTooLarge() : errors.invalidContentLength(), true);
+      answerNow(/^\d+$/.test(declared) ? errors.bodyTooLarge() : errors.invalidContentLength(), true);
       return;
     }
     const hasBody = declared !== undefined ? Number(declared) > 0 : headers.has('transfer-encoding');
     const slot = limiter.admit(address, url.startsWith(RATED_PREFIX));
     if (typeof slot === 'number') {
-      respondNow(res, errors.rateLimited(slot), hasBody);
+      answerNow(errors.rateLimited(slot), hasBody);
       return;
     }
     if (!match.route) {
       limiter.release(slot);
-      respondNow(res, match.methodMismatch ? errors.methodNotAllowed() : errors.routeNotFound(), hasBody);
+      answerNow(match.methodMismatch ? errors.methodNotAllowed() : errors.routeNotFound(), hasBody);
       return;
     }
-    const exchange = new Exchange(res, opts, req, hasBody, limiter, slot);
+    const exchange = new Exchange(
+      res,
+      opts,
+      req,
+      hasBody,
+      limiter,
+      slot,
+      (status) => observe({ req, route: pattern, status, durationMs: performance.now() - startedAt }),
+      inflight,
+    );
     const route = match.route.route;
     if (route.body === 'buffered') exchange.runBuffered(route.handler, limit);
     else exchange.runStreaming(route.handler, limit);
@@ -173,10 +242,57 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   }
   if (!socket) throw new Error(`Cannot listen on ${opts.host}:${opts.port}`);
   const listenSocket = socket;
+  let listening = true;
+  const close = (): void => {
+    // Closing a listen socket twice is a use after free in uSockets.
+    if (listening) uWS.us_listen_socket_close(listenSocket);
+    listening = false;
+  };
   return {
     port: uWS.us_socket_local_port(listenSocket),
-    close: () => uWS.us_listen_socket_close(listenSocket),
+    close,
+    drain: (graceMs) => {
+      close();
+      return inflight.drain(graceMs);
+    },
   };
+}
+
+/** The exchanges not yet done (answered or aborted, and their handler settled), for `drain`. */
+class Inflight {
+  readonly #live = new Set<Exchange>();
+  #draining = false;
+  #idle: (() => void) | undefined;
+
+  get draining(): boolean {
+    return this.#draining;
+  }
+
+  add(e: Exchange): void {
+    this.#live.add(e);
+  }
+
+  done(e: Exchange): void {
+    this.#live.delete(e);
+    if (this.#live.size === 0) this.#idle?.();
+  }
+
+  drain(graceMs: number): Promise<boolean> {
+    this.#draining = true;
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.#idle = undefined;
+        for (const e of [...this.#live]) e.cut();
+        resolve(false);
+      }, graceMs);
+      this.#idle = () => {
+        clearTimeout(timer);
+        this.#idle = undefined;
+        resolve(true);
+      };
+      if (this.#live.size === 0) this.#idle();
+    });
+  }
 }
 
 /**
@@ -202,6 +318,8 @@ class Exchange {
   private bodyDone = false;
   private discarding = false;
   private paused = false;
+  private handlerRunning = false;
+  private released = false;
 
   constructor(
     private readonly res: uWS.HttpResponse,
@@ -210,10 +328,16 @@ class Exchange {
     private readonly hasBody: boolean,
     private readonly limiter: ClientLimiter,
     slot: ClientSlot,
+    private readonly observed: (status: number | 'aborted') => void,
+    private readonly inflight: Inflight,
   ) {
+    inflight.add(this);
     res.onAborted(() => {
+      const answered = this.finished;
       this.finished = true;
       this.teardown(false);
+      if (!answered) this.observed('aborted');
+      this.release();
     });
     this.slot = slot;
     this.timer = setTimeout(() => this.fail(errors.requestTimeout(), true), opts.limits.requestTimeoutMs);
@@ -300,18 +424,30 @@ class Exchange {
     this.send(replyFor(err), closeConnection);
   }
 
-  private settle(pending: Promise<Reply>): void {
+  private settle(handled: Promise<Reply>): void {
+    this.handlerRunning = true;
+    const pending = handled.finally(() => {
+      this.handlerRunning = false;
+      this.release();
+    });
     pending.then(
       (reply) => this.send(reply, !this.bodyDone),
       (err: unknown) => {
-        if (!isServiceError(err)) this.opts.onInternalError(err, this.req);
-        this.send(replyFor(isServiceError(err) ? err : errors.internal(err)), !this.bodyDone);
+        // Already answered or aborted: the failure is the consequence (the client went away,
+        // a limit cut the body), and nobody is there to tell.
+        if (this.finished) return;
+        const failure = isServiceError(err) ? err : errors.internal(err);
+        // Handlers wrap unexpected failures (a worker crash, a store error) as INTERNAL
+        // ServiceErrors: those are logged too, with what caused them.
+        if (failure.code === 'INTERNAL') this.opts.onInternalError(failure === err ? (failure.cause ?? failure) : err, this.req);
+        this.send(replyFor(failure), !this.bodyDone);
       },
     );
   }
 
   private send(reply: Reply, closeConnection: boolean): void {
     if (this.finished) return;
+    reply = this.serialised(reply);
     this.finished = true;
     this.res.cork(() => {
       // A paused socket stays paused after the response; the next request on it would hang.
@@ -319,9 +455,40 @@ class Exchange {
         this.paused = false;
         this.res.resume();
       }
-      writeReply(this.res, reply, closeConnection);
+      writeReply(this.res, reply, closeConnection || this.inflight.draining, this.req.requestId);
     });
     this.teardown(true);
+    this.observed(reply.status);
+    this.release();
+  }
+
+  /**
+   * The reply with its JSON body already written out. A body `JSON.stringify` cannot write
+   * (an echoed client value nested deeper than its stack allows) would throw inside `cork`,
+   * past every handler, and end the process: it answers 500 instead.
+   */
+  private serialised(reply: Reply): Reply {
+    if (reply.raw !== undefined) return reply;
+    const json = { contentType: 'application/json' };
+    try {
+      return { ...reply, body: JSON.stringify(reply.body ?? null), raw: json };
+    } catch (err) {
+      this.opts.onInternalError(err, this.req);
+      const failure = replyFor(errors.internal(err));
+      return { ...failure, body: JSON.stringify(failure.body), raw: json };
+    }
+  }
+
+  /** The end of a graceful stop's patience: closes the connection (`onAborted` runs). */
+  cut(): void {
+    if (!this.finished) this.res.close();
+  }
+
+  /** Done for `drain` once answered (or aborted) and the handler has settled. */
+  private release(): void {
+    if (this.released || !this.finished || this.handlerRunning) return;
+    this.released = true;
+    this.inflight.done(this);
   }
 
   private teardown(responded: boolean): void {
@@ -382,14 +549,15 @@ class Exchange {
 }
 
 /** Answers inside the route callback, where uWS has corked the socket already. */
-function respondNow(res: uWS.HttpResponse, err: ServiceError, closeConnection: boolean): void {
-  writeReply(res, replyFor(err), closeConnection);
+function respondNow(res: uWS.HttpResponse, err: ServiceError, closeConnection: boolean, requestId: string): void {
+  writeReply(res, replyFor(err), closeConnection, requestId);
 }
 
-function writeReply(res: uWS.HttpResponse, reply: Reply, closeConnection: boolean): void {
+function writeReply(res: uWS.HttpResponse, reply: Reply, closeConnection: boolean, requestId: string): void {
   const body = reply.raw !== undefined ? (reply.body as string | Uint8Array) : JSON.stringify(reply.body ?? null);
   res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? ''}`.trimEnd());
   res.writeHeader('Content-Type', reply.raw?.contentType ?? 'application/json');
+  res.writeHeader('X-Request-Id', requestId);
   for (const [k, v] of Object.entries(reply.headers ?? {})) res.writeHeader(k, v);
   res.end(body, closeConnection);
 }

@@ -8,6 +8,9 @@
  * `JSON.parse` (see `skeleton.ts`) later reads these same bytes and decides validity. Any
  * layout it does not stream is left to the one-shot path: no `{` first, `data` before
  * `columns`, an object without a `data` array, a head longer than the limit.
+ *
+ * It also notes a `columns` or `data` key seen twice (`repeated`): the body is then refused
+ * whatever its rows hold (once the skeleton confirms it is JSON), so they are only parsed.
  */
 
 export type HeadStatus = 'scanning' | 'data' | 'other';
@@ -44,7 +47,11 @@ export class HeadScanner {
   status: HeadStatus = 'scanning';
   /** 3 when the body starts with a UTF-8 byte order mark. */
   bom = 0;
+  /** A top-level `columns` or `data` key came twice in the head. */
+  repeated = false;
   readonly #limit: number;
+  /** Bit 1: `columns` seen; bit 2: `data` seen. */
+  #seen = 0;
   #bytes = new Uint8Array(256);
   #length = 0;
   #state = S.Bom;
@@ -149,6 +156,9 @@ export class HeadScanner {
           this.#keyEscaped = true;
         } else if (b === QUOTE) {
           this.#key = this.#keyName();
+          const bit = this.#key === Key.Columns ? 1 : this.#key === Key.Data ? 2 : 0;
+          if (this.#seen & bit) this.repeated = true;
+          this.#seen |= bit;
           this.#state = S.Colon;
           return null;
         }

@@ -12,7 +12,7 @@ import { Buffer } from 'node:buffer';
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
 import type { EntitySpec } from '../entities/catalog.js';
-import { errors } from '../errors.js';
+import { errors, isServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
 import { GunzipIngest } from './gzip.js';
 import { StreamingIngest, type Engine, type IngestStats } from './stream.js';
@@ -24,6 +24,7 @@ export const DEFAULT_BATCH_BYTES = 512 * 1024;
 export const DEFAULT_PIECE_BYTES = 1024 * 1024;
 export const DEFAULT_PIECES_PER_REQUEST = 4;
 export const DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024;
+export const DEFAULT_CANCEL_AFTER_MS = 1000;
 /** Heads (bytes before `data`'s elements) longer than this go to the one-shot path. */
 const HEAD_BYTES = 64 * 1024;
 /** Skeletons (head + tail) up to this size are checked on the main thread. */
@@ -46,6 +47,12 @@ export interface ValidationPoolOptions {
   maxDecompressedBytes?: number;
   /** Heads longer than this are validated in one task; default 64 KiB. Tests lower it. */
   headBytes?: number;
+  /**
+   * A task whose request went away is cancelled (its worker terminated and replaced) only if
+   * it is still running this long after; until then it may finish and its result is dropped.
+   * Default 1000 ms.
+   */
+  cancelAfterMs?: number;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -105,7 +112,11 @@ export class ValidationPool {
   readonly #poolPieces: number;
   readonly #maxDecompressedBytes: number;
   readonly #headBytes: number;
+  readonly #cancelAfterMs: number;
   readonly #stats: IngestStats = { pieces: 0, continuations: 0, oneShots: 0, skeletonTasks: 0 };
+  readonly #totals: IngestTotals = { accepted: 0, rejected: 0, failed: 0, rows: 0, bodyBytes: 0, encodedBytes: 0 };
+  #busyMs = 0;
+  #workersStarted = 0;
   // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
   #open = 0;
   readonly #capacity: number;
@@ -125,6 +136,7 @@ export class ValidationPool {
       poolPieces = 0,
       maxDecompressedBytes = DEFAULT_MAX_DECOMPRESSED_BYTES,
       headBytes = HEAD_BYTES,
+      cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -136,6 +148,7 @@ export class ValidationPool {
     requireInteger('poolPieces', poolPieces, 0);
     requireInteger('maxDecompressedBytes', maxDecompressedBytes, 1);
     requireInteger('headBytes', headBytes, 1);
+    requireInteger('cancelAfterMs', cancelAfterMs, 0);
     const threads = workers === 0 ? availableParallelism() : workers;
     this.#batchBytes = batchBytes;
     this.#pieceBytes = pieceBytes;
@@ -143,12 +156,14 @@ export class ValidationPool {
     this.#poolPieces = poolPieces === 0 ? 2 * threads : poolPieces;
     this.#maxDecompressedBytes = maxDecompressedBytes;
     this.#headBytes = headBytes;
+    this.#cancelAfterMs = cancelAfterMs;
     this.#capacity = threads + maxQueue;
     // Room past the target for the rest of the row the cut waits for.
     this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
     this.#maxFree = 2 * this.#poolPieces + 8;
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads });
     this.#pool.on('error', onError);
+    this.#pool.on('workerCreate', () => this.#workersStarted++);
   }
 
   /**
@@ -175,12 +190,45 @@ export class ValidationPool {
       },
     };
     const sink = new StreamingIngest(options, engine);
-    return options.encoding === 'gzip' ? new GunzipIngest(sink, this.#maxDecompressedBytes) : sink;
+    return new CountedIngest(options.encoding === 'gzip' ? new GunzipIngest(sink, this.#maxDecompressedBytes) : sink, this.#totals);
+  }
+
+  /** Packages, rows and bytes since the pool started, counted once per package (a live object: read, do not keep). */
+  get totals(): Readonly<IngestTotals> {
+    return this.#totals;
+  }
+
+  /** The bounds: worker threads, ingest requests open at once, tasks running or queued at once. */
+  get capacity(): { workers: number; requests: number; tasks: number } {
+    return { workers: this.#pool.maxThreads, requests: this.#capacity, tasks: this.#poolPieces };
+  }
+
+  /**
+   * Milliseconds the worker threads have spent running tasks since the pool started, from
+   * piscina's own run-time record (its `utilization` is that total over duration × threads).
+   * Never decreases between reads.
+   */
+  get busyMs(): number {
+    const pool = this.#pool;
+    this.#busyMs = Math.max(this.#busyMs, pool.utilization * pool.duration * pool.maxThreads);
+    return this.#busyMs;
   }
 
   /** Counters since the pool started (a live object: read, do not keep). */
   get stats(): Readonly<IngestStats> {
     return this.#stats;
+  }
+
+  /** What the pool holds right now (a fresh snapshot): all zero and `threads` full when idle. */
+  get load(): PoolLoad {
+    return {
+      open: this.#open,
+      running: this.#running,
+      waiting: this.#waiting.length,
+      queued: this.#pool.queueSize,
+      threads: this.#pool.threads.length,
+      workersStarted: this.#workersStarted,
+    };
   }
 
   /** Stops every worker; tasks in flight reject. */
@@ -189,11 +237,26 @@ export class ValidationPool {
   }
 
   async #run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R> {
+    signal.throwIfAborted();
     if (this.#running < this.#poolPieces) this.#running++;
     else await this.#slot(signal, priority);
+    // A task handed to piscina is not cancelled the moment its request goes away: piscina
+    // cancels a running task by terminating its worker thread, and starting a new one costs
+    // ~200 ms of CPU (more than a 1 MiB piece takes to finish), so a client aborting its
+    // uploads could keep the pool restarting workers. The task finishes and its result is
+    // dropped; only one still running `cancelAfterMs` later (a one-shot body of many MiB,
+    // a stuck worker) is cancelled.
+    const cancel = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    const onAbort = () => {
+      timer = setTimeout(() => cancel.abort(signal.reason), this.#cancelAfterMs);
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
     try {
-      return (await this.#pool.run(task, { transferList: transfer, signal })) as R;
+      return (await this.#pool.run(task, { transferList: transfer, signal: cancel.signal })) as R;
     } finally {
+      signal.removeEventListener('abort', onAbort);
+      clearTimeout(timer);
       this.#running--;
       this.#next();
     }
@@ -239,6 +302,89 @@ export class ValidationPool {
 
 interface Waiter {
   grant(): void;
+}
+
+export interface IngestTotals {
+  /** Packages whose every row passed. */
+  accepted: number;
+  /** Packages answered 422 or 413 (a bad row, not JSON, too large). */
+  rejected: number;
+  /** Packages that ended otherwise: client gone, worker or store failure. */
+  failed: number;
+  /** Rows of accepted packages. */
+  rows: number;
+  /** Request body bytes of accepted packages, as received (compressed when gzip). */
+  bodyBytes: number;
+  /** NDJSON bytes of accepted packages appended to the queue. */
+  encodedBytes: number;
+}
+
+/** Counts a sink's package into the pool's totals once, when it settles: counters, not per-row work. */
+class CountedIngest implements IngestSink {
+  readonly #inner: IngestSink;
+  readonly #totals: IngestTotals;
+  #bodyBytes = 0;
+  #counted = false;
+  #ended: Promise<IngestResult> | null = null;
+
+  constructor(inner: IngestSink, totals: IngestTotals) {
+    this.#inner = inner;
+    this.#totals = totals;
+  }
+
+  write(chunk: Uint8Array): boolean {
+    this.#bodyBytes += chunk.byteLength;
+    return this.#inner.write(chunk);
+  }
+
+  onDrain(cb: () => void): void {
+    this.#inner.onDrain(cb);
+  }
+
+  end(): Promise<IngestResult> {
+    return (this.#ended ??= this.#inner.end().then(
+      (result) => {
+        if (this.#count('accepted')) {
+          this.#totals.rows += result.rows;
+          this.#totals.bodyBytes += this.#bodyBytes;
+          this.#totals.encodedBytes += result.bytes;
+        }
+        return result;
+      },
+      (err: unknown) => {
+        const code = isServiceError(err) ? err.code : null;
+        this.#count(code === 'INVALID_PAYLOAD' || code === 'VALIDATION_FAILED' || code === 'BODY_TOO_LARGE' ? 'rejected' : 'failed');
+        throw err;
+      },
+    ));
+  }
+
+  abort(): void {
+    this.#inner.abort();
+    if (!this.#ended) this.#count('failed');
+  }
+
+  #count(outcome: 'accepted' | 'rejected' | 'failed'): boolean {
+    if (this.#counted) return false;
+    this.#counted = true;
+    this.#totals[outcome]++;
+    return true;
+  }
+}
+
+export interface PoolLoad {
+  /** Ingest sinks open (admitted requests not yet settled). */
+  open: number;
+  /** Tasks handed to piscina and not yet settled (running or in its queue). */
+  running: number;
+  /** Tasks waiting here for a slot, before any byte was transferred. */
+  waiting: number;
+  /** Of `running`, those still in piscina's queue. */
+  queued: number;
+  /** Worker threads alive. */
+  threads: number;
+  /** Worker threads started since the pool started: more than `threads` means some were replaced (crashed or cancelled). */
+  workersStarted: number;
 }
 
 function requireInteger(key: string, value: unknown, min: number): void {

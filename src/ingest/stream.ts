@@ -13,18 +13,20 @@
  *   piece runs again after it, its first result dropped; a piece that shows where `data`
  *   ends turns every later byte into the tail.
  * - The tail is checked with the head as a skeleton (`skeleton.ts`): validity outside
- *   `data`, repeated keys, the `columns` that `JSON.parse` keeps.
+ *   `data`, and a repeated top-level `columns` or `data` key (refused, as on the plain path;
+ *   a repetition inside the head already turns the rows parse-only).
  * - The answer follows the plain path's order: body too large, not JSON (any piece or the
- *   skeleton), the first structural issue (columns, then the first element that is not a
- *   list), the column checks, the first bad row. Only `Invalid JSON format.` is known
- *   before the body ends; the others wait for it, with the rest checked parse-only.
+ *   skeleton), a repeated `columns` or `data` key, the first structural issue (columns,
+ *   then the first element that is not a list), the column checks, the first bad row. Only
+ *   `Invalid JSON format.` is known before the body ends; the others wait for it, with the
+ *   rest checked parse-only.
  * - Back-pressure: at most `piecesPerRequest` pieces are in flight (dispatched and not yet
  *   taken and appended); past that `write` returns false until they drain.
  * - Batches are appended to the writer in row order as pieces are taken; the writer is
  *   opened with the first batch and aborted on any failure; the caller commits.
  */
 import { Buffer } from 'node:buffer';
-import { INVALID_JSON, bodyIssue, columnsError, rowMessage, rowNotListIssue } from '../entities/validators.js';
+import { INVALID_JSON, bodyIssue, columnsError, duplicateKeyMessage, rowMessage, rowNotListIssue } from '../entities/validators.js';
 import { errors, isServiceError, type ServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
 import { PieceCutter, type Buffers } from './cutter.js';
@@ -39,7 +41,7 @@ export interface IngestStats {
   pieces: number;
   /** Row tasks that completed an element a wrong cut had split (the slower path). */
   continuations: number;
-  /** Bodies validated in one task (layouts the sink does not stream; a replaced `data`). */
+  /** Bodies validated in one task (layouts the sink does not stream). */
   oneShots: number;
   /** Skeletons too large to check on the main thread. */
   skeletonTasks: number;
@@ -132,7 +134,6 @@ export class StreamingIngest implements IngestSink {
   #tailRest: Uint8Array[] = [];
 
   #writer: PackageWriter | null = null;
-  #opened = false;
   #appends: Promise<void> = Promise.resolve();
   #storeError: { cause: unknown } | null = null;
 
@@ -224,7 +225,10 @@ export class StreamingIngest implements IngestSink {
       return;
     }
     this.#headColumns = columns;
-    if (bodyIssue({ columns, data: [] }) === null && columnsError(this.#options.entity, columns as string[]) === null) {
+    if (this.#head.repeated) {
+      // Refused once the rest proves to be JSON: the rows only need parsing.
+      this.#mode = Mode.parse;
+    } else if (bodyIssue({ columns, data: [] }) === null && columnsError(this.#options.entity, columns as string[]) === null) {
       this.#columns = columns as string[];
       this.#mode = Mode.validate;
       this.#storing = true;
@@ -355,7 +359,6 @@ export class StreamingIngest implements IngestSink {
   /** Appends in row order; the piece's dispatch slot is freed once its batches are stored. */
   #append(batches: ArrayBuffer[], bytes: number): void {
     this.#bytes += bytes;
-    this.#opened = true;
     const { signal } = this.#abort;
     this.#appends = this.#appends
       .then(async () => {
@@ -463,17 +466,12 @@ export class StreamingIngest implements IngestSink {
     const facts = await this.#checkSkeleton();
     this.#throwIfDecided();
     if (!facts.json) throw errors.invalidPayload(INVALID_JSON);
-    if (facts.dataReplaced) return this.#replaced();
+    if (facts.repeated) throw errors.invalidPayload(duplicateKeyMessage(facts.repeated));
+    if (this.#head.repeated) throw new Error('The head saw a repeated key the skeleton did not');
     if (facts.columnsIssue) throw errors.validationFailed([facts.columnsIssue]);
     if (this.#notList) throw errors.validationFailed([rowNotListIssue(this.#notList.index, this.#notList.input)]);
-    const columns = facts.columns!;
-    const columnsMessage = columnsError(this.#options.entity, columns);
+    const columnsMessage = columnsError(this.#options.entity, facts.columns!);
     if (columnsMessage) throw errors.invalidPayload(columnsMessage);
-    if (!facts.sameColumns) {
-      // A `columns` key after `data` changed them: the rows were checked against the head's.
-      if (this.#rows > 0) throw errors.invalidPayload(DUPLICATE('columns'));
-      return this.#success(columns);
-    }
     if (this.#rowError) throw errors.invalidPayload(rowMessage(this.#rowError.index, this.#rowError.problem));
     return this.#success(this.#columns);
   }
@@ -511,16 +509,6 @@ export class StreamingIngest implements IngestSink {
     return this.#engine.run<SkeletonFacts>({ kind: 'skeleton', text: buffer, sentinel: SENTINEL, headColumns: this.#headColumns }, [buffer], this.#abort.signal, true);
   }
 
-  /** A later `data` key replaced the streamed array: the skeleton is the body `JSON.parse` sees. */
-  async #replaced(): Promise<IngestResult> {
-    const text = this.#skeletonText();
-    if (!this.#opened) return this.#oneShot(text);
-    const result = await this.#runBody(text);
-    if (!result.ok) throw bodyError(result);
-    // Its rows would be stored after the streamed ones, which are in the writer already.
-    throw errors.invalidPayload(DUPLICATE('data'));
-  }
-
   async #success(columns: string[]): Promise<IngestResult> {
     await this.#appends;
     this.#abort.signal.throwIfAborted();
@@ -552,14 +540,6 @@ export class StreamingIngest implements IngestSink {
     return { rows: result.rows, bytes: result.bytes, columns: result.columns, writer: this.#writer };
   }
 }
-
-/**
- * The one divergence from `JSON.parse` (README, API decisions): a body that repeats
- * `columns` or `data` after the `data` array in a way that changes the answer for rows the
- * sink has already validated or stored. Holding every row until the body ends would undo
- * the streaming for a layout no client sends.
- */
-const DUPLICATE = (key: string) => `Duplicate key in payload: ${key}`;
 
 function bodyError(result: Extract<BodyResult, { ok: false }>): ServiceError {
   return result.kind === 'payload' ? errors.invalidPayload(result.message) : errors.validationFailed(result.issues);

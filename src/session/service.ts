@@ -23,6 +23,7 @@ import {
   statusView,
   type ActivePointer,
   type Decision,
+  type PackageEntry,
   type SessionRecord,
   type StatusView,
   type WebhookEvent,
@@ -48,11 +49,20 @@ export interface ClientRef {
 }
 
 const MAX_CAS_ATTEMPTS = 32;
+/** An upload uuid as `initialize` makes them (DECISIONS.md: random UUID v4, lowercase). */
+const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+
+/** After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at most 100 ms. */
+function conflictBackoff(attempt: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 2 ** attempt)));
+}
 /** Background retries of a lease release back off up to this delay (about a minute in all). */
 const RELEASE_RETRY_MAX_DELAY_MS = 32_000;
 
 export class SessionService {
   private readonly now: () => number;
+  /** Per session: the end of this process's last queued mutation (see `serially`). */
+  private readonly chains = new Map<string, Promise<void>>();
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.now = deps.clock ?? Date.now;
@@ -117,6 +127,30 @@ export class SessionService {
     pkg: { packageId: string; entity: string; rows: number; bytes: number },
   ): Promise<void> {
     await this.mutate(client, uploadUuid, (r) => decideIngestCommit(r, pkg, this.now()));
+  }
+
+  /**
+   * Settles earlier attempts of one idempotent request (see idempotency.ts): the package of
+   * the one the session recorded, if any; otherwise none of them is recorded, and all their
+   * leases end in the same compare-and-set, so that none can be recorded any more (recording
+   * needs the live lease: `decideIngestCommit`), and the uploader drops whatever of them
+   * reached the queue.
+   */
+  async settleAttempts(client: ClientRef, uploadUuid: string, packageIds: readonly string[]): Promise<PackageEntry | null> {
+    let recorded: PackageEntry | null = null;
+    await this.mutate(
+      client,
+      uploadUuid,
+      (r) => {
+        recorded = r.packages.find((p) => packageIds.includes(p.id)) ?? null;
+        if (recorded) return { ok: true, next: r };
+        let decision: Decision = { ok: true, next: r };
+        for (const id of packageIds) if (decision.ok) decision = decideIngestRelease(decision.next, id, this.now());
+        return decision;
+      },
+      { anyState: true },
+    );
+    return recorded;
   }
 
   /**
@@ -200,6 +234,9 @@ export class SessionService {
   }
 
   private async record(uploadUuid: string): Promise<Versioned<SessionRecord> | null> {
+    // Only `randomUUID()` names a session: anything else (a path segment with a space, 5,000
+    // characters, `../x`) names none, and is no store key either (the stores refuse it).
+    if (!UPLOAD_UUID.test(uploadUuid)) return null;
     return this.deps.sessions.get<SessionRecord>(sessionKey(uploadUuid));
   }
 
@@ -208,26 +245,49 @@ export class SessionService {
    * no other writer came between. The access checks run on every attempt, so a session
    * deleted or replaced meanwhile answers as a fresh request would.
    */
-  private async mutate(
+  private mutate(
     client: ClientRef,
     uploadUuid: string,
     decide: (r: SessionRecord) => Decision | Promise<Decision>,
     opts: { anyState?: boolean } = {},
   ): Promise<SessionRecord> {
-    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-      const current = opts.anyState ? await this.record(uploadUuid) : await this.requireActive(client, uploadUuid);
-      if (!current || current.value.client_id !== client.id) throw errors.sessionNotFound();
-      const decision = await decide(current.value);
-      if (!decision.ok) throw decision.error;
-      if (decision.next === current.value) return current.value;
-      try {
-        await this.deps.sessions.update(sessionKey(uploadUuid), decision.next, current.revision);
-        return decision.next;
-      } catch (err) {
-        if (!isStoreConflict(err)) throw err;
+    return this.serially(uploadUuid, async () => {
+      for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
+        if (attempt > 0) await conflictBackoff(attempt);
+        const current = opts.anyState ? await this.record(uploadUuid) : await this.requireActive(client, uploadUuid);
+        if (!current || current.value.client_id !== client.id) throw errors.sessionNotFound();
+        const decision = await decide(current.value);
+        if (!decision.ok) throw decision.error;
+        if (decision.next === current.value) return current.value;
+        try {
+          await this.deps.sessions.update(sessionKey(uploadUuid), decision.next, current.revision);
+          return decision.next;
+        } catch (err) {
+          if (!isStoreConflict(err)) throw err;
+        }
       }
-    }
-    throw errors.internal(new Error('session update: too much contention'));
+      throw errors.internal(new Error('session update: too much contention'));
+    });
+  }
+
+  /**
+   * Runs this process's mutations of one session one after another. Compare-and-set alone
+   * stays correct, but 50 concurrent ingests into one session made each write lose to the
+   * others until most gave up (500 after 32 attempts); in turn, each read sees the
+   * previous write and nothing is wasted. Other instances still meet at the compare-and-set.
+   */
+  private serially<R>(uploadUuid: string, fn: () => Promise<R>): Promise<R> {
+    const previous = this.chains.get(uploadUuid) ?? Promise.resolve();
+    const run = previous.then(fn);
+    const tail = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.chains.set(uploadUuid, tail);
+    void tail.then(() => {
+      if (this.chains.get(uploadUuid) === tail) this.chains.delete(uploadUuid);
+    });
+    return run;
   }
 
   private async workflowStart(r: SessionRecord): Promise<WorkflowStart> {

@@ -35,6 +35,12 @@ export interface SessionRecord {
   previous_upload_uuid?: string;
   workflow?: { date_from: string; date_to: string; started_at: string; terminate_requested_at?: string };
   last_workflow?: WorkflowOutcome;
+  /**
+   * Signed webhooks applied to this session whose signature still verifies: `id` names the
+   * signed request, `until` (epoch ms) is when its timestamp leaves the replay window. A
+   * replay of one of them is ignored, also after the session was started again.
+   */
+  applied_webhooks?: { id: string; until: number }[];
   /** Set by delete: the record only waits for its background clean-up. */
   deleted?: true;
 }
@@ -140,7 +146,12 @@ export function decideIngestBegin(r: SessionRecord, packageId: string, now: numb
   return ok(touch(r, now, { in_flight: { ...pruneLeases(r.in_flight, now), [packageId]: now + leaseMs } }));
 }
 
-/** The package's rows are committed to the queue: count them and end its lease. */
+/**
+ * The package's rows are committed to the queue: count them and end its lease. Only while
+ * its lease is live: once the lease is gone (released, expired, or revoked by an uploader
+ * that found the package unrecorded, see `packageFate`), the package may already have been
+ * dropped from the queue, so counting it would answer 200 for rows that are never stored.
+ */
 export function decideIngestCommit(
   r: SessionRecord,
   pkg: { packageId: string; entity: string; rows: number; bytes: number },
@@ -148,8 +159,39 @@ export function decideIngestCommit(
 ): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
+  const lease = r.in_flight[pkg.packageId];
+  if (lease === undefined || lease <= now) return fail(errors.internal(new Error(`Ingest lease of package ${pkg.packageId} is gone`)));
   const entry: PackageEntry = { id: pkg.packageId, entity: pkg.entity, rows: pkg.rows, bytes: pkg.bytes };
   return ok(touch(r, now, { packages: [...r.packages, entry], in_flight: pruneLeases(r.in_flight, now, pkg.packageId) }));
+}
+
+/**
+ * What an uploader does with a package it took from the queue. The queue commit comes
+ * before the session records the package (and the 200 goes out), so a gateway that dies
+ * between the two leaves a committed package that no client was told about:
+ * - `store`: the session records it;
+ * - `drop`: the session is gone, or neither records the package nor holds a lease for it,
+ *   so no commit can record it any more (`decideIngestCommit` needs the live lease): ack
+ *   it unstored;
+ * - `wait`: its lease is live, the ingest may still record it: deliver it again later;
+ * - `revoke`: its lease has expired but is still in the record: remove it with a
+ *   compare-and-set first (so a gateway whose clock is behind cannot still commit), then
+ *   judge again.
+ */
+export type PackageFate = 'store' | 'drop' | 'wait' | 'revoke';
+
+export function packageFate(r: SessionRecord | null, packageId: string, now: number): PackageFate {
+  if (r === null || r.deleted) return 'drop';
+  if (r.packages.some((p) => p.id === packageId)) return 'store';
+  const lease = r.in_flight[packageId];
+  if (lease === undefined) return 'drop';
+  return lease > now ? 'wait' : 'revoke';
+}
+
+/** A restarted embedded instance: every lease in the record belongs to the dead process. */
+export function decideReleaseAllLeases(r: SessionRecord, now: number): Decision {
+  if (Object.keys(r.in_flight).length === 0) return ok(r);
+  return ok(touch(r, now, { in_flight: {} }));
 }
 
 /** A package failed or was abandoned: only its lease ends. Allowed in any state. */
@@ -200,6 +242,8 @@ export interface WebhookEvent {
   is_terminated: boolean;
   status?: 'succeeded' | 'failed' | 'terminated';
   message?: string;
+  /** The signed request (`id`, the same for a byte-identical replay) and until when (epoch ms) its signature verifies. */
+  replay?: { id: string; until: number };
 }
 
 /**
@@ -208,6 +252,9 @@ export interface WebhookEvent {
  */
 export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number): { applied: boolean; next: SessionRecord } {
   if (r.status !== 'STARTED' || r.deleted) return { applied: false, next: r };
+  // A captured confirmation of an earlier workflow, replayed while a later one runs.
+  const replay = event.replay;
+  if (replay && r.applied_webhooks?.some((w) => w.id === replay.id)) return { applied: false, next: r };
   const finished_at = new Date(now).toISOString();
   const status = event.is_terminated || event.status === 'terminated' ? 'terminated' : event.status === 'failed' ? 'failed' : 'succeeded';
   const message =
@@ -219,6 +266,7 @@ export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number
     next: touch(rest, now, {
       status: status === 'succeeded' ? 'DONE' : 'UPLOADING',
       last_workflow: { status, message, finished_at },
+      ...(replay ? { applied_webhooks: [...(r.applied_webhooks ?? []).filter((w) => w.until >= now), replay] } : {}),
     }),
   };
 }

@@ -3,7 +3,8 @@
  * state and the batch queue on NATS JetStream, `s3.endpoint` puts objects on S3; unset, the
  * embedded file-backed adapters under `dataDir` serve. Nothing above the ports changes.
  */
-import { mkdir } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { access, mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
@@ -22,6 +23,11 @@ export interface Engines {
   objects: ObjectStore;
   /** Which adapters serve, for logs and readiness. */
   describe: { sessions: 'nats-kv' | 'file'; queue: 'jetstream' | 'file'; objects: 's3' | 'file' };
+  /**
+   * Readiness checks by name (`nats`, `s3`, `storage` for the data directory of the embedded
+   * adapters); each resolves when its system answers within `timeoutMs`.
+   */
+  probes: Record<string, (timeoutMs: number) => Promise<void>>;
   /** Aborts multipart uploads a crashed uploader left behind (S3 only; a no-op on files). */
   sweepIncompleteUploads(): Promise<number>;
   close(): Promise<void>;
@@ -59,6 +65,10 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       closers.push(() => queue.close());
     }
 
+    const probes: Engines['probes'] = {};
+    const dataDirWritable = () => access(dataDir, constants.W_OK);
+    if (nats) probes.nats = nats.probe;
+    else probes.storage = dataDirWritable;
     let objects: ObjectStore;
     let sweepIncompleteUploads = async () => 0;
     const { s3 } = config;
@@ -75,11 +85,13 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
         createBucket: s3.createBucket,
       });
       objects = store;
+      probes.s3 = (timeoutMs) => store.probe(timeoutMs);
       sweepIncompleteUploads = async () =>
         (await store.abortIncompleteUploads(config.storage.objectPrefix, s3.abortIncompleteAfterMs)).length;
     } else {
       await mkdir(dataDir, { recursive: true });
       objects = await FileObjectStore.open(join(dataDir, 'objects'));
+      probes.storage = dataDirWritable;
     }
     closers.push(() => objects.close());
 
@@ -88,6 +100,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       queue,
       objects,
       describe: { sessions: nats ? 'nats-kv' : 'file', queue: nats ? 'jetstream' : 'file', objects: s3.endpoint ? 's3' : 'file' },
+      probes,
       sweepIncompleteUploads,
       close,
     };

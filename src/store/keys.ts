@@ -4,11 +4,16 @@
  * `<prefix>/<client_id>/<upload_uuid>/<entity>/<package_id>.ndjson`, the client id
  * URI-encoded into one path segment.
  */
+import { createHash } from 'node:crypto';
 import type { PackageMeta } from './ports.js';
 
 export const sessionKey = (uploadUuid: string): string => `session.${uploadUuid}`;
 
 export const activeKey = (clientId: string): string => `active.${Buffer.from(clientId, 'utf8').toString('hex')}`;
+
+/** One record per (client, `Idempotency-Key`); the key is hashed, so any key and length fit. */
+export const idempotencyKey = (clientId: string, key: string): string =>
+  `idem.${Buffer.from(clientId, 'utf8').toString('hex')}.${createHash('sha256').update(key, 'utf8').digest('hex')}`;
 
 /** Everything stored for one session ends with a `/`, so one session's prefix never matches another's. */
 export function sessionObjectPrefix(prefix: string, clientId: string, uploadUuid: string): string {

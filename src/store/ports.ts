@@ -88,9 +88,20 @@ export interface BatchQueue {
   consume(handler: (pkg: CommittedPackage) => Promise<void>): QueueConsumer;
   /** Committed packages of the session not yet acked by a consumer. */
   pending(uploadUuid: string): Promise<number>;
+  /**
+   * Committed packages of every session not yet acked (the one in a handler included), and
+   * the age of the oldest of them in ms (null when there is none): the uploader's lag. One
+   * or two cheap requests, whatever the number of packages; for metrics at scrape time.
+   */
+  backlog(): Promise<QueueBacklog>;
   /** Drops every package of the session, committed or not. */
   purge(uploadUuid: string): Promise<void>;
   close(): Promise<void>;
+}
+
+export interface QueueBacklog {
+  packages: number;
+  oldestAgeMs: number | null;
 }
 
 export interface StoredObject {

@@ -3,14 +3,17 @@
  * `npm run uploader`: the uploader as a process of its own, for the distributed engines
  * (`NATS_URL` set). Any number of them share the queue's durable consumer; each package is
  * acknowledged only after its object is durably written. SIGTERM/SIGINT: finish the package
- * in hand, then exit 0.
+ * in hand, then exit 0. With `metrics.uploaderPort` set it serves `/metrics`, `/healthz` and
+ * `/readyz` on that port (on `host`).
  */
 import { ConfigError, loadConfig } from '../config/config.js';
 import { jsonLogger } from '../log.js';
+import { Metrics } from '../observability/metrics.js';
+import { serveOperatorEndpoints, type OperatorServer } from '../observability/operator-server.js';
+import { Readiness } from '../observability/readiness.js';
 import { openEngines } from '../store/engines.js';
 import { runUploader } from './uploader.js';
 
-const log = jsonLogger(process.stderr, { component: 'uploader' });
 let config;
 try {
   config = loadConfig();
@@ -26,10 +29,25 @@ if (!config.nats.url) {
   process.exit(2);
 }
 
+const log = jsonLogger(undefined, { component: 'uploader' }, { level: config.log.level });
 const engines = await openEngines(config, log, 'ingest-uploader');
-const consumer = await runUploader(engines, config, log);
+const metrics = config.metrics.enabled
+  ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => engines.queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs })
+  : null;
+const consumer = await runUploader(engines, config, log, metrics?.uploader);
+let operator: OperatorServer | null = null;
+if (config.metrics.uploaderPort !== null) {
+  operator = await serveOperatorEndpoints({
+    host: config.host,
+    port: config.metrics.uploaderPort,
+    metrics,
+    readiness: new Readiness(engines.probes, config.health.readyTimeoutMs, log),
+    token: config.metrics.token,
+  });
+  log.info('uploader operator endpoints', { port: operator.port });
+}
 log.info('uploader running', engines.describe);
-process.stdout.write('uploader ready\n');
+process.stdout.write(`uploader ready${operator ? ` (metrics on port ${operator.port})` : ''}\n`);
 
 let stopping = false;
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
@@ -39,6 +57,7 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     log.info('uploader stopping', { signal });
     consumer
       .stop()
+      .then(() => operator?.close())
       .then(() => engines.close())
       .then(
         () => process.exit(0),

@@ -1,8 +1,9 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
-import type { SessionRecord } from '../session/state.js';
+import { packageVerdict } from '../session/recovery.js';
 import type { Engines } from '../store/engines.js';
-import { objectKey, sessionKey } from '../store/keys.js';
+import { objectKey } from '../store/keys.js';
 import type { BatchQueue, CommittedPackage, ObjectStore, PackageMeta, QueueConsumer } from '../store/ports.js';
 
 /** First line of every stored object; the rows follow, one JSON array per line. */
@@ -15,6 +16,16 @@ export interface ObjectHeader {
   rows: number;
 }
 
+/** Told about each delivery's fate (metrics); at most one hook per delivery. */
+export interface UploaderObserver {
+  /** The package is stored; `durationMs` of the put. */
+  stored(durationMs: number): void;
+  /** The package was acked unstored (see `verdict`). */
+  abandoned(): void;
+  /** The put (or the session check) failed; the package goes back for redelivery. */
+  failed(): void;
+}
+
 export interface UploaderOptions {
   queue: BatchQueue;
   objects: ObjectStore;
@@ -23,12 +34,21 @@ export interface UploaderOptions {
   /** Told about every failed delivery before the package goes back for redelivery. */
   onError?: (err: unknown, pkg: PackageMeta) => void;
   /**
-   * True when the package's session is gone (deleted while the package was in flight on
-   * some gateway): the package is dropped instead of re-creating objects under a deleted
-   * session's prefix.
+   * Whether the session accepted the package (see `packageVerdict`): `store` it; `drop` it
+   * unstored (its session was deleted, or its gateway died before recording it, so no client
+   * got a 200 for it); or `wait`: its ingest may still record it. Unset: store everything.
    */
-  isAbandoned?: (pkg: PackageMeta) => Promise<boolean>;
+  verdict?: (pkg: PackageMeta) => Promise<'store' | 'drop' | 'wait'>;
+  observer?: UploaderObserver;
 }
+
+/**
+ * Re-asks after a `wait` before giving the package back to the queue: the session records a
+ * package a few milliseconds after its queue commit, and the uploader often takes it in
+ * between. Past these, redelivery (1 s, doubling) does the waiting without holding the
+ * consumer.
+ */
+const RECORD_WAITS_MS = [5, 20, 80, 200];
 
 /**
  * The uploader as the gateway and the uploader process run it: sweeps the multipart uploads
@@ -39,6 +59,7 @@ export async function runUploader(
   engines: Pick<Engines, 'queue' | 'objects' | 'sessions' | 'sweepIncompleteUploads'>,
   config: Pick<Config, 'storage'>,
   log: Logger,
+  observer?: UploaderObserver,
 ): Promise<QueueConsumer> {
   const swept = await engines.sweepIncompleteUploads();
   if (swept > 0) log.warn('aborted incomplete multipart uploads left by a crashed uploader', { count: swept });
@@ -46,11 +67,9 @@ export async function runUploader(
     queue: engines.queue,
     objects: engines.objects,
     prefix: config.storage.objectPrefix,
-    isAbandoned: async (meta) => {
-      const session = await engines.sessions.get<SessionRecord>(sessionKey(meta.upload_uuid));
-      return session === null || session.value.deleted === true;
-    },
+    verdict: (meta) => packageVerdict(engines.sessions, meta.upload_uuid, meta.package_id),
     onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
+    ...(observer ? { observer } : {}),
   });
 }
 
@@ -60,16 +79,42 @@ export async function runUploader(
  * delivers the package again.
  */
 export function startUploader(opts: UploaderOptions): QueueConsumer {
-  const { objects, prefix, onError, isAbandoned } = opts;
+  const { objects, prefix, onError, verdict, observer } = opts;
   return opts.queue.consume(async (pkg) => {
+    let decided: 'store' | 'drop' | 'wait' = 'store';
     try {
-      if (await isAbandoned?.(pkg.meta)) return; // acked unstored: its session was deleted
-      await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg));
+      if (verdict) {
+        decided = await verdict(pkg.meta);
+        for (const ms of RECORD_WAITS_MS) {
+          if (decided !== 'wait') break;
+          await sleep(ms);
+          decided = await verdict(pkg.meta);
+        }
+      }
+      if (decided === 'store') {
+        const started = performance.now();
+        await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg));
+        observer?.stored(performance.now() - started);
+      } else if (decided === 'drop') {
+        observer?.abandoned();
+      }
     } catch (err) {
+      observer?.failed();
       onError?.(err, pkg.meta);
       throw err;
     }
+    // Not an error: the ingest is still under way (or its gateway died and its lease has yet to expire).
+    if (decided === 'wait') throw new PackageNotRecorded(pkg.meta.package_id);
+    // 'drop': acked unstored.
   });
+}
+
+class PackageNotRecorded extends Error {
+  override readonly name = 'PackageNotRecorded';
+  readonly code = 'PACKAGE_NOT_RECORDED';
+  constructor(packageId: string) {
+    super(`Package ${packageId} is not recorded in its session yet`);
+  }
 }
 
 async function* objectBody(pkg: CommittedPackage): AsyncIterable<Uint8Array> {

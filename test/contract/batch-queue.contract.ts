@@ -156,6 +156,28 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     t.equal(await q.pending('u2'), 0);
   });
 
+  t.test(`${name}: backlog counts every session's committed packages until acked, with the oldest one's age`, async (t) => {
+    const { q } = await setup(t);
+    t.same(await q.backlog(), { packages: 0, oldestAgeMs: null }, 'empty');
+    const open = await q.open(meta('u9', 'uncommitted'));
+    await open.append(Buffer.from('["x"]\n'));
+    t.same(await q.backlog(), { packages: 0, oldestAgeMs: null }, 'an uncommitted package is not backlog');
+    await commit(q, meta('u1', 'p1'), ['["p1"]\n']);
+    await commit(q, meta('u2', 'q1'), ['["q1"]\n']);
+    const two = await q.backlog();
+    t.equal(two.packages, 2);
+    t.ok(typeof two.oldestAgeMs === 'number' && two.oldestAgeMs >= 0 && two.oldestAgeMs < 60_000, `oldest age ${two.oldestAgeMs} ms`);
+    const gate = latch();
+    const rec = record(t, q, (_d, i) => (i === 0 ? gate.wait : undefined));
+    await rec.next();
+    t.equal((await q.backlog()).packages, 2, 'the package in the handler still counts');
+    gate.open();
+    await rec.next();
+    await rec.stop();
+    t.same(await q.backlog(), { packages: 0, oldestAgeMs: null }, 'acked');
+    await open.abort();
+  });
+
   t.test(`${name}: stop waits for the package in hand`, async (t) => {
     const { q } = await setup(t);
     await commit(q, meta('u1', 'p1'), ['["p1"]\n']);

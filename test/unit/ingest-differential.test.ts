@@ -1,11 +1,18 @@
 /**
  * The streaming sink against the plain path: thousands of generated bodies (valid and
- * invalid, odd layouts, adversarial strings) fed in random chunks through pools with tiny
- * pieces (so most bodies are cut many times, often at the wrong place) must give the same
- * status, rows, error body and stored bytes as `validateBody` (parse the whole body, then
- * validate) on the same bytes. Seeded: a failure prints the seed and the body.
+ * invalid, odd layouts, repeated keys, adversarial strings) fed in random chunks through
+ * pools with tiny pieces (so most bodies are cut many times, often at the wrong place) must
+ * give the same status, rows, error body and stored bytes as `validateBody` (parse the
+ * whole body, then validate) on the same bytes, and both the answer of the reference here:
+ * JSON validity and the repeated-key rule written apart from the code under test, then
+ * `validateBody` for the rest.
+ *
+ * Deterministic: body `i` (its bytes, chunking and gzip choices) comes from a generator of
+ * its own, seeded from (DIFF_SEED, i), whatever order the concurrent runners take bodies
+ * in. A failure names the seed and index; `DIFF_SEED=<seed> DIFF_ONLY=<i>[,<j>…]` reruns
+ * just those bodies (with every detail printed).
  */
-import { Buffer } from 'node:buffer';
+import { Buffer, isUtf8 } from 'node:buffer';
 import { gunzipSync, gzipSync } from 'node:zlib';
 import t, { type Test } from 'tap';
 import { ENTITIES, type ColumnType, type EntitySpec } from '../../src/entities/catalog.js';
@@ -15,8 +22,23 @@ import type { PackageWriter } from '../../src/store/ports.js';
 import { validateBody } from '../../workers/validate.js';
 
 const BATCH_BYTES = 200;
-const SEED = Number(process.env.DIFF_SEED ?? 20240611);
-const BODIES = Number(process.env.DIFF_BODIES ?? 3000);
+const SEED = Number(process.env.DIFF_SEED || 20240611);
+const BODIES = Number(process.env.DIFF_BODIES || 3000);
+/** Body indexes to run alone (the rest are skipped), from a failure message. */
+const ONLY = process.env.DIFF_ONLY ? process.env.DIFF_ONLY.split(',').map((x) => Number(x.trim())) : null;
+if (!Number.isSafeInteger(SEED) || (ONLY && !ONLY.every((i) => Number.isSafeInteger(i) && i >= 0))) {
+  throw new Error(`DIFF_SEED must be an integer, DIFF_ONLY integers >= 0 separated by commas (got ${process.env.DIFF_SEED}, ${process.env.DIFF_ONLY})`);
+}
+// About 30 s on 2 cores, at tap's default per-file timeout: give a busy machine room
+// (never less than the runner was told, e.g. `npm test`'s 300 s; 0 means none).
+const runnerTimeout = Number(process.env.TAP_TIMEOUT ?? 30);
+if (runnerTimeout !== 0 && runnerTimeout < 120) t.setTimeout(120_000);
+
+/** One generator stream per test: the plain bodies and the gzip bodies of one index differ. */
+const enum Stream {
+  Plain = 1,
+  Gzip = 2,
+}
 
 /** mulberry32 */
 function prng(seed: number): () => number {
@@ -28,6 +50,20 @@ function prng(seed: number): () => number {
     x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
     return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
   };
+}
+
+/** A 32-bit seed from the run's seed, the stream and a body index (murmur3's finaliser over each word). */
+function bodySeed(seed: number, stream: Stream, index: number): number {
+  let h = 0x9e3779b9;
+  for (const word of [seed % 0x100000000, Math.floor(seed / 0x100000000), stream, index]) {
+    h = Math.imul(h ^ (word >>> 0), 0xcc9e2d51);
+    h ^= h >>> 15;
+    h = Math.imul(h, 0x85ebca6b);
+    h ^= h >>> 13;
+    h = Math.imul(h, 0xc2b2ae35);
+    h ^= h >>> 16;
+  }
+  return h >>> 0;
 }
 
 class Gen {
@@ -193,10 +229,10 @@ function makeBody(g: Gen): { entity: EntitySpec; bytes: Buffer } {
   const fields: string[] = [];
   const dataFirst = g.chance(0.1);
   if (g.chance(0.1)) fields.push(extra());
-  // Repeated before `data` (the last one wins). Not when `columns` comes after `data` too:
-  // that one the streaming path answers differently, by design (see the test below).
-  if (!dataFirst && g.chance(0.05)) fields.push(field('columns', ['nope']));
-  if (g.chance(0.05)) fields.push(field('data', 'not yet'));
+  // A repeated `columns` or `data` key is refused (422 `Duplicate key in payload: <key>`)
+  // on every path: a few fixed layouts here, random ones below.
+  if (!dataFirst && g.chance(0.03)) fields.push(field('columns', ['nope']));
+  if (g.chance(0.03)) fields.push(field('data', 'not yet'));
   const hasColumns = !g.chance(0.02);
   const hasData = !g.chance(0.02);
   if (!dataFirst && hasColumns) fields.push(field('columns', columns));
@@ -204,8 +240,21 @@ function makeBody(g: Gen): { entity: EntitySpec; bytes: Buffer } {
   if (hasData) fields.push(field('data', data));
   if (dataFirst && hasColumns) fields.push(field('columns', columns));
   if (g.chance(0.15)) fields.push(extra());
-  // Repeated after `data`: the same columns (same answer), or a new `data` after an empty one.
-  if (!dataFirst && hasColumns && g.chance(0.05)) fields.push(field('columns', columns));
+  if (!dataFirst && hasColumns && g.chance(0.03)) fields.push(field('columns', columns));
+  // Repeats anywhere (before, between, after `data`): the same value, or another one (a
+  // misspelt column, other rows, not a list…); now and then both keys, or one three times.
+  const repeats = g.chance(0.05) ? g.pick([1, 1, 1, 2, 2, 3]) : 0;
+  for (let r = 0; r < repeats; r++) {
+    const k = g.pick(['columns', 'data'] as const);
+    const same = g.chance(0.4);
+    const value = k === 'columns' ? (same ? columns : otherColumns(g, columns)) : same ? data : otherData(g, data);
+    fields.splice(g.int(fields.length + 1), 0, field(k, value));
+  }
+  // Other repeated keys are ignored.
+  if (g.chance(0.05)) {
+    const k = g.pick(['meta', 'note', 'x']);
+    for (let r = 0; r < 2; r++) fields.splice(g.int(fields.length + 1), 0, field(k, g.pick<unknown>([null, 1, 'columns', [['],['], [1]]])));
+  }
   let text = `${ws()}{${fields.join(',')}}${ws()}`;
   if (hasData && data.length === 0 && g.chance(0.3)) text = text.replace(/}\s*$/, `,"data":${write(g.chance(0.5) ? [] : [[1]], style)}}`);
   if (g.chance(0.03)) text = write(g.pick<unknown>([[data], null, 'x', 5]), style);
@@ -228,6 +277,32 @@ function makeBody(g: Gen): { entity: EntitySpec; bytes: Buffer } {
   return { entity, bytes };
 }
 
+/** Another value for a repeated `columns` key: the list with a name misspelt, reordered, cut, or no list at all. */
+function otherColumns(g: Gen, columns: unknown): unknown {
+  const list = Array.isArray(columns) ? [...(columns as unknown[])] : ['catalog_id', 'name'];
+  const kind = g.int(5);
+  if (kind === 0 && list.length > 0) {
+    const at = g.int(list.length);
+    const name = String(list[at]);
+    const cut = g.int(Math.max(name.length, 1));
+    list[at] = name.slice(0, cut) + name.slice(cut + 1); // `sold_at` → `sod_at`
+    return list;
+  }
+  if (kind === 1) return g.shuffle(list);
+  if (kind === 2) return list.slice(0, g.int(list.length + 1));
+  if (kind === 3) return g.pick<unknown>([['nope'], [], 'columns', null, [1]]);
+  return [...list, g.pick(['bogus', 'name', String(list[0])])];
+}
+
+/** Another value for a repeated `data` key: fewer or other rows, empty, or no list. */
+function otherData(g: Gen, data: unknown[]): unknown {
+  const kind = g.int(4);
+  if (kind === 0) return data.slice(g.int(data.length + 1));
+  if (kind === 1) return [];
+  if (kind === 2) return g.pick<unknown>([[[1]], [['a', 'b']], 'not yet', null, [5]]);
+  return [...data, ...data.slice(0, 2)];
+}
+
 interface Outcome {
   status: number;
   body?: unknown;
@@ -235,12 +310,60 @@ interface Outcome {
   stored?: string;
 }
 
-function reference(entity: EntitySpec, bytes: Buffer): Outcome {
+const INVALID_JSON: Outcome = { status: 422, body: { detail: 'Invalid JSON format.' } };
+
+/** The plain path: `validateBody` on a copy of the bytes. */
+function plain(entity: EntitySpec, bytes: Buffer): Outcome {
   const copy = Buffer.allocUnsafeSlow(bytes.length);
   copy.set(bytes);
   const result = validateBody(copy.buffer as ArrayBuffer, entity.name, BATCH_BYTES);
   if (!result.ok) return { status: 422, body: { detail: result.kind === 'payload' ? result.message : result.issues } };
   return { status: 200, rows: result.rows, stored: Buffer.concat(result.batches.map((b) => Buffer.from(b))).toString('base64') };
+}
+
+/**
+ * The expected answer: steps 1 (JSON) and 1b (a repeated top-level `columns` or `data`
+ * key, the first repetition in body order) decided here, with a tokenizer of its own, the
+ * later steps by the plain path, which must then not refuse the body for either reason.
+ */
+function reference(entity: EntitySpec, bytes: Buffer, plainOutcome: Outcome): Outcome {
+  if (!isUtf8(bytes)) return INVALID_JSON;
+  const text = bytes.toString('utf8', bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0);
+  try {
+    JSON.parse(text);
+  } catch {
+    return INVALID_JSON;
+  }
+  const seen = new Set<string>();
+  for (const key of topLevelKeys(text)) {
+    if (key !== 'columns' && key !== 'data') continue;
+    if (seen.has(key)) return { status: 422, body: { detail: `Duplicate key in payload: ${key}` } };
+    seen.add(key);
+  }
+  const detail = (plainOutcome.body as { detail?: unknown } | undefined)?.detail;
+  if (typeof detail === 'string' && (detail === 'Invalid JSON format.' || detail.startsWith('Duplicate key'))) {
+    return { status: 0, body: { detail: `JSON without a repeated columns or data key must not answer ${detail}` } };
+  }
+  return plainOutcome;
+}
+
+const TOKEN = /[ \t\n\r]*(?:("(?:[^"\\]|\\[^])*")|([{}[\],:])|([^ \t\n\r{}[\],:"]+))/y;
+
+/** The keys of the top-level object of JSON `text`, decoded, in order (none when it is not an object). */
+function topLevelKeys(text: string): string[] {
+  const keys: string[] = [];
+  let depth = 0;
+  let previous = '';
+  TOKEN.lastIndex = 0;
+  for (let m = TOKEN.exec(text); m !== null && m[0] !== ''; m = TOKEN.exec(text)) {
+    const [, string, punct] = m;
+    if (previous === '' && punct !== '{') return [];
+    if (string !== undefined && depth === 1 && (previous === '{' || previous === ',')) keys.push(JSON.parse(string) as string);
+    if (punct === '{' || punct === '[') depth++;
+    else if (punct === '}' || punct === ']') depth--;
+    previous = punct ?? 'value';
+  }
+  return keys;
 }
 
 class MemoryWriter implements PackageWriter {
@@ -305,50 +428,66 @@ const pools = [
 ];
 t.teardown(() => Promise.all(pools.map((p) => p.destroy())));
 
-async function run(t: Test, count: number, seed: number, gzip: boolean): Promise<void> {
-  const g = new Gen(prng(seed));
+async function run(t: Test, count: number, stream: Stream): Promise<void> {
+  const gzip = stream === Stream.Gzip;
+  const indexes = ONLY ?? Array.from({ length: count }, (_, i) => i);
   let failures = 0;
   let next = 0;
   const statuses = new Map<number, number>();
+  const repeated = new Map<string, number>();
   const worker = async () => {
-    while (next < count && failures < 5) {
-      const i = next++;
+    while (next < indexes.length && failures < 5) {
+      const i = indexes[next++]!;
+      // Everything random about body i comes from its own generator, in one fixed order.
+      const g = new Gen(prng(bodySeed(SEED, stream, i)));
       const body = makeBody(g);
       const pool = pools[i % pools.length]!;
       let input = body.bytes;
-      let expected: Outcome;
+      let inflated: Buffer | null = body.bytes;
       if (gzip) {
         input = gzipSync(body.bytes, { level: 1 });
         if (g.chance(0.1)) input = input.subarray(0, g.int(input.length));
         else if (g.chance(0.05)) input = Buffer.concat([input, Buffer.from('junk')]);
-        let inflated: Buffer | null = null;
         try {
           inflated = gunzipSync(input);
         } catch {
           inflated = null;
         }
-        expected = inflated ? reference(body.entity, inflated) : { status: 422, body: { detail: 'Invalid JSON format.' } };
-      } else {
-        expected = reference(body.entity, body.bytes);
       }
+      const plainOutcome = inflated ? plain(body.entity, inflated) : INVALID_JSON;
+      const expected = inflated ? reference(body.entity, inflated, plainOutcome) : INVALID_JSON;
       const actual = await streamed(g, pool, body.entity, input, gzip);
       statuses.set(expected.status, (statuses.get(expected.status) ?? 0) + 1);
+      const detail = (expected.body as { detail?: unknown } | undefined)?.detail;
+      if (typeof detail === 'string' && detail.startsWith('Duplicate key')) repeated.set(detail, (repeated.get(detail) ?? 0) + 1);
+      const where = `body ${i} (rerun: DIFF_SEED=${SEED} DIFF_ONLY=${i}; ${gzip ? 'gzip, ' : ''}pool ${i % pools.length}, ${body.entity.name})`;
+      if (ONLY) t.comment(`${where}: ${JSON.stringify(body.bytes.toString('latin1'))}\nexpected ${JSON.stringify(expected)}\nplain    ${JSON.stringify(plainOutcome)}\nstreamed ${JSON.stringify(actual)}`);
+      const shown = JSON.stringify(body.bytes.toString('latin1')).slice(0, 2000);
+      if (JSON.stringify(plainOutcome) !== JSON.stringify(expected)) {
+        failures++;
+        t.same(plainOutcome, expected, `plain path, ${where}: ${shown}`);
+      }
       if (JSON.stringify(actual) !== JSON.stringify(expected)) {
         failures++;
-        t.same(actual, expected, `body ${i} (seed ${seed}, pool ${i % pools.length}, ${body.entity.name}): ${JSON.stringify(body.bytes.toString('latin1')).slice(0, 2000)}`);
+        t.same(actual, expected, `${where}: ${shown}`);
       }
     }
   };
   await Promise.all(Array.from({ length: 6 }, worker));
-  t.equal(failures, 0, `${count} bodies agree (${[...statuses].map(([s, n]) => `${n}×${s}`).join(', ')})`);
+  const summary = [...statuses].map(([s, n]) => `${n}×${s}`).join(', ');
+  const repeats = [...repeated].map(([d, n]) => `${n}× ${d.slice('Duplicate key in payload: '.length)}`).join(', ');
+  t.equal(failures, 0, `${indexes.length} bodies agree (${summary}; repeated keys: ${repeats || 'none'})`);
+  if (ONLY) return;
   t.ok((statuses.get(200) ?? 0) > count / 10 && (statuses.get(422) ?? 0) > count / 10, 'both accepted and refused bodies were generated');
+  const least = Math.min(repeated.get('Duplicate key in payload: columns') ?? 0, repeated.get('Duplicate key in payload: data') ?? 0);
+  t.ok(least > count / 50, 'bodies repeating `columns` and bodies repeating `data` were generated');
 }
 
-t.test('streamed answers equal the plain parse-then-validate', (t) => run(t, BODIES, SEED, false));
+t.test('streamed answers equal the plain parse-then-validate', (t) => run(t, BODIES, Stream.Plain));
 
-t.test('gzip bodies: the same answers as inflate-then-validate', (t) => run(t, Math.ceil(BODIES / 10), SEED + 1, true));
+t.test('gzip bodies: the same answers as inflate-then-validate', (t) => run(t, Math.ceil(BODIES / 10), Stream.Gzip));
 
-t.test('every pool cut bodies into pieces and repaired wrong cuts', async (t) => {
+t.test('every pool cut bodies into pieces and repaired wrong cuts', { skip: ONLY ? 'DIFF_ONLY runs a few bodies' : false }, async (t) => {
   for (const pool of pools) {
     t.ok(pool.stats.pieces > 1000, `pieces: ${pool.stats.pieces}`);
     t.ok(pool.stats.continuations > 10, `continuations: ${pool.stats.continuations}`);

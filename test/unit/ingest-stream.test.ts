@@ -1,6 +1,6 @@
 /**
  * The streaming sink's own promises: a large body goes out in many pieces and stores the
- * plain path's bytes, back-pressure, abort, gzip, repeated keys, hostile layouts. The
+ * plain path's bytes, back-pressure, abort, gzip, repeated keys (refused), hostile layouts. The
  * answers of many small odd bodies are covered by `ingest-differential.test.ts`.
  */
 import { Buffer } from 'node:buffer';
@@ -166,29 +166,48 @@ t.test('gzip: inflated on the way, 413 past maxDecompressedBytes, 422 when not g
   await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, gzipSync(Buffer.from('{"columns":["catalog_id","name"],"data":[['))), invalid, 'gzip of a bad body');
 });
 
-t.test('repeated keys after `data`: the plain answer where the rows allow it, else the documented 422', async (t) => {
+t.test('a repeated top-level `columns` or `data` key: 422 on both paths, right after JSON validity', async (t) => {
   const pool = newPool({ pieceBytes: 16 });
+  const C = '"columns":["catalog_id","name"]';
+  const dup = (key: string) => `Duplicate key in payload: ${key}`;
   const cases: [string, string, string | number][] = [
-    ['same columns again', '{"columns":["catalog_id","name"],"data":[["a","b"],["c","d"]],"columns":["catalog_id","name"]}', 2],
-    ['new data after an empty one', '{"columns":["catalog_id","name"],"data":[],"data":[["a","b"]]}', 1],
-    ['new data with a bad row', '{"columns":["catalog_id","name"],"data":[["a","b"]],"data":[["c",1]]}', 'Invalid data types in payload: row 0, column "name": expected string, got 1'],
-    ['new columns that fail their checks', '{"columns":["catalog_id","name"],"data":[["a","b"]],"columns":["name"]}', 'Missing required columns: catalog_id'],
-    ['new data replacing stored rows', '{"columns":["catalog_id","name"],"data":[["a","b"]],"data":[["c","d"]]}', 'Duplicate key in payload: data'],
-    ['new columns for validated rows', '{"columns":["x"],"data":[["a","b"]],"columns":["catalog_id","name"]}', 'Duplicate key in payload: columns'],
+    ['same columns again after data', `{${C},"data":[["a","b"],["c","d"]],${C}}`, dup('columns')],
+    ['new columns for validated rows', '{"columns":["x"],"data":[["a","b"]],"columns":["catalog_id","name"]}', dup('columns')],
+    ['new columns that fail their checks', `{${C},"data":[["a","b"]],"columns":["name"]}`, dup('columns')],
+    ['new data after an empty one', `{${C},"data":[],"data":[["a","b"]]}`, dup('data')],
+    ['new data replacing stored rows', `{${C},"data":[["a","b"]],"data":[["c","d"]]}`, dup('data')],
+    ['new data with a bad row', `{${C},"data":[["a","b"]],"data":[["c",1]]}`, dup('data')],
+    ['columns twice before data (the head)', `{"columns":["nope"],${C},"data":[["a","b"]]}`, dup('columns')],
+    ['data before the streamed data (the head)', `{"data":"not yet",${C},"data":[["a",1]]}`, dup('data')],
+    ['data first, columns twice (one task)', `{"data":[["a","b"]],${C},${C}}`, dup('columns')],
+    ['the first repetition in body order is named', `{${C},"data":0,"columns":[],"data":[["a","b"]]}`, dup('columns')],
+    ['… whichever key it is', `{"data":0,${C},"data":[["a","b"]],"columns":[]}`, dup('data')],
+    ['after a byte order mark', `\ufeff {"columns":[],${C},"data":[["a","b"]]}`, dup('columns')],
+    ['an escaped key name counts', `{${C},"data":[["a","b"]],"\\u0063olumns":["catalog_id","name"]}`, dup('columns')],
+    ['beats a structural issue', '{"columns":5,"data":[7],"columns":5}', dup('columns')],
+    ['beats a bad row and a column error', '{"columns":["zzz"],"data":[[1,2,3]],"data":[]}', dup('data')],
+    ['not JSON beats it', `{${C},"data":[["a","b"]],${C},}`, 'Invalid JSON format.'],
+    ['not JSON inside the rows beats a repetition in the head', `{${C},${C},"data":[["a","b"],["c" "d"]]}`, 'Invalid JSON format.'],
+    ['other keys may repeat', `{"note":1,${C},"note":[2],"data":[["a","b"]],"note":{"x":3}}`, 1],
+    ['keys of nested objects do not count', `{"meta":{"columns":1,"columns":2,"data":[],"data":[]},${C},"data":[["a","b"]]}`, 1],
+    ['key names inside values do not count', `{${C},"data":[["columns","data"]],"note":"\\"columns\\":[]"}`, 1],
   ];
   for (const [name, text, expected] of cases) {
-    const { sink, writers } = start(pool, 'catalogs');
     const body = Buffer.from(text);
     const reference = plain('catalogs', body);
-    if (typeof expected === 'number') {
-      t.equal((await send(sink, body, 5)).rows, expected, name);
-      t.ok(reference.ok && reference.rows === expected, `${name}: as the plain path`);
-    } else {
-      await t.rejects(send(sink, body, 5), { code: 'INVALID_PAYLOAD', statusCode: 422, message: expected }, name);
-      t.ok(writers.every((w) => w.aborted), `${name}: nothing stored`);
-      if (!expected.startsWith('Duplicate key')) t.match(reference, { ok: false, message: expected }, `${name}: as the plain path`);
-      else t.match(reference, { ok: true }, `${name}: the plain path keeps the last key (the documented divergence)`);
+    for (const encoding of ['identity', 'gzip'] as const) {
+      const { sink, writers } = start(pool, 'catalogs', encoding);
+      const wire = encoding === 'gzip' ? gzipSync(body) : body;
+      const label = `${name} (${encoding})`;
+      if (typeof expected === 'number') {
+        t.equal((await send(sink, wire, 5)).rows, expected, label);
+      } else {
+        await t.rejects(send(sink, wire, 5), { code: 'INVALID_PAYLOAD', statusCode: 422, message: expected }, label);
+        t.ok(writers.every((w) => w.aborted), `${label}: nothing stored`);
+      }
     }
+    if (typeof expected === 'number') t.ok(reference.ok && reference.rows === expected, `${name}: as the plain path`);
+    else t.match(reference, { ok: false, message: expected }, `${name}: as the plain path`);
   }
 });
 
@@ -231,10 +250,7 @@ t.test('a large tail (keys after `data`) is checked in a worker, exactly', async
   t.equal(pool.stats.skeletonTasks, 1);
   const broken = Buffer.from(`${valid.toString().slice(0, -1)},}`);
   await t.rejects(send(start(pool, 'catalogs').sink, broken, 1000), { code: 'INVALID_PAYLOAD', message: 'Invalid JSON format.' });
-  const replaced = Buffer.from(`{"columns":["catalog_id","name"],"data":[],"note":${JSON.stringify(note)},"data":[["e","f"],["g",7]]}`);
-  await t.rejects(send(start(pool, 'catalogs').sink, replaced, 1000), {
-    code: 'INVALID_PAYLOAD',
-    message: 'Invalid data types in payload: row 1, column "name": expected string, got 7',
-  });
+  const repeated = Buffer.from(`{"columns":["catalog_id","name"],"data":[],"note":${JSON.stringify(note)},"data":[["e","f"],["g",7]]}`);
+  await t.rejects(send(start(pool, 'catalogs').sink, repeated, 1000), { code: 'INVALID_PAYLOAD', message: 'Duplicate key in payload: data' });
   t.equal(pool.stats.skeletonTasks, 3);
 });

@@ -1,5 +1,9 @@
+import { Validator } from '@seriousme/openapi-schema-validator';
 import t from 'tap';
-import { openApiDocument } from '../../src/api/openapi.js';
+import { DOCS_ASSETS } from '../../src/api/docs.js';
+import { healthRoutes } from '../../src/api/health.js';
+import { metricsRoute } from '../../src/api/metrics.js';
+import { openApiDocument, openApiPath } from '../../src/api/openapi.js';
 import { routes } from '../../src/api/routes.js';
 import { ENTITIES } from '../../src/entities/catalog.js';
 
@@ -40,10 +44,80 @@ t.test('document header', async (t) => {
   t.same(doc.security, [{ Authorization: [], 'Client-Id': [] }]);
 });
 
+t.test('a valid OpenAPI 3.1 document (@seriousme/openapi-schema-validator)', async (t) => {
+  const validator = new Validator();
+  const result = await validator.validate(openApiDocument() as Json);
+  t.equal(validator.version, '3.1');
+  t.ok(result.valid, 'valid');
+  t.same(result.errors ?? [], [], 'no errors');
+
+  // The validator does check: a broken copy fails.
+  const broken = openApiDocument() as Json;
+  broken.paths['/openapi.json'].get.responses['200'].content['application/json'].unknown = true;
+  t.notOk((await new Validator().validate(broken)).valid, 'an unknown field is refused');
+});
+
+t.test('every schema keyword `type` names a JSON Schema type', async (t) => {
+  // The OpenAPI 3.1 meta-schema leaves Schema Objects to the JSON Schema dialect; check the obvious.
+  const TYPES = new Set(['null', 'boolean', 'object', 'array', 'number', 'integer', 'string']);
+  const walk = (node: unknown, where: string): void => {
+    if (Array.isArray(node)) node.forEach((v, i) => walk(v, `${where}/${i}`));
+    else if (node !== null && typeof node === 'object') {
+      for (const [k, v] of Object.entries(node)) {
+        if (k === 'type' && (typeof v === 'string' || Array.isArray(v)) && where.includes('schema')) {
+          for (const type of [v].flat()) t.ok(TYPES.has(type as string), `${where}: ${String(type)}`);
+        }
+        walk(v, `${where}/${k}`);
+      }
+    }
+  };
+  walk(doc.components.schemas, 'schemas');
+  walk(doc.paths, 'paths');
+});
+
+/** The router's whole table as app.ts builds it (handlers are never called here). */
+const operatorRoutes = (withMetrics: boolean) => [...healthRoutes({} as any), ...(withMetrics ? [metricsRoute({} as any, null)] : [])];
+const routeKeys = (table: { method: string; pattern: string }[]) => table.map((r) => `${r.method.toLowerCase()} ${openApiPath(r.pattern)}`);
+
 t.test('every route of the router is documented, and nothing else', async (t) => {
-  const table = routes({} as any).map((r) => `${r.method.toLowerCase()} ${r.pattern.replace(/:(\w+)/g, '{$1}')}`);
-  t.ok(table.length >= 9);
-  t.same(operations.map((o) => `${o.method} ${o.path}`).sort(), [...table].sort());
+  const served = routes({} as any, operatorRoutes(true));
+  const table = routeKeys(served);
+  t.ok(table.length >= 14);
+  for (const path of ['/metrics', '/healthz', '/readyz', '/docs', '/docs/{asset}', '/openapi.json']) {
+    t.ok(table.includes(`get ${path}`), `${path} is routed`);
+  }
+  const documented = operations.map((o) => `${o.method} ${o.path}`);
+  t.same(
+    table.filter((r) => !documented.includes(r)),
+    [],
+    'routed (src/api/routes.ts, or app.ts operator routes) but without an operation in src/api/openapi.ts',
+  );
+  t.same(
+    documented.filter((d) => !table.includes(d)),
+    [],
+    'documented in src/api/openapi.ts but not routed',
+  );
+  t.equal(new Set(documented).size, documented.length, 'each operation once');
+  const ids = operations.map((o) => o.op.operationId);
+  t.equal(new Set(ids).size, ids.length, 'operationIds are unique');
+  t.same(openApiDocument(served), doc, 'the document of the whole table is the whole document');
+});
+
+t.test('the served document describes what is routed: no /metrics while metrics are disabled', async (t) => {
+  const table = routes({} as any, operatorRoutes(false));
+  const served = openApiDocument(table) as Json;
+  const documented = Object.entries(served.paths as Json).flatMap(([path, item]) => Object.keys(item as Json).map((m) => `${m} ${path}`));
+  t.same(documented.sort(), routeKeys(table).sort());
+  t.notOk(served.paths['/metrics']);
+  t.ok(served.paths['/readyz']);
+  t.same(
+    served.tags.map((tag: Json) => tag.name),
+    ['uploading', 'connector', 'service', 'operations'],
+  );
+  const bare = openApiDocument(routes({} as any)) as Json;
+  t.notOk(bare.paths['/healthz']);
+  t.same(bare.tags.map((tag: Json) => tag.name), ['uploading', 'connector', 'service'], 'unused tags are dropped');
+  t.ok((await new Validator().validate(bare)).valid, 'still a valid document');
 });
 
 t.test('every $ref resolves', async (t) => {
@@ -52,17 +126,25 @@ t.test('every $ref resolves', async (t) => {
   for (const ref of new Set(all)) t.ok(resolve(ref), ref);
 });
 
-t.test('every response has a description and a JSON body that references a component schema', async (t) => {
+t.test('every response has a description and a body schema; JSON bodies reference a component schema', async (t) => {
   for (const { path, method, op } of operations) {
     t.ok(op.operationId, `${method} ${path} operationId`);
+    t.ok(op.summary, `${method} ${path} summary`);
     t.ok(Object.keys(op.responses).includes('200'), `${method} ${path} 200`);
+    t.ok(op.responses['503'], `${method} ${path} 503: every path counts against the in-flight limit`);
     for (const [status, raw] of Object.entries(op.responses as Json)) {
       const response = deref(raw);
       const where = `${method} ${path} ${status}`;
       t.type(response.description, 'string', where);
-      const schema = response.content?.['application/json']?.schema;
-      t.ok(schema, `${where} has a JSON schema`);
-      const names = refs(schema).map((r) => r.replace('#/components/schemas/', ''));
+      const content = Object.entries((response.content ?? {}) as Json);
+      t.ok(content.length > 0, `${where} has a body`);
+      for (const [type, media] of content) t.ok(media.schema, `${where} ${type} has a schema`);
+      const jsonBody = response.content?.['application/json'];
+      if (!jsonBody) {
+        t.ok(['/docs', '/docs/{asset}', '/metrics'].includes(path), `${where}: only the docs page and metrics answer other than JSON`);
+        continue;
+      }
+      const names = refs(jsonBody.schema).map((r) => r.replace('#/components/schemas/', ''));
       t.ok(names.length > 0, `${where} references a component`);
       for (const name of names) t.ok(schemas[name], `${where} → ${name}`);
     }
@@ -83,9 +165,12 @@ t.test('the three 409 shapes', async (t) => {
   t.same(schemas.InitializeSessionConflict.required.sort(), ['message', 'session_status', 'status', 'upload_uuid']);
   t.notOk(schemas.InitializeSessionConflict.properties.detail, 'flat, no detail wrapper');
 
-  for (const path of ['/{upload_uuid}/delete', '/{upload_uuid}/{entity_name}']) {
-    t.same(schemaOf('post', path, '409'), { $ref: '#/components/schemas/InvalidSessionStatusError' }, path);
-  }
+  t.same(schemaOf('post', '/{upload_uuid}/delete', '409'), { $ref: '#/components/schemas/InvalidSessionStatusError' });
+  // Ingest: the structured shape for the session state; a string detail for an Idempotency-Key still in progress.
+  t.same(refs(schemaOf('post', '/{upload_uuid}/{entity_name}', '409')).sort(), [
+    '#/components/schemas/ErrorDetail',
+    '#/components/schemas/InvalidSessionStatusError',
+  ]);
   const detail = resolve(schemas.InvalidSessionStatusError.properties.detail.$ref)!;
   t.same(detail.required, ['message', 'expected', 'actual']);
   t.equal(detail.properties.message.default, 'Invalid upload session status');
@@ -108,8 +193,57 @@ t.test('both 422 shapes', async (t) => {
   t.same(Object.keys(issue.properties).sort(), ['ctx', 'input', 'loc', 'msg', 'type']);
   t.same(issue.required.sort(), ['loc', 'msg', 'type']);
 
-  t.same(schemaOf('post', '/{upload_uuid}/{entity_name}', '422'), { $ref: '#/components/schemas/IngestPayloadError' });
+  // Ingest: a string detail for the payload checks, the validation array for a body of the wrong structure.
+  t.same(schemaOf('post', '/{upload_uuid}/{entity_name}', '422'), {
+    anyOf: [{ $ref: '#/components/schemas/IngestPayloadError' }, { $ref: '#/components/schemas/ValidationError' }],
+  });
   t.same(schemas.IngestPayloadError.properties.detail, { type: 'string' });
+  const messages = deref(op('post', '/{upload_uuid}/{entity_name}').responses['422']).description;
+  for (const message of [
+    'Invalid JSON format.',
+    'The columns array cannot be empty.',
+    'Duplicate column: <column>',
+    'Unknown column: <column>',
+    'Missing required columns: <column list>',
+    'Duplicate key in payload: <key>',
+    'Invalid data types in payload: <detail>',
+  ]) {
+    t.match(messages, `\`${message}\``, message);
+  }
+});
+
+t.test('ingest headers: Content-Encoding (415 otherwise) and Idempotency-Key', async (t) => {
+  const ingest = op('post', '/{upload_uuid}/{entity_name}');
+  const params = ingest.parameters.map((p: Json) => (p.$ref ? resolve(p.$ref)! : p));
+  const header = (name: string) => params.find((p: Json) => p.in === 'header' && p.name === name);
+  t.match(header('Content-Encoding'), { required: false, schema: { enum: ['identity', 'gzip', 'x-gzip'] } });
+  t.match(header('Idempotency-Key'), { required: false, schema: { type: 'string' } });
+  t.match(deref(ingest.responses['415']).description, '`Unsupported Media Type`');
+  t.same(schemaOf('post', '/{upload_uuid}/{entity_name}', '415'), { $ref: '#/components/schemas/ErrorDetail' });
+  t.match(deref(ingest.responses['413']).description, 'inflated');
+  for (const status of ['200', '413', '422']) {
+    t.match(deref(ingest.responses[status]).headers?.['Idempotent-Replayed'], { required: false, schema: { const: 'true' } }, status);
+  }
+  t.match(deref(ingest.responses['409']).headers?.['Retry-After'], { required: false, schema: { type: 'integer', minimum: 1 } });
+});
+
+t.test('503 carries Retry-After on every operation', async (t) => {
+  for (const { path, method, op: operation } of operations) {
+    const retryAfter = deref(operation.responses['503']).headers?.['Retry-After'];
+    // /readyz: its own 503 (not ready) has none; the in-flight limit's 503 has it.
+    t.match(retryAfter, { required: path !== '/readyz', schema: { type: 'integer', minimum: 1 } }, `${method} ${path}`);
+  }
+});
+
+t.test('the docs page and its files', async (t) => {
+  const page = doc.paths['/docs'].get;
+  t.same(page.security, []);
+  t.ok(page.responses['200'].content['text/html']);
+  const asset = doc.paths['/docs/{asset}'].get;
+  t.same(asset.security, []);
+  t.same(asset.parameters.find((p: Json) => p.in === 'path').schema.enum, [...DOCS_ASSETS]);
+  t.same(Object.keys(asset.responses['200'].content).sort(), ['image/png', 'text/css', 'text/javascript']);
+  t.same(deref(asset.responses['404']).content['application/json'].schema, { $ref: '#/components/schemas/ErrorDetail' });
 });
 
 t.test('request bodies', async (t) => {
@@ -118,8 +252,13 @@ t.test('request bodies', async (t) => {
   t.same(schemas.IngestRequest.required, ['columns', 'data']);
   t.same(body('post', '/{upload_uuid}/start-upload'), { $ref: '#/components/schemas/StartUploadRequest' });
   for (const field of ['date_from', 'date_to']) {
-    t.equal(resolve(schemas.StartUploadRequest.properties[field].$ref)!.format, 'date', field);
+    t.match(schemas.StartUploadRequest.properties[field], { type: 'string', format: 'date' }, field);
   }
+  t.same(schemas.StartUploadRequest.required, ['date_from', 'date_to']);
+  const columns = schemas.IngestRequest.properties.columns;
+  t.match(columns, { type: 'array', items: { type: 'string' }, minItems: 1 });
+  t.equal(schemas.IngestRequest.properties.data.type, 'array');
+  t.equal(schemas.IngestRequest.properties.data.items.type, 'array');
   t.same(body('post', '/webhooks/upload-finished'), { $ref: '#/components/schemas/UploadFinishedPayload' });
 });
 
@@ -133,6 +272,11 @@ t.test('ingest lists the catalog; the webhook is signed, not client-authenticate
   const headers = webhook.parameters.map((p: Json) => resolve(p.$ref)!.name);
   t.same(headers, ['X-Connector-Timestamp', 'X-Connector-Signature']);
   t.same(doc.paths['/openapi.json'].get.security, []);
+  for (const { path, method, op: operation } of operations) {
+    if (path.startsWith('/api/v1/') || path === '/metrics') continue;
+    t.same(operation.security, [], `${method} ${path} is not authenticated`);
+  }
+  t.same(doc.paths['/metrics'].get.security, [{}, { MetricsToken: [] }], '/metrics: a bearer token only when configured');
 });
 
 t.test('status and the error statuses the spec names', async (t) => {

@@ -40,7 +40,7 @@ t.test('initialize-session', async (t) => {
 t.test('ingest begin / commit only in UPLOADING; release in any state', async (t) => {
   for (const s of STATES) {
     const begin = decideIngestBegin(session(s), 'p1', NOW, 1000);
-    const commit = decideIngestCommit(session(s), { packageId: 'p1', entity: 'stock', rows: 2, bytes: 9 }, NOW);
+    const commit = decideIngestCommit(session(s, { in_flight: { p1: NOW + 1000 } }), { packageId: 'p1', entity: 'stock', rows: 2, bytes: 9 }, NOW);
     if (s === 'UPLOADING') {
       t.ok(begin.ok && begin.next.in_flight.p1 === NOW + 1000, 'lease registered');
       t.ok(commit.ok && commit.next.packages.at(-1)?.entity === 'stock', 'package counted');

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, open, readFile, readdir, rename, rm, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueConsumer } from '../ports.js';
+import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueBacklog, QueueConsumer } from '../ports.js';
 import { fsyncDir } from '../../durable-file.js';
 
 export interface FileBatchQueueOptions {
@@ -18,9 +18,12 @@ interface CommitRecord {
   batches: number[];
   /** Commit order, for oldest-first delivery after a restart. */
   seq: number;
+  /** Commit time (epoch ms); absent in records of older versions, which count from the queue's open. */
+  at?: number;
 }
 
 interface Entry extends CommitRecord {
+  at: number;
   dir: string;
   attempt: number;
   notBefore: number;
@@ -79,7 +82,7 @@ export class FileBatchQueue implements BatchQueue {
       for (const pkg of pkgs) {
         const pkgDir = join(q.#ready, uuid, pkg);
         const rec = JSON.parse(await readFile(join(pkgDir, 'commit.json'), 'utf8')) as CommitRecord;
-        found.push({ ...rec, dir: pkgDir, attempt: 0, notBefore: 0, inFlight: false, purged: false });
+        found.push({ ...rec, at: rec.at ?? Date.now(), dir: pkgDir, attempt: 0, notBefore: 0, inFlight: false, purged: false });
       }
     }
     for (const e of found.sort((a, b) => a.seq - b.seq)) q.#entries.set(entryKey(e.meta), e);
@@ -125,6 +128,12 @@ export class FileBatchQueue implements BatchQueue {
     return n;
   }
 
+  async backlog(): Promise<QueueBacklog> {
+    // Entries are kept in commit order: the first is the oldest.
+    const oldest = this.#entries.values().next();
+    return { packages: this.#entries.size, oldestAgeMs: oldest.done ? null : Math.max(0, Date.now() - oldest.value.at) };
+  }
+
   async purge(uploadUuid: string): Promise<void> {
     checkId('upload_uuid', uploadUuid);
     for (const w of this.#writers) if (w.meta.upload_uuid === uploadUuid) w.drop();
@@ -148,7 +157,7 @@ export class FileBatchQueue implements BatchQueue {
 
   async #publish(writer: FileWriter, totals: { rows: number; bytes: number }, batches: number[]): Promise<void> {
     const { meta } = writer;
-    const rec: CommitRecord = { meta, rows: totals.rows, bytes: totals.bytes, batches, seq: ++this.#seq };
+    const rec: CommitRecord & { at: number } = { meta, rows: totals.rows, bytes: totals.bytes, batches, seq: ++this.#seq, at: Date.now() };
     const commitFile = await open(join(writer.dir, 'commit.json'), 'wx');
     try {
       await commitFile.writeFile(JSON.stringify(rec));

@@ -15,7 +15,7 @@ import {
   type StreamConfig,
   type Subscription,
 } from 'nats';
-import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueConsumer } from '../ports.js';
+import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueBacklog, QueueConsumer } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, jsErrorCode, publishOnce, withRetry, type NatsContext } from './connection.js';
 
 export interface NatsBatchQueueOptions {
@@ -190,6 +190,28 @@ export class NatsBatchQueue implements BatchQueue {
     let n = 0;
     for (const count of counts.values()) n += count;
     return n;
+  }
+
+  /**
+   * From the consumer's counters (not yet delivered + delivered and not acked: the commits
+   * still in the stream), and the first commit message after its ack floor. One attempt
+   * each, bounded by the request timeout: a scrape should not wait out a NATS outage.
+   */
+  async backlog(): Promise<QueueBacklog> {
+    this.#check();
+    const info = await this.#ctx.jsm.consumers.info(this.#stream, this.#durable);
+    const packages = info.num_pending + info.num_ack_pending;
+    if (packages === 0) return { packages, oldestAgeMs: null };
+    let oldest: StoredMsg | null = null;
+    try {
+      oldest = await this.#ctx.jsm.streams.getMessage(this.#stream, {
+        seq: info.ack_floor.stream_seq + 1,
+        next_by_subj: `${this.#stream}.c.>`,
+      } as MsgRequest);
+    } catch (err) {
+      if (jsErrorCode(err) !== JS_NO_MESSAGE_FOUND) throw err;
+    }
+    return { packages, oldestAgeMs: oldest ? Math.max(0, Date.now() - oldest.time.getTime()) : null };
   }
 
   async purge(uploadUuid: string): Promise<void> {

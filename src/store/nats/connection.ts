@@ -27,6 +27,11 @@ export interface NatsContext {
 }
 
 export interface NatsHandle extends NatsContext {
+  /**
+   * Readiness: resolves when the connection is up and JetStream answers `$JS.API.INFO`
+   * within `timeoutMs`; rejects at once while the client is disconnected (reconnecting).
+   */
+  probe(timeoutMs: number): Promise<void>;
   /** Drains (flushes what was published, lets subscriptions finish), then closes. */
   close(): Promise<void>;
 }
@@ -51,11 +56,25 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
     const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs });
     const js = nc.jetstream({ timeout: requestTimeoutMs });
     const drainTimeoutMs = opts.drainTimeoutMs ?? 5000;
+    let connected = true;
+    void (async () => {
+      for await (const s of nc.status()) {
+        if (s.type === 'disconnect') connected = false;
+        else if (s.type === 'reconnect') connected = true;
+      }
+    })().catch(() => {});
     return {
       nc,
       js,
       jsm,
       requestTimeoutMs,
+      async probe(timeoutMs) {
+        if (nc.isClosed()) throw new Error('NATS connection is closed');
+        if (!connected) throw new Error('NATS is disconnected (reconnecting)');
+        const answer = await nc.request('$JS.API.INFO', undefined, { timeout: timeoutMs });
+        const info = answer.json<{ error?: { description?: string } }>();
+        if (info.error) throw new Error(`JetStream: ${info.error.description ?? 'error'}`);
+      },
       async close() {
         if (nc.isClosed()) return;
         let timer: NodeJS.Timeout | undefined;
@@ -63,7 +82,8 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
         const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), drainTimeoutMs)));
         const outcome = await Promise.race([drained, late]);
         clearTimeout(timer);
-        if (outcome === 'late') await nc.close();
+        // A drain refused (the connection is down, reconnecting) leaves it open, and reconnecting forever.
+        if (outcome === 'late' || !nc.isClosed()) await nc.close();
       },
     };
   } catch (err) {

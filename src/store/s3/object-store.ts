@@ -264,6 +264,12 @@ export class S3ObjectStore implements ObjectStore {
     });
   }
 
+  /** Readiness: HeadBucket answers within `timeoutMs` (one attempt's worth of the SDK's retries, cut at the deadline). */
+  async probe(timeoutMs: number): Promise<void> {
+    if (this.#closed) throw new Error('Object store is closed');
+    await this.#client.send(new HeadBucketCommand({ Bucket: this.#settings.bucket }), { abortSignal: AbortSignal.timeout(timeoutMs) });
+  }
+
   /** Waits for the operations under way (each bounded by the request deadlines), then closes the connections. */
   async close(): Promise<void> {
     if (this.#closed) return;

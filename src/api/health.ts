@@ -1,0 +1,23 @@
+/**
+ * `GET /healthz` (the process answers) and `GET /readyz` (it can do its work: the worker pool
+ * is up and the back ends answer). Neither is authenticated nor rate-limited (the per-client
+ * rate limit covers `/api/v1/` only); both are meant for orchestrators and load balancers.
+ */
+import type { Route } from '../http/server.js';
+import type { Readiness } from '../observability/readiness.js';
+import { json } from './context.js';
+
+export function healthRoutes(readiness: Readiness): Route[] {
+  return [
+    { method: 'GET', pattern: '/healthz', body: 'buffered', handler: async () => json({ status: 'ok' }) },
+    {
+      method: 'GET',
+      pattern: '/readyz',
+      body: 'buffered',
+      handler: async () => {
+        const { ready, checks } = await readiness.run();
+        return ready ? json({ status: 'ready', checks }) : json({ detail: 'Not ready', checks }, 503);
+      },
+    },
+  ];
+}

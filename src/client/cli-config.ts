@@ -1,0 +1,150 @@
+/**
+ * Where the `ingest` command line finds its credentials, and the one thing it remembers.
+ *
+ * Credentials, each from the first place that has it: the flags (`--url`, `--client-id`,
+ * `--token`), the environment (`INGEST_URL`, `INGEST_CLIENT_ID`, `INGEST_TOKEN`), the
+ * config file: `--config FILE`, else `$INGEST_CONFIG`, else
+ * `$XDG_CONFIG_HOME/ingest/config.json` (default `~/.config/ingest/config.json`), a JSON
+ * object `{"url", "client_id", "token"}`. A named config file must exist; the default one may not.
+ *
+ * The last upload session used per service URL and client is kept in
+ * `$XDG_STATE_HOME/ingest/sessions.json` (default `~/.local/state/ingest/sessions.json`), so
+ * that `status`, `start`, `terminate` and `delete` need no uuid after `init` or `push`.
+ */
+import { mkdir, readFile, rename, stat, writeFile } from 'node:fs/promises';
+import { homedir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { isRecord } from './errors.js';
+
+export class UsageError extends Error {
+  override readonly name = 'UsageError';
+  readonly code = 'USAGE';
+}
+
+export interface Credentials {
+  url: string;
+  clientId: string;
+  token: string;
+  /** Where each came from, for messages (`flag`, `env`, or the config file's path). */
+  sources: { url: string; clientId: string; token: string };
+  /** A warning to show (a config file readable by others). */
+  warning: string | null;
+}
+
+export interface CredentialFlags {
+  url?: string | undefined;
+  clientId?: string | undefined;
+  token?: string | undefined;
+  config?: string | undefined;
+}
+
+function xdg(env: NodeJS.ProcessEnv, name: 'XDG_CONFIG_HOME' | 'XDG_STATE_HOME', fallback: string[]): string {
+  const set = env[name];
+  if (set && set.startsWith('/')) return set;
+  return join(env.HOME || homedir(), ...fallback);
+}
+
+export function defaultConfigPath(env: NodeJS.ProcessEnv): string {
+  return join(xdg(env, 'XDG_CONFIG_HOME', ['.config']), 'ingest', 'config.json');
+}
+
+export async function resolveCredentials(flags: CredentialFlags, env: NodeJS.ProcessEnv): Promise<Credentials> {
+  const named = flags.config ?? env.INGEST_CONFIG;
+  const path = named ?? defaultConfigPath(env);
+  let file: Record<string, unknown> = {};
+  let warning: string | null = null;
+  let text: string | null = null;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || named !== undefined) {
+      throw new UsageError(`config file ${path}: ${(err as Error).message}`);
+    }
+  }
+  if (text !== null) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(text);
+    } catch (err) {
+      throw new UsageError(`config file ${path}: ${(err as Error).message}`);
+    }
+    if (!isRecord(parsed)) throw new UsageError(`config file ${path}: expected a JSON object {"url", "client_id", "token"}`);
+    for (const key of Object.keys(parsed)) {
+      if (!['url', 'client_id', 'token'].includes(key)) throw new UsageError(`config file ${path}: unknown key ${JSON.stringify(key)} (expected url, client_id, token)`);
+      if (typeof parsed[key] !== 'string') throw new UsageError(`config file ${path}: ${key} must be a string`);
+    }
+    file = parsed;
+    if (typeof file.token === 'string') {
+      const mode = (await stat(path)).mode;
+      if (mode & 0o077) warning = `config file ${path} holds a token and is readable by others (chmod 600 it)`;
+    }
+  }
+  const pick = (flag: string | undefined, envName: string, key: string, what: string) => {
+    if (flag) return { value: flag, source: 'flag' };
+    const fromEnv = env[envName];
+    if (fromEnv) return { value: fromEnv, source: envName };
+    const fromFile = file[key];
+    if (typeof fromFile === 'string' && fromFile) return { value: fromFile, source: path };
+    throw new UsageError(`no ${what}: pass --${key.replace('_', '-')}, set ${envName}, or put "${key}" in ${path}`);
+  };
+  const url = pick(flags.url, 'INGEST_URL', 'url', 'service URL');
+  const clientId = pick(flags.clientId, 'INGEST_CLIENT_ID', 'client_id', 'client id');
+  const token = pick(flags.token, 'INGEST_TOKEN', 'token', 'token');
+  try {
+    const u = new URL(url.value);
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http(s)');
+  } catch {
+    throw new UsageError(`service URL (${url.source}): expected an http(s) URL, got ${JSON.stringify(url.value)}`);
+  }
+  return {
+    url: url.value,
+    clientId: clientId.value,
+    token: token.value,
+    sources: { url: url.source, clientId: clientId.source, token: token.source },
+    warning,
+  };
+}
+
+/** The remembered upload sessions, keyed by service URL and client id. */
+export class SessionMemory {
+  readonly path: string;
+
+  constructor(env: NodeJS.ProcessEnv) {
+    this.path = join(xdg(env, 'XDG_STATE_HOME', ['.local', 'state']), 'ingest', 'sessions.json');
+  }
+
+  static key(url: string, clientId: string): string {
+    return `${new URL(url).href} ${clientId}`;
+  }
+
+  async get(url: string, clientId: string): Promise<string | null> {
+    const all = await this.#read();
+    const value = all[SessionMemory.key(url, clientId)];
+    return typeof value === 'string' ? value : null;
+  }
+
+  /** Best effort: a state file that cannot be written costs only the memory. */
+  async set(url: string, clientId: string, uploadUuid: string | null): Promise<void> {
+    try {
+      const all = await this.#read();
+      const key = SessionMemory.key(url, clientId);
+      if (uploadUuid === null) delete all[key];
+      else all[key] = uploadUuid;
+      await mkdir(dirname(this.path), { recursive: true, mode: 0o700 });
+      const tmp = `${this.path}.${process.pid}.tmp`;
+      await writeFile(tmp, `${JSON.stringify(all, null, 2)}\n`, { mode: 0o600 });
+      await rename(tmp, this.path);
+    } catch {
+      // see above
+    }
+  }
+
+  async #read(): Promise<Record<string, unknown>> {
+    try {
+      const parsed: unknown = JSON.parse(await readFile(this.path, 'utf8'));
+      return isRecord(parsed) ? parsed : {};
+    } catch {
+      return {};
+    }
+  }
+}

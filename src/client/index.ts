@@ -1,0 +1,12 @@
+/**
+ * The client library of the batch ingest gateway: `IngestClient` (one typed call per
+ * endpoint), the retry policy, and `push` (a file of one entity into a session).
+ */
+export { IngestClient, API_PATH, CLIENT_VERSION, parseRetryAfter } from './client.js';
+export { ApiError, ClientError, InputError, CLIENT_ERROR_CODES, describeDetail, isApiError, isClientError, type ClientErrorCode } from './errors.js';
+export { isRetryable, retryDelay, withRetry, type RetryInfo, type RetryPolicy } from './retry.js';
+export { Pacer } from './pacer.js';
+export { push, packageKey, type PackageFailure, type PushEvent, type PushOptions, type PushSummary } from './push.js';
+export { Packer, type Package } from './packer.js';
+export { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from './sources.js';
+export type * from './types.js';

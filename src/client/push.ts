@@ -1,0 +1,197 @@
+/**
+ * `push`: a file's rows into one session, as packages under a size, `parallel` at a time.
+ *
+ * - Memory is bounded: the source is read only when a send slot is free, so at most
+ *   `parallel` packages are in flight and one is being filled.
+ * - Every package is sent with `ingestWithRetry` and an `Idempotency-Key` derived from the
+ *   session, the entity, the package's index and the SHA-256 of its body: a retry, and a
+ *   re-run of the same push of the same file (same content, same package size) into the same
+ *   session, repeat the key, so the service answers instead of storing the rows again. The
+ *   path does not enter the key; a changed file makes changed packages and new keys.
+ * - A package that fails for good (a 4xx, or retries spent) stops the reading of new
+ *   packages unless `keepGoing`; the packages in flight finish either way.
+ */
+import { createHash } from 'node:crypto';
+import type { IngestClient } from './client.js';
+import { describeDetail, isApiError, isClientError, type ClientError } from './errors.js';
+import { Packer, type Package } from './packer.js';
+import type { RetryPolicy } from './retry.js';
+import type { RowSource } from './sources.js';
+
+export interface PushOptions {
+  client: IngestClient;
+  uploadUuid: string;
+  entity: string;
+  source: RowSource;
+  /** Largest body in bytes (uncompressed JSON). */
+  packageBytes: number;
+  /** Packages in flight at once. */
+  parallel: number;
+  gzip?: boolean;
+  keepGoing?: boolean;
+  retry?: RetryPolicy;
+  signal?: AbortSignal;
+  onEvent?: (event: PushEvent) => void;
+}
+
+export type PushEvent =
+  | { type: 'sent'; index: number; rows: number; bytes: number }
+  | { type: 'retry'; index: number; retry: number; delayMs: number; error: ClientError }
+  | { type: 'accepted'; index: number; rows: number; bytes: number; sourceBytes: number; replayed: boolean }
+  | { type: 'failed'; index: number; failure: PackageFailure };
+
+export interface PackageFailure {
+  package: number;
+  /** 1-based number in the file of the package's first row, and of the offending row when the service named one. */
+  first_record: number;
+  rows: number;
+  record?: number;
+  code: string;
+  status: number | null;
+  detail: unknown;
+  message: string;
+}
+
+export interface PushSummary {
+  upload_uuid: string;
+  entity: string;
+  file: string;
+  format: string;
+  packages_sent: number;
+  packages_accepted: number;
+  packages_failed: number;
+  /** Accepted packages the service had already stored (a re-run): answered from their key, not stored again. */
+  packages_replayed: number;
+  rows_read: number;
+  rows_sent: number;
+  rows_accepted: number;
+  /** Bytes of the bodies accepted (uncompressed). */
+  bytes_accepted: number;
+  file_bytes: number;
+  retries: number;
+  elapsed_ms: number;
+  failures: PackageFailure[];
+  /** The file stopped being readable as rows (nothing after that point was sent). */
+  input_error: string | null;
+  aborted: boolean;
+}
+
+/** The `Idempotency-Key` of one package. */
+export function packageKey(uploadUuid: string, entity: string, index: number, body: Uint8Array): string {
+  const bodyHash = createHash('sha256').update(body).digest('hex');
+  const key = createHash('sha256').update(JSON.stringify(['ingest-push/1', uploadUuid, entity, index, bodyHash])).digest('base64url');
+  return `push-${key.slice(0, 40)}`;
+}
+
+export async function push(opts: PushOptions): Promise<PushSummary> {
+  const started = performance.now();
+  const summary: PushSummary = {
+    upload_uuid: opts.uploadUuid,
+    entity: opts.entity,
+    file: opts.source.path,
+    format: opts.source.format,
+    packages_sent: 0,
+    packages_accepted: 0,
+    packages_failed: 0,
+    packages_replayed: 0,
+    rows_read: 0,
+    rows_sent: 0,
+    rows_accepted: 0,
+    bytes_accepted: 0,
+    file_bytes: opts.source.totalBytes,
+    retries: 0,
+    elapsed_ms: 0,
+    failures: [],
+    input_error: null,
+    aborted: false,
+  };
+  const emit = opts.onEvent ?? (() => {});
+  const inFlight = new Set<Promise<void>>();
+  let stop = false;
+  let sourceMark = 0;
+
+  const send = async (pkg: Package, sourceBytes: number): Promise<void> => {
+    summary.packages_sent++;
+    summary.rows_sent += pkg.rows;
+    emit({ type: 'sent', index: pkg.index, rows: pkg.rows, bytes: pkg.body.length });
+    try {
+      const res = await opts.client.ingestWithRetry(
+        opts.uploadUuid,
+        opts.entity,
+        pkg.body,
+        { idempotencyKey: packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body), gzip: opts.gzip ?? false, signal: opts.signal },
+        {
+          ...opts.retry,
+          onRetry: (info) => {
+            summary.retries++;
+            emit({ type: 'retry', index: pkg.index, retry: info.retry, delayMs: info.delayMs, error: info.error });
+            opts.retry?.onRetry?.(info);
+          },
+        },
+      );
+      summary.packages_accepted++;
+      if (res.replayed) summary.packages_replayed++;
+      summary.rows_accepted += res.rows_processed;
+      summary.bytes_accepted += pkg.body.length;
+      emit({ type: 'accepted', index: pkg.index, rows: res.rows_processed, bytes: pkg.body.length, sourceBytes, replayed: res.replayed });
+    } catch (err) {
+      summary.packages_failed++;
+      const failure = describeFailure(pkg, err);
+      summary.failures.push(failure);
+      emit({ type: 'failed', index: pkg.index, failure });
+      if (!opts.keepGoing) stop = true;
+    }
+  };
+
+  const dispatch = async (pkg: Package) => {
+    while (inFlight.size >= opts.parallel) await Promise.race(inFlight);
+    if (stop || opts.signal?.aborted) return false;
+    // The file bytes this package stands for, for progress (read-ahead makes it approximate).
+    const sourceBytes = Math.max(0, opts.source.bytesRead - sourceMark);
+    sourceMark = opts.source.bytesRead;
+    const p = send(pkg, sourceBytes).finally(() => inFlight.delete(p));
+    inFlight.add(p);
+    return true;
+  };
+
+  const packer = new Packer(opts.packageBytes);
+  try {
+    reading: {
+      for await (const batch of opts.source.rows()) {
+        for (const row of batch) {
+          if (stop || opts.signal?.aborted) break reading;
+          summary.rows_read++;
+          const sealed = packer.add(row);
+          if (sealed && !(await dispatch(sealed))) break reading;
+        }
+      }
+      const last = packer.flush();
+      if (last && !stop && !opts.signal?.aborted) await dispatch(last);
+    }
+  } catch (err) {
+    if (!isClientError(err) || err.code !== 'INPUT') throw err;
+    summary.input_error = err.message;
+  } finally {
+    await Promise.all(inFlight);
+  }
+  summary.aborted = opts.signal?.aborted ?? false;
+  summary.elapsed_ms = Math.round(performance.now() - started);
+  return summary;
+}
+
+const ROW_IN_DETAIL = /^Invalid data types in payload: row (\d+)\b/;
+
+function describeFailure(pkg: Package, err: unknown): PackageFailure {
+  const failure: PackageFailure = {
+    package: pkg.index,
+    first_record: pkg.firstRecord,
+    rows: pkg.rows,
+    code: isClientError(err) ? err.code : 'INTERNAL',
+    status: isClientError(err) ? err.status : null,
+    detail: isApiError(err) ? err.detail : null,
+    message: isApiError(err) ? describeDetail(err.body) : (err as Error).message,
+  };
+  const row = typeof failure.detail === 'string' ? ROW_IN_DETAIL.exec(failure.detail) : null;
+  if (row) failure.record = pkg.firstRecord + Number(row[1]);
+  return failure;
+}

@@ -1,0 +1,356 @@
+/**
+ * Idempotent ingest retries (`Idempotency-Key`): one record per (client, key) in the
+ * SessionStore, written only with create-if-absent and compare-and-set, so any number of
+ * gateway instances agree on who runs a key and what it answered.
+ *
+ * ```
+ * (none) ──claim──> pending {attempts: [P], lease_until} ──finish──> done {status, body, at}
+ *                      │  renewed every leaseMs/3 while P runs        (replayed until `at` + ttlMs)
+ *                      ├─release, P never recorded──> (none)
+ *                      └─release, P may be recorded, or its instance died──> taken over by the
+ *                        next retry, which settles the earlier attempts first (settleAttempts)
+ * ```
+ * Why this stores a package once: the session records a package only while its lease is
+ * live, and the uploader stores only recorded packages (state.ts `decideIngestCommit`,
+ * `packageFate`). A retry that takes over a key settles every earlier attempt in one
+ * compare-and-set on the session: either one of them is recorded (its rows are the answer,
+ * nothing runs again), or their leases end there and none of them can ever be recorded; only
+ * then does the retry's own package run. An attempt's lease is taken before its claim, so no
+ * attempt can begin after a takeover settled it.
+ */
+import { randomUUID } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { errors } from '../errors.js';
+import { idempotencyKey } from '../store/keys.js';
+import { isStoreConflict, type SessionStore } from '../store/ports.js';
+import type { ClientRef, SessionService } from './service.js';
+import type { PackageEntry } from './state.js';
+
+/** 1 to 255 visible ASCII characters (`!` to `~`). */
+const KEY_SYNTAX = /^[\x21-\x7e]{1,255}$/;
+
+/** The `Idempotency-Key` header's value; null when absent. Throws IDEMPOTENCY_KEY_INVALID (400). */
+export function parseIdempotencyKey(header: string | undefined): string | null {
+  if (header === undefined) return null;
+  if (!KEY_SYNTAX.test(header)) throw errors.idempotencyKeyInvalid();
+  return header;
+}
+
+/**
+ * What a key promises stays the same on a retry. The body is not known before it is read,
+ * and a replay does not read it: the declared `Content-Length` stands in for it.
+ */
+export interface RequestFingerprint {
+  upload_uuid: string;
+  entity: string;
+  /** Declared body length on the wire; null for a chunked body. Compared only when both requests declare one. */
+  content_length: number | null;
+}
+
+export interface StoredAnswer {
+  status: number;
+  body: unknown;
+}
+
+interface PendingRecord extends RequestFingerprint {
+  state: 'pending';
+  /**
+   * Package ids of the attempts the session may have recorded, the current one first. More
+   * than one only after a takeover, until the attempt ends.
+   */
+  attempts: string[];
+  /** The current attempt's instance holds the key until then (epoch ms); 0 once released. */
+  lease_until: number;
+  /** The instance of the current attempt (a random id per process start). */
+  owner: string;
+  created_at: number;
+}
+
+interface DoneRecord extends RequestFingerprint {
+  state: 'done';
+  status: number;
+  body: unknown;
+  /** The package the answer is about (200 only). */
+  package_id: string | null;
+  at: number;
+}
+
+type IdempotencyRecord = PendingRecord | DoneRecord;
+
+/** One attempt that holds a key: the package it runs, and the two ways it ends. Neither throws. */
+export interface Attempt {
+  readonly packageId: string;
+  /**
+   * Stores the attempt's definite answer, replayed to every repeat until it expires.
+   * `packageId`: the package a 200 is about (default: this attempt's).
+   */
+  finish(answer: StoredAnswer, packageId?: string): Promise<void>;
+  /**
+   * No definite answer (a 5xx, an abort): a retry runs again. `mayBeRecorded` says the
+   * session may have recorded the package (recording was attempted and failed in an unknown
+   * way): the next retry then settles it before running.
+   */
+  release(mayBeRecorded: boolean): Promise<void>;
+}
+
+export type Claim =
+  /** This attempt holds the key: run the package under `attempt.packageId`. */
+  | { kind: 'run'; attempt: Attempt }
+  /** The key's answer, stored by an earlier attempt. */
+  | { kind: 'answer'; answer: StoredAnswer }
+  /**
+   * An earlier attempt's package is recorded, but its answer was never stored (its instance
+   * died after recording it): build its answer, `finish` it, answer.
+   */
+  | { kind: 'recovered'; recorded: PackageEntry; attempt: Attempt };
+
+export interface IdempotencyOptions {
+  sessions: SessionStore;
+  service: Pick<SessionService, 'settleAttempts'>;
+  /** How long a stored answer is replayed; afterwards the key is free again. */
+  ttlMs: number;
+  /** How long a claim outlives its instance; renewed every third of it while the attempt runs. */
+  leaseMs: number;
+  /** How long a repeat waits for an attempt in progress before answering 409. */
+  waitMs: number;
+  /**
+   * The session store belongs to this process alone (the embedded default): a claim of
+   * another instance is a previous process's, dead, and is taken over at once.
+   */
+  singleInstance?: boolean;
+  clock?: () => number;
+  /** Failed writes that no client waits for (finish, release, renewal). */
+  onBackgroundError?: (err: unknown, what: string) => void;
+}
+
+const POLL_FIRST_MS = 20;
+const POLL_MAX_MS = 250;
+
+export class IdempotentIngests {
+  readonly #opts: IdempotencyOptions;
+  readonly #now: () => number;
+  readonly #instance = randomUUID();
+
+  constructor(opts: IdempotencyOptions) {
+    this.#opts = opts;
+    this.#now = opts.clock ?? Date.now;
+  }
+
+  /**
+   * Before the session checks: the stored answer of a finished request with this key, or
+   * null (no record, one in progress, or an expired one). A replay answers whatever the
+   * session's state is now: it is the answer the first attempt got.
+   */
+  async replay(client: ClientRef, key: string, fp: RequestFingerprint): Promise<StoredAnswer | null> {
+    const cur = await this.#opts.sessions.get<IdempotencyRecord>(idempotencyKey(client.id, key));
+    if (!cur || this.#expired(cur.value)) return null;
+    if (!sameRequest(cur.value, fp)) throw errors.idempotencyKeyReused();
+    return cur.value.state === 'done' ? { status: cur.value.status, body: cur.value.body } : null;
+  }
+
+  /**
+   * After the session checks, once the attempt's package lease is taken (`beginIngest`
+   * returned `packageId`): claims the key for this attempt. A repeat of an attempt in
+   * progress waits up to `waitMs` for its answer, then throws IDEMPOTENCY_KEY_IN_PROGRESS
+   * (409). A different request under the key throws IDEMPOTENCY_KEY_REUSED (422). `signal`
+   * (the client went away) ends the wait with its reason.
+   */
+  async claim(client: ClientRef, key: string, fp: RequestFingerprint, packageId: string, signal?: AbortSignal): Promise<Claim> {
+    const { sessions } = this.#opts;
+    const id = idempotencyKey(client.id, key);
+    // The wait is local time (monotonic); leases are wall-clock times every instance compares.
+    const deadline = performance.now() + this.#opts.waitMs;
+    let pause = POLL_FIRST_MS;
+    for (;;) {
+      const cur = await sessions.get<IdempotencyRecord>(id);
+      const now = this.#now();
+      if (!cur || this.#expired(cur.value)) {
+        const record = this.#pending(fp, [packageId], now, now);
+        try {
+          const revision = cur ? await sessions.update(id, record, cur.revision) : await sessions.create(id, record);
+          return { kind: 'run', attempt: new HeldClaim(this, id, revision, record, []) };
+        } catch (err) {
+          if (isStoreConflict(err)) continue;
+          throw err;
+        }
+      }
+      const held = cur.value;
+      if (!sameRequest(held, fp)) throw errors.idempotencyKeyReused();
+      if (held.state === 'done') return { kind: 'answer', answer: { status: held.status, body: held.body } };
+      if (this.#alive(held, now)) {
+        const left = deadline - performance.now();
+        if (left <= 0) throw errors.idempotencyKeyInProgress();
+        await sleep(Math.min(pause, left), undefined, signal ? { signal } : undefined);
+        pause = Math.min(pause * 2, POLL_MAX_MS);
+        continue;
+      }
+
+      // The attempt holding the key gave up without an answer, or its instance died: take over.
+      const earlier = held.attempts.filter((a) => a !== packageId);
+      const record = this.#pending(fp, [packageId, ...earlier], held.created_at, now);
+      let attempt: HeldClaim;
+      try {
+        attempt = new HeldClaim(this, id, await sessions.update(id, record, cur.revision), record, earlier);
+      } catch (err) {
+        if (isStoreConflict(err)) continue;
+        throw err;
+      }
+      try {
+        const recorded = earlier.length > 0 ? await this.#opts.service.settleAttempts(client, fp.upload_uuid, earlier) : null;
+        attempt.settled();
+        return recorded ? { kind: 'recovered', recorded, attempt } : { kind: 'run', attempt };
+      } catch (err) {
+        await attempt.release(false);
+        throw err;
+      }
+    }
+  }
+
+  /** @internal for HeldClaim */
+  get options(): IdempotencyOptions {
+    return this.#opts;
+  }
+
+  /** @internal for HeldClaim */
+  now(): number {
+    return this.#now();
+  }
+
+  #pending(fp: RequestFingerprint, attempts: string[], createdAt: number, now: number): PendingRecord {
+    return {
+      state: 'pending',
+      upload_uuid: fp.upload_uuid,
+      entity: fp.entity,
+      content_length: fp.content_length,
+      attempts,
+      lease_until: now + this.#opts.leaseMs,
+      owner: this.#instance,
+      created_at: createdAt,
+    };
+  }
+
+  /** A done record past its time-to-live counts as absent; a pending one never expires (it must be settled). */
+  #expired(r: IdempotencyRecord): boolean {
+    return r.state === 'done' && r.at + this.#opts.ttlMs <= this.#now();
+  }
+
+  #alive(r: PendingRecord, now: number): boolean {
+    if (r.lease_until <= now) return false;
+    return !(this.#opts.singleInstance && r.owner !== this.#instance);
+  }
+}
+
+/**
+ * The claim of a running attempt: renews its lease in the background and ends it once.
+ * Every write is a compare-and-set on the revision this attempt wrote last; a conflict means
+ * another instance took the key over (this attempt's lease had lapsed), and the attempt then
+ * writes nothing more: its package can no longer be recorded either (the takeover settled it).
+ */
+class HeldClaim implements Attempt {
+  readonly packageId: string;
+  readonly #owner: IdempotentIngests;
+  readonly #id: string;
+  #revision: number;
+  #record: PendingRecord;
+  /** Earlier attempts not yet settled by this one (see `release`). */
+  #unsettled: string[];
+  #lost = false;
+  #ended = false;
+  /** Writes run one after another. */
+  #tail: Promise<void> = Promise.resolve();
+  readonly #timer: NodeJS.Timeout;
+
+  constructor(owner: IdempotentIngests, id: string, revision: number, record: PendingRecord, unsettled: string[]) {
+    this.packageId = record.attempts[0]!;
+    this.#owner = owner;
+    this.#id = id;
+    this.#revision = revision;
+    this.#record = record;
+    this.#unsettled = unsettled;
+    const every = Math.max(1, Math.floor(owner.options.leaseMs / 3));
+    this.#timer = setInterval(() => void this.#write('renew the claim of an Idempotency-Key', () => this.#renew()), every);
+    this.#timer.unref();
+  }
+
+  settled(): void {
+    this.#unsettled = [];
+  }
+
+  async finish(answer: StoredAnswer, packageId: string = this.packageId): Promise<void> {
+    if (this.#end()) return;
+    const { state: _state, attempts: _attempts, lease_until: _lease, owner: _owner, created_at: _created, ...fingerprint } = this.#record;
+    const done: DoneRecord = {
+      ...fingerprint,
+      state: 'done',
+      status: answer.status,
+      body: answer.body,
+      package_id: answer.status === 200 ? packageId : null,
+      at: this.#owner.now(),
+    };
+    await this.#write('store the answer of an Idempotency-Key', () => this.#cas(done));
+  }
+
+  async release(mayBeRecorded: boolean): Promise<void> {
+    if (this.#end()) return;
+    const attempts = [...(mayBeRecorded ? [this.packageId] : []), ...this.#unsettled];
+    await this.#write('release an Idempotency-Key', async () => {
+      if (attempts.length > 0) return this.#cas({ ...this.#record, attempts, lease_until: 0 });
+      // Nothing of this key can be recorded any more: forget it.
+      try {
+        await this.#owner.options.sessions.delete(this.#id, this.#revision);
+      } catch (err) {
+        if (!isStoreConflict(err)) throw err;
+        this.#lost = true;
+      }
+    });
+  }
+
+  #end(): boolean {
+    if (this.#ended) return true;
+    this.#ended = true;
+    clearInterval(this.#timer);
+    return false;
+  }
+
+  async #renew(): Promise<void> {
+    if (this.#ended) return;
+    await this.#cas({ ...this.#record, lease_until: this.#owner.now() + this.#owner.options.leaseMs });
+  }
+
+  async #cas(next: IdempotencyRecord): Promise<void> {
+    try {
+      this.#revision = await this.#owner.options.sessions.update(this.#id, next, this.#revision);
+      if (next.state === 'pending') this.#record = next;
+    } catch (err) {
+      if (!isStoreConflict(err)) throw err;
+      this.#lost = true;
+    }
+  }
+
+  /**
+   * Queues a write after the previous ones; failures are reported, never thrown: the claim
+   * then simply lapses after `leaseMs`, and the next retry settles this attempt.
+   */
+  #write(what: string, fn: () => Promise<void>): Promise<void> {
+    const run = this.#tail.then(async () => {
+      if (this.#lost) return;
+      try {
+        await fn();
+      } catch (err) {
+        this.#owner.options.onBackgroundError?.(err, what);
+      }
+    });
+    this.#tail = run;
+    return run;
+  }
+}
+
+/** The same request as far as a key can tell: same session, entity and (when both declare it) body length. */
+function sameRequest(r: IdempotencyRecord, fp: RequestFingerprint): boolean {
+  return (
+    r.upload_uuid === fp.upload_uuid &&
+    r.entity === fp.entity &&
+    (r.content_length === null || fp.content_length === null || r.content_length === fp.content_length)
+  );
+}

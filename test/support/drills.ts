@@ -1,0 +1,114 @@
+/**
+ * Shared pieces of the failure drills (test/drills/): their size (CI or `DRILL_LONG=1`), a
+ * clients file with many clients, packages whose rows carry ids unique per package, and
+ * reading back what was stored and what the session records, straight from the stores.
+ */
+import { readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { hashToken } from '../../src/http/auth.js';
+import type { SessionRecord } from '../../src/session/state.js';
+import { sessionKey } from '../../src/store/keys.js';
+import { connectNats } from '../../src/store/nats/connection.js';
+import { NatsSessionStore } from '../../src/store/nats/session-store.js';
+import type { ObjectStore } from '../../src/store/ports.js';
+import { S3ObjectStore } from '../../src/store/s3/object-store.js';
+import { countRows, type ObjectHeader } from '../../src/uploader/uploader.js';
+import type { S3Endpoint } from './s3.js';
+
+interface Teardown {
+  teardown(fn: () => unknown): void;
+}
+
+/** `DRILL_LONG=1` runs the long variants; CI runs the short ones, which still exercise each drill. */
+export const LONG = process.env.DRILL_LONG === '1';
+export const size = <T>(ci: T, long: T): T => (LONG ? long : ci);
+
+export interface DrillClient {
+  id: string;
+  token: string;
+}
+
+/** A clients file of `n` loopback clients `drill-<i>` (token `drill-token-<i>`). */
+export async function writeClients(dir: string, n: number): Promise<{ file: string; clients: DrillClient[] }> {
+  const clients = Array.from({ length: n }, (_, i) => ({ id: `drill-${i}`, token: `drill-token-${i}` }));
+  const file = join(dir, 'clients.json');
+  await writeFile(
+    file,
+    JSON.stringify({
+      clients: clients.map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: ['127.0.0.0/8', '::1/128'], min_date: '2020-01-01' })),
+    }),
+  );
+  return { file, clients };
+}
+
+/** Package `n` of `tag`: `rows` products whose ids `<tag>/<n>/<i>` name the package. */
+export function drillPackage(tag: string, n: number, rows: number, pad = 0) {
+  return {
+    columns: ['product_id', 'name', 'price'],
+    data: Array.from({ length: rows }, (_, i) => [`${tag}/${n}/${i}`, `Product ${i}${'x'.repeat(pad)}`, i % 100]),
+  };
+}
+
+/** The package a row id belongs to: `<tag>/<n>`. */
+export const packageOfRow = (id: string): string => id.slice(0, id.lastIndexOf('/'));
+
+export interface StoredObject {
+  key: string;
+  header: ObjectHeader;
+  /** First column of every row line, in order. */
+  ids: string[];
+}
+
+export async function readObjects(store: ObjectStore, prefix = ''): Promise<StoredObject[]> {
+  const out: StoredObject[] = [];
+  for (const { key } of await store.list(prefix)) {
+    const chunks: Buffer[] = [];
+    for await (const chunk of (await store.get(key))!) chunks.push(Buffer.from(chunk));
+    const lines = Buffer.concat(chunks).toString('utf8').split('\n').filter((l) => l.trim() !== '');
+    const header = JSON.parse(lines[0]!) as ObjectHeader;
+    out.push({ key, header, ids: lines.slice(1).map((l) => (JSON.parse(l) as string[])[0]!) });
+  }
+  return out;
+}
+
+/** `countRows` agrees with the lines: the header's count is what the emulator counts. */
+export async function rowsOf(store: ObjectStore, key: string): Promise<number> {
+  return (await countRows((await store.get(key))!)).rows;
+}
+
+export function openS3(s3: S3Endpoint): Promise<S3ObjectStore> {
+  return S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
+}
+
+/** The session record as the embedded store keeps it (read from its file; no store opened, so nothing is cleaned). */
+export async function embeddedRecord(dataDir: string, uploadUuid: string): Promise<SessionRecord | null> {
+  try {
+    const stored = JSON.parse(await readFile(join(dataDir, 'sessions', `${sessionKey(uploadUuid)}.json`), 'utf8')) as { value?: SessionRecord };
+    return stored.value ?? null;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+    throw err;
+  }
+}
+
+/** A reader of session records on NATS KV (the bucket of the default configuration). */
+export async function natsRecords(t: Teardown, url: string): Promise<(uploadUuid: string) => Promise<SessionRecord | null>> {
+  const nats = await connectNats({ servers: url, name: 'drill-reader' });
+  t.teardown(() => nats.close());
+  const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas: 1 });
+  return async (uuid) => (await store.get<SessionRecord>(sessionKey(uuid)))?.value ?? null;
+}
+
+/** Polls `cond` until it holds (the service is asynchronous by contract); bounded, with what it saw last on failure. */
+export async function until<T>(what: string, probe: () => Promise<T>, cond: (v: T) => boolean, timeoutMs: number, everyMs = 100): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await probe();
+    if (cond(v)) return v;
+    if (Date.now() > deadline) throw new Error(`${what}: not reached in ${timeoutMs} ms; last seen ${JSON.stringify(v)?.slice(0, 2000)}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+/** Milliseconds since `t0`, rounded, for the measurements the drills print. */
+export const since = (t0: number): number => Math.round(performance.now() - t0);

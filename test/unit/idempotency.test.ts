@@ -1,0 +1,200 @@
+/** The `Idempotency-Key` ledger on a real (file) session store, with a controlled clock and a stub session service. */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t, { type Test } from 'tap';
+import { isServiceError } from '../../src/errors.js';
+import { IdempotentIngests, parseIdempotencyKey, type Claim, type IdempotencyOptions, type RequestFingerprint } from '../../src/session/idempotency.js';
+import type { PackageEntry } from '../../src/session/state.js';
+import { FileSessionStore } from '../../src/store/embedded/session-store.js';
+import { idempotencyKey } from '../../src/store/keys.js';
+import type { SessionStore } from '../../src/store/ports.js';
+
+const client = { id: 'acme', minDate: '2020-01-01' };
+const fp: RequestFingerprint = { upload_uuid: 'u-1', entity: 'products', content_length: 120 };
+const ok200 = { status: 200, body: { status: 'success', message: '2 rows of products validated and queued for storage', rows_processed: 2 } };
+
+interface Rig {
+  sessions: SessionStore;
+  clock: { now: number };
+  /** Package ids each settleAttempts call got, and what the next call answers. */
+  settled: string[][];
+  recorded: PackageEntry | null;
+  ledger(opts?: Partial<IdempotencyOptions>): IdempotentIngests;
+}
+
+async function rig(t: Test): Promise<Rig> {
+  const dir = await mkdtemp(join(tmpdir(), 'ingest-idem-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const sessions = await FileSessionStore.open(dir);
+  t.teardown(() => sessions.close());
+  const r: Rig = {
+    sessions,
+    clock: { now: 1_700_000_000_000 },
+    settled: [],
+    recorded: null,
+    ledger: (opts = {}) =>
+      new IdempotentIngests({
+        sessions,
+        service: {
+          settleAttempts: async (_client, _uuid, ids) => {
+            r.settled.push([...ids]);
+            return r.recorded;
+          },
+        },
+        ttlMs: 86_400_000,
+        leaseMs: 60_000,
+        waitMs: 0,
+        clock: () => r.clock.now,
+        ...opts,
+      }),
+  };
+  return r;
+}
+
+function run(t: Test, claim: Claim) {
+  if (claim.kind !== 'run') throw new Error(`expected to run, got ${claim.kind}`);
+  t.teardown(() => claim.attempt.release(false)); // stops the renewal timer of a claim a test leaves held
+  return claim.attempt;
+}
+
+const code = (err: unknown) => (isServiceError(err) ? err.code : err);
+
+t.test('the header: 1 to 255 visible ASCII characters', async (t) => {
+  t.equal(parseIdempotencyKey(undefined), null, 'absent: no key');
+  for (const good of ['a', '0f8c1d6e-0d1b-4b8e-9f1e-3c0b5a6d7e8f', '!~'.repeat(127) + 'x', 'pkg:2024/01#7']) t.equal(parseIdempotencyKey(good), good);
+  for (const bad of ['', 'a b', 'x'.repeat(256), 'é', 'a\tb', '\x7f']) {
+    t.throws(() => parseIdempotencyKey(bad), { code: 'IDEMPOTENCY_KEY_INVALID', statusCode: 400 }, JSON.stringify(bad));
+  }
+});
+
+t.test('a finished request is replayed; a different request under the key is refused', async (t) => {
+  const r = await rig(t);
+  const ledger = r.ledger();
+  t.equal(await ledger.replay(client, 'k1', fp), null, 'nothing yet');
+  const attempt = run(t, await ledger.claim(client, 'k1', fp, 'p-1'));
+  t.equal(attempt.packageId, 'p-1');
+  t.equal(await ledger.replay(client, 'k1', fp), null, 'in progress: no answer to replay');
+  await attempt.finish(ok200);
+  t.same(await ledger.replay(client, 'k1', fp), ok200);
+  t.same(await ledger.replay(client, 'k1', { ...fp, content_length: null }), ok200, 'a chunked repeat matches');
+  t.same(await ledger.claim(client, 'k1', fp, 'p-2'), { kind: 'answer', answer: ok200 });
+  for (const other of [{ ...fp, entity: 'stores' }, { ...fp, upload_uuid: 'u-2' }, { ...fp, content_length: 121 }]) {
+    await t.rejects(ledger.replay(client, 'k1', other), { code: 'IDEMPOTENCY_KEY_REUSED', statusCode: 422 });
+    await t.rejects(ledger.claim(client, 'k1', other, 'p-3'), { code: 'IDEMPOTENCY_KEY_REUSED' });
+  }
+  t.equal(await ledger.replay({ ...client, id: 'other' }, 'k1', fp), null, 'keys are per client');
+  const rec = await r.sessions.get<any>(idempotencyKey('acme', 'k1'));
+  t.match(rec?.value, { state: 'done', status: 200, package_id: 'p-1', upload_uuid: 'u-1', entity: 'products', content_length: 120 });
+});
+
+t.test('answers expire after ttlMs; the key then runs again', async (t) => {
+  const r = await rig(t);
+  const ledger = r.ledger({ ttlMs: 1000 });
+  await run(t, await ledger.claim(client, 'k', fp, 'p-1')).finish({ status: 422, body: { detail: 'Invalid JSON format.' } });
+  r.clock.now += 999;
+  t.same(await ledger.replay(client, 'k', fp), { status: 422, body: { detail: 'Invalid JSON format.' } });
+  r.clock.now += 1;
+  t.equal(await ledger.replay(client, 'k', { ...fp, entity: 'stores' }), null, 'expired: neither replayed nor compared');
+  const again = run(t, await ledger.claim(client, 'k', { ...fp, entity: 'stores' }, 'p-2'));
+  t.equal(again.packageId, 'p-2', 'the expired record is overwritten');
+});
+
+t.test('a repeat waits for the attempt in progress, up to waitMs', async (t) => {
+  const r = await rig(t);
+  const first = run(t, await r.ledger().claim(client, 'k', fp, 'p-1'));
+  const err = await r.ledger({ waitMs: 30 }).claim(client, 'k', fp, 'p-2').catch((e: unknown) => e);
+  t.equal(code(err), 'IDEMPOTENCY_KEY_IN_PROGRESS');
+  t.same(isServiceError(err) && [err.statusCode, err.body, err.headers], [409, { detail: 'A request with this Idempotency-Key is in progress' }, { 'Retry-After': '1' }]);
+
+  const gone = new AbortController();
+  const abandoned = r.ledger({ waitMs: 10_000 }).claim(client, 'k', fp, 'p-4', gone.signal);
+  gone.abort();
+  await t.rejects(abandoned, { name: 'AbortError' }, 'a repeat whose client went away stops waiting');
+
+  const waiting = r.ledger({ waitMs: 10_000 }).claim(client, 'k', fp, 'p-3');
+  await first.finish(ok200);
+  t.same(await waiting, { kind: 'answer', answer: ok200 }, 'the waiter gets the first answer');
+});
+
+t.test('release without a recorded package frees the key; a waiter then runs', async (t) => {
+  const r = await rig(t);
+  const first = run(t, await r.ledger().claim(client, 'k', fp, 'p-1'));
+  const waiting = r.ledger({ waitMs: 10_000 }).claim(client, 'k', fp, 'p-2');
+  await first.release(false);
+  const second = run(t, await waiting);
+  t.equal(second.packageId, 'p-2');
+  t.same(r.settled, [], 'nothing to settle: the first attempt was never recorded');
+});
+
+t.test('release with a package that may be recorded: the retry settles it first', async (t) => {
+  const r = await rig(t);
+  const ledger = r.ledger();
+  await run(t, await ledger.claim(client, 'k', fp, 'p-1')).release(true);
+  t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k')))?.value, { state: 'pending', attempts: ['p-1'], lease_until: 0 });
+
+  r.recorded = { id: 'p-1', entity: 'products', rows: 2, bytes: 40 };
+  const claim = await ledger.claim(client, 'k', fp, 'p-2');
+  t.same(r.settled, [['p-1']]);
+  if (claim.kind !== 'recovered') throw new Error(`expected recovered, got ${claim.kind}`);
+  t.same(claim.recorded, r.recorded, 'the recorded package is the answer');
+  await claim.attempt.finish(ok200, claim.recorded.id);
+  t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k')))?.value, { state: 'done', package_id: 'p-1' });
+});
+
+t.test('a crashed instance: its claim is taken over after the lease; the zombie writes nothing', async (t) => {
+  const r = await rig(t);
+  const dead = run(t, await r.ledger().claim(client, 'k', fp, 'p-1'));
+  const other = r.ledger({ waitMs: 0 });
+  await t.rejects(other.claim(client, 'k', fp, 'p-2'), { code: 'IDEMPOTENCY_KEY_IN_PROGRESS' }, 'lease live');
+  r.clock.now += 60_001;
+  const taker = run(t, await other.claim(client, 'k', fp, 'p-2'));
+  t.same(r.settled, [['p-1']], 'the dead attempt is settled (fenced) before the retry runs');
+  t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k')))?.value, { attempts: ['p-2', 'p-1'] });
+  await dead.finish(ok200);
+  t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k')))?.value, { state: 'pending', attempts: ['p-2', 'p-1'] }, 'the zombie lost the key');
+  await taker.release(false);
+  t.equal(await r.sessions.get(idempotencyKey('acme', 'k')), null, 'settled and not recorded: nothing left to remember');
+});
+
+t.test('a takeover that cannot settle keeps the earlier attempts for the next retry', async (t) => {
+  const r = await rig(t);
+  await run(t, await r.ledger().claim(client, 'k', fp, 'p-1')).release(true);
+  const failing = new IdempotentIngests({
+    sessions: r.sessions,
+    service: { settleAttempts: async () => Promise.reject(new Error('store down')) },
+    ttlMs: 86_400_000,
+    leaseMs: 60_000,
+    waitMs: 0,
+    clock: () => r.clock.now,
+  });
+  await t.rejects(failing.claim(client, 'k', fp, 'p-2'), /store down/);
+  t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k')))?.value, { state: 'pending', attempts: ['p-1'], lease_until: 0 });
+});
+
+t.test('single instance (embedded): a claim of a previous process is taken over at once', async (t) => {
+  const r = await rig(t);
+  run(t, await r.ledger({ singleInstance: true }).claim(client, 'k', fp, 'p-1'));
+  const restarted = r.ledger({ singleInstance: true });
+  const taker = run(t, await restarted.claim(client, 'k', fp, 'p-2'));
+  t.equal(taker.packageId, 'p-2');
+  t.same(r.settled, [['p-1']]);
+});
+
+t.test('a running attempt renews its lease', async (t) => {
+  const r = await rig(t);
+  const live = { now: 0 };
+  const ledger = r.ledger({ leaseMs: 60, clock: () => Date.now() + live.now });
+  run(t, await ledger.claim(client, 'k', fp, 'p-1'));
+  const key = idempotencyKey('acme', 'k');
+  const first = (await r.sessions.get<any>(key))!;
+  // Bounded wait for two renewals (every leaseMs / 3).
+  const deadline = Date.now() + 5000;
+  let cur = first;
+  while (cur.revision < first.revision + 2 && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 10));
+    cur = (await r.sessions.get<any>(key))!;
+  }
+  t.ok(cur.revision >= first.revision + 2, 'renewed');
+  t.ok(cur.value.lease_until > first.value.lease_until, 'the lease moved forward');
+});
