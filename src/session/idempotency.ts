@@ -188,7 +188,8 @@ export class IdempotentIngests {
 
       // The attempt holding the key gave up without an answer, or its instance died: take over.
       const earlier = held.attempts.filter((a) => a !== packageId);
-      const record = this.#pending(fp, [packageId, ...earlier], held.created_at, now);
+      const kept = { ...fp, content_length: fp.content_length ?? held.content_length };
+      const record = this.#pending(kept, [packageId, ...earlier], held.created_at, now);
       let attempt: HeldClaim;
       try {
         attempt = new HeldClaim(this, id, await sessions.update(id, record, cur.revision), record, earlier);

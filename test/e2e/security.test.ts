@@ -150,7 +150,8 @@ t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) =
   }
 
   const startCases: [string, string, number, unknown][] = [
-    ['500k unclosed [', '['.repeat(500_000), 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Unexpected end of JSON input' } }]],
+    ['500k unclosed [', '['.repeat(500_000), 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Nesting deeper than 64 levels' } }]],
+    ['60 unclosed [', '['.repeat(60), 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Unexpected end of JSON input' } }]],
     ['400k-deep body', deep(400_000), 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Nesting deeper than 64 levels' } }]],
     ['400k-deep date_from', `{"date_from":${deep(400_000)},"date_to":"2024-01-02"}`, 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Nesting deeper than 64 levels' } }]],
     ['60-deep date_from (parsed)', `{"date_from":${deep(60)},"date_to":"2024-01-02"}`, 422, [{ type: 'date_type', loc: ['body', 'date_from'], msg: 'Input should be a valid date', input: null }]],
@@ -158,7 +159,7 @@ t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) =
       { type: 'missing', loc: ['body', 'date_from'], msg: 'Field required', input: null },
       { type: 'missing', loc: ['body', 'date_to'], msg: 'Field required', input: null },
     ]],
-    ['brackets inside strings do not count', `{"date_from":"${'['.repeat(1000)}","date_to":"2024-01-02"}`, 422, [{ type: 'date_from_datetime_parsing', loc: ['body', 'date_from'], msg: 'Input should be a valid date or datetime, invalid character in year', input: '['.repeat(1000), ctx: { error: 'invalid character in year' } }]],
+    ['brackets inside strings do not count', `{"date_from":"${'['.repeat(1000)}","date_to":"2024-01-02"}`, 422, [{ type: 'date_from_datetime_parsing', loc: ['body', 'date_from'], msg: 'Input should be a valid date or datetime, invalid date format, expected YYYY-MM-DD', input: '['.repeat(1000), ctx: { error: 'invalid date format, expected YYYY-MM-DD' } }]],
     ['1e999999', '{"date_from":1e999999,"date_to":"2024-01-02"}', 422, [{ type: 'date_type', loc: ['body', 'date_from'], msg: 'Input should be a valid date', input: null }]],
     ['__proto__ dates', '{"__proto__":{"date_from":"2024-01-01","date_to":"2024-01-02"}}', 422, [
       { type: 'missing', loc: ['body', 'date_from'], msg: 'Field required', input: { ['__proto__']: { date_from: '2024-01-01', date_to: '2024-01-02' } } },

@@ -86,6 +86,8 @@ t.test('two gateways: a retry on B of an attempt on A answers once and stores on
   });
 
   await t.test('A is killed while it holds the key; the retry on B takes it over after the lease', async (t) => {
+    // Nothing left in A's uploader first: a package it holds when killed waits out the queue's ack wait (30 s).
+    await waitForStatus(b, uuid, (s) => s.upload_tasks_finished);
     const text = JSON.stringify(products(500, 5000));
     await holdKey(t, a, uuid, 'killed', text.slice(0, 2000));
     await a.kill();
