@@ -62,7 +62,11 @@ export const ingestEntity =
       });
       const result = await drain(body, sink);
       stage = 'queue';
+      // The server already answered (408) while the rows were checked: that answer stands.
+      answered(signal);
       await result.writer.commit({ rows: result.rows, bytes: result.bytes });
+      // Committed to the queue but not recorded: once the lease is released, the uploader drops it.
+      answered(signal);
       stage = 'record';
       await deps.service.commitIngest(client, uploadUuid, { packageId, entity: entity.name, rows: result.rows, bytes: result.bytes });
       const answer = success(entity.name, result.rows);
@@ -121,6 +125,14 @@ function contentEncoding(header: string | undefined): 'identity' | 'gzip' {
 class ClientGone extends Error {
   override readonly name = 'ClientGone';
   readonly code = 'CLIENT_GONE';
+}
+
+/**
+ * Throws once the request was answered without this handler (a request timeout) or its client
+ * left: a package must not be recorded after its client was told something else than 200.
+ */
+function answered(signal: AbortSignal): void {
+  if (signal.aborted) throw new ClientGone('The request was answered or abandoned before its package was recorded');
 }
 
 /** Feeds the request body into the validation sink; resolves when every row passed. */

@@ -420,8 +420,14 @@ class Exchange {
     this.settle(handler(this.req, body, this.abort.signal));
   }
 
+  /**
+   * Answers for the server (a timeout, a body over the limit) whatever the handler is doing,
+   * and tells the handler through its signal that its own answer will never be sent: an
+   * ingest must then not commit what its client was told failed.
+   */
   fail(err: ServiceError, closeConnection: boolean): void {
     this.send(replyFor(err), closeConnection);
+    this.abort.abort();
   }
 
   private settle(handled: Promise<Reply>): void {

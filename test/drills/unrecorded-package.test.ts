@@ -9,9 +9,15 @@
  * - NATS + S3: the lease holds the package back until it expires (another gateway might still
  *   record it), then the uploader revokes it and drops the package; a commit that comes after
  *   the revocation is refused.
+ * The same holds for an answer the server gave on its own while the handler went on: a 408 at
+ * `limits.requestTimeoutMs` that lands after the last row arrived, while the package is being
+ * committed, must not be followed by the package being recorded and stored. Request timeouts
+ * are swept across the end of a big gzip package's validation (CI 8 attempts, long 40).
  */
 import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
 import t from 'tap';
+import { request } from 'undici';
 import { releaseLeftoverLeases } from '../../src/session/recovery.js';
 import { decideIngestBegin, decideIngestCommit, packageFate, type SessionRecord } from '../../src/session/state.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
@@ -22,11 +28,11 @@ import { NatsBatchQueue } from '../../src/store/nats/batch-queue.js';
 import { connectNats } from '../../src/store/nats/connection.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import type { BatchQueue, SessionStore } from '../../src/store/ports.js';
-import { clientOf, products, tempDir, waitForStatus } from '../support/harness.js';
+import { API, clientOf, DEMO, products, startService, tempDir, waitForStatus } from '../support/harness.js';
 import { startNats } from '../support/nats.js';
 import { distributed, spawnGateway } from '../support/processes.js';
 import { startS3 } from '../support/s3.js';
-import { openS3, readObjects, since } from '../support/drills.js';
+import { openS3, readObjects, since, size } from '../support/drills.js';
 
 const ORPHAN = '00000000-0000-4000-8000-00000000dead';
 
@@ -137,4 +143,41 @@ t.test('NATS + S3: the orphan waits for its lease, is revoked and dropped; a lat
   t.same(objects.map((o) => o.ids.length), [3], 'only the package that got 200 is stored');
   t.notOk(objects.some((o) => o.header.package_id === ORPHAN), 'the orphan is not');
   t.equal(await gw.stop(), 0);
+});
+
+t.test('a 408 sent while the package is being committed: not recorded, not stored', async (t) => {
+  // ~35 MB of rows behind 4 MB of gzip: the wire body is in at once, the validation takes a while.
+  const rows = Array.from({ length: 900_000 }, (_, i) => `["r-${i}","Product name ${i}",${i % 100}]`).join(',');
+  const body = gzipSync(Buffer.from(`{"columns":["product_id","name","price"],"data":[${rows}]}`));
+  const send = async (timeoutMs: number) => {
+    const svc = await startService(t, { limits: { requestTimeoutMs: timeoutMs } });
+    const uuid = (await clientOf(svc).init()).body.upload_uuid;
+    const t0 = performance.now();
+    const res = await request(`${svc.url}${API}/${uuid}/products`, {
+      method: 'POST',
+      headers: { authorization: DEMO.token, 'client-id': DEMO.id, 'content-type': 'application/json', 'content-encoding': 'gzip' },
+      body,
+    });
+    await res.body.text();
+    const ms = performance.now() - t0;
+    const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished, undefined, 60_000);
+    const objects = await svc.openObjects();
+    const stored = (await objects.list('')).length;
+    await objects.close();
+    await svc.stop();
+    return { status: res.statusCode, ms, recorded: st.entities.length, stored };
+  };
+  const full = await send(600_000);
+  t.same([full.status, full.recorded, full.stored], [200, 1, 1], `without a timeout: 200 in ${Math.round(full.ms)} ms`);
+  const attempts = size(8, 40);
+  const seen = new Map<number, number>();
+  for (let i = 0; i < attempts; i++) {
+    // Deadlines from 70 % to 110 % of the untimed answer: some land in the commit.
+    const deadline = Math.max(1, Math.round(full.ms * (0.7 + (0.4 * i) / (attempts - 1))));
+    const r = await send(deadline);
+    seen.set(r.status, (seen.get(r.status) ?? 0) + 1);
+    if (r.status === 200) t.same([r.recorded, r.stored], [1, 1], `${deadline} ms: 200, recorded and stored`);
+    else t.same([r.status, r.recorded, r.stored], [408, 0, 0], `${deadline} ms: ${r.status}, nothing recorded or stored`);
+  }
+  t.comment(`answers racing the request timeout: ${JSON.stringify([...seen])}`);
 });
