@@ -1,5 +1,6 @@
 import { findEntity } from '../entities/catalog.js';
-import { errors, isServiceError } from '../errors.js';
+import { errors, isServiceError, type ServiceError } from '../errors.js';
+import type { Client } from '../http/auth.js';
 import type { BodyStream, Reply, Request, StreamingHandler } from '../http/server.js';
 import type { IngestResult, IngestSink } from '../ingest/pool.js';
 import { parseIdempotencyKey, type Attempt, type RequestFingerprint, type StoredAnswer } from '../session/idempotency.js';
@@ -79,9 +80,24 @@ export const ingestEntity =
         // A ServiceError from recording is the decision refusing it (nothing written); anything else may have landed.
         else await attempt.release(stage === 'record' && !isServiceError(err));
       }
-      throw err;
+      throw (await sessionGone(deps, err, client, uploadUuid)) ?? err;
     }
   };
+
+/**
+ * A delete of the session while its package was in flight purges the queue under the
+ * writer, whose store calls then fail: that is no internal error but the session's own
+ * answer, given as to a request arriving now (400/403, or 409 when no longer UPLOADING).
+ */
+async function sessionGone(deps: ApiDeps, err: unknown, client: Client, uploadUuid: string): Promise<ServiceError | null> {
+  if ((isServiceError(err) && err.code !== 'INTERNAL') || (err as { code?: unknown }).code === 'CLIENT_GONE') return null;
+  try {
+    const session = await deps.service.requireActive(client, uploadUuid);
+    return session.value.status === 'UPLOADING' ? null : errors.invalidSessionStatus('UPLOADING', session.value.status);
+  } catch (gone) {
+    return isServiceError(gone) && gone.statusCode < 500 ? gone : null;
+  }
+}
 
 function success(entity: string, rows: number): StoredAnswer {
   return {

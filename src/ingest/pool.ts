@@ -116,7 +116,6 @@ export class ValidationPool {
   readonly #stats: IngestStats = { pieces: 0, continuations: 0, oneShots: 0, skeletonTasks: 0 };
   readonly #totals: IngestTotals = { accepted: 0, rejected: 0, failed: 0, rows: 0, bodyBytes: 0, encodedBytes: 0 };
   #busyMs = 0;
-  #workersStarted = 0;
   // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
   #open = 0;
   readonly #capacity: number;
@@ -163,7 +162,6 @@ export class ValidationPool {
     this.#maxFree = 2 * this.#poolPieces + 8;
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads });
     this.#pool.on('error', onError);
-    this.#pool.on('workerCreate', () => this.#workersStarted++);
   }
 
   /**
@@ -227,7 +225,7 @@ export class ValidationPool {
       waiting: this.#waiting.length,
       queued: this.#pool.queueSize,
       threads: this.#pool.threads.length,
-      workersStarted: this.#workersStarted,
+      threadIds: this.#pool.threads.map((w) => w.threadId),
     };
   }
 
@@ -383,8 +381,8 @@ export interface PoolLoad {
   queued: number;
   /** Worker threads alive. */
   threads: number;
-  /** Worker threads started since the pool started: more than `threads` means some were replaced (crashed or cancelled). */
-  workersStarted: number;
+  /** The worker threads' ids (never reused in a process): a changed id is a worker replaced (crashed or cancelled). */
+  threadIds: number[];
 }
 
 function requireInteger(key: string, value: unknown, min: number): void {

@@ -503,10 +503,13 @@ export class StreamingIngest implements IngestSink {
 
   async #checkSkeleton(): Promise<SkeletonFacts> {
     const text = this.#skeletonText();
-    if (text.length <= this.#engine.inlineSkeletonBytes) return checkSkeleton(text, SENTINEL, this.#headColumns);
+    // Only a list of strings is ever compared with the skeleton's `columns`; anything else
+    // may nest deeper than structured cloning to a worker allows (`columns` 30,000 arrays deep).
+    const headColumns = Array.isArray(this.#headColumns) && this.#headColumns.every((c) => typeof c === 'string') ? this.#headColumns : null;
+    if (text.length <= this.#engine.inlineSkeletonBytes) return checkSkeleton(text, SENTINEL, headColumns);
     this.#engine.stats.skeletonTasks++;
     const buffer = text.buffer as ArrayBuffer;
-    return this.#engine.run<SkeletonFacts>({ kind: 'skeleton', text: buffer, sentinel: SENTINEL, headColumns: this.#headColumns }, [buffer], this.#abort.signal, true);
+    return this.#engine.run<SkeletonFacts>({ kind: 'skeleton', text: buffer, sentinel: SENTINEL, headColumns }, [buffer], this.#abort.signal, true);
   }
 
   async #success(columns: string[]): Promise<IngestResult> {

@@ -16,11 +16,14 @@
  * with no internal error logged and RSS within a bound.
  */
 import { once } from 'node:events';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import t from 'tap';
 import { signWebhook } from '../../src/connector/webhook.js';
 import { API, clientOf, DEMO, DEMO2, products, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
+import { FAULTY_WORKER, HOLD_MARKER, holdChannel } from '../support/faulty-worker.js';
 import { capturingLogger, MiB, settledMemory, startInProcess } from '../support/in-process.js';
 
 const LONG = process.env.DRILL_LONG === '1';
@@ -338,6 +341,11 @@ t.test(`drill 7: ${TOTAL} malformed requests over every endpoint`, async (t) => 
   const statuses = new Map<string, number>();
   const problems: string[] = [];
   const note = (req: Generated, res: Parsed | null, why: string) => {
+    // FUZZ_DUMP=<dir> keeps each offending request whole, to replay it by hand.
+    if (process.env.FUZZ_DUMP) {
+      const head = [`${req.method} ${req.target} HTTP/1.1`, ...req.headers.map(([k, v]) => `${k}: ${v}`)].join('\r\n');
+      writeFileSync(join(process.env.FUZZ_DUMP, `${problems.length}.http`), Buffer.concat([Buffer.from(`${head}\r\n\r\n`, 'latin1'), req.body]));
+    }
     if (problems.length < 20) {
       const head = req.headers.map(([k, v]) => `${k}: ${v.slice(0, 60)}`).join(' | ');
       problems.push(`${why}: ${req.method} ${req.target.slice(0, 120)} [${head}] body ${JSON.stringify(req.body.subarray(0, 120).toString('latin1'))} → ${res?.status} ${res?.body.subarray(0, 300).toString()}`);
@@ -452,4 +460,41 @@ t.test(`drill 7: ${TOTAL} malformed requests over every endpoint`, async (t) => 
     const res = await c.ingest(uuid!, 'products', products(10));
     t.same([res.status, res.body?.rows_processed], [200, 10]);
   });
+});
+
+// Found by this drill under load: a session deleted while one of its packages was being
+// written purged the queue under the writer, and the ingest answered 500. Made
+// deterministic here with a piece held in a worker while the delete runs.
+t.test('a delete while a package is in flight: the ingest answers as the deleted session would, never 500', async (t) => {
+  const logger = capturingLogger();
+  const svc = await startInProcess(t, { ingest: { workers: 2, pieceBytes: 16 * 1024, piecesPerRequest: 4 } }, { validationWorker: FAULTY_WORKER, logger });
+  const c = clientOf(svc);
+  const channel = new BroadcastChannel(holdChannel());
+  t.teardown(() => channel.close());
+  let heldNow: () => void = () => {};
+  channel.onmessage = (e) => {
+    if ((e as MessageEvent).data === 'running') heldNow();
+  };
+
+  const rounds: [string, () => Promise<unknown>, unknown][] = [
+    ['no new session', async () => {}, { detail: 'Upload session not initialized' }],
+    ['a new session already', () => c.init(), { detail: 'Invalid upload UUID' }],
+  ];
+  for (const [what, afterDelete, expected] of rounds) {
+    const uuid = (await c.init()).body.upload_uuid as string;
+    // Rows of the first pieces are stored (the package is open in the queue); a later piece holds.
+    const body = products(4_000);
+    body.data[3_000] = ['p-held', HOLD_MARKER, 1];
+    const held = new Promise<void>((resolve) => (heldNow = resolve));
+    const ingest = c.ingest(uuid, 'products', body);
+    await held;
+    t.equal((await c.remove(uuid)).status, 200, `${what}: the session is deleted while its package is in flight`);
+    await afterDelete();
+    channel.postMessage('release');
+    const res = await ingest;
+    t.not(res.status, 500, `${what}: not an internal error`);
+    t.same(res.body, expected, `${what}: the session's own answer`);
+    t.same(await svc.queueFiles(uuid), { incoming: [], ready: [] }, `${what}: nothing of the package left in the queue`);
+  }
+  t.same(logger.lines.filter((l) => l.includes('"level":"error"')), [], 'no internal error logged');
 });

@@ -149,6 +149,16 @@ t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) =
     t.ok(res.text.length < 2_048, `ingest, ${name}: a short answer (${res.text.length} bytes)`);
   }
 
+  // Found by the fuzz drill: a head just under 64 KiB streams, but its skeleton (head plus a
+  // placeholder) is checked in a worker, and the head's parsed `columns` was cloned to it:
+  // 32,000 arrays deep overflowed structured cloning (500). Every size around that edge:
+  const edge: number[] = [];
+  for (let n = 32_740; n <= 32_775; n++) {
+    const res = await call(svc.url, 'POST', `${API}/${uuid}/products`, { raw: `{"columns":${deep(n)},"data":[]}`, headers: { 'content-type': 'application/json' } });
+    if (res.status !== 422 || res.body?.detail?.[0]?.type !== 'string_type') edge.push(n);
+  }
+  t.same(edge, [], 'a deep `columns` at the inline-skeleton edge: 422 string_type at every size');
+
   const startCases: [string, string, number, unknown][] = [
     ['500k unclosed [', '['.repeat(500_000), 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Nesting deeper than 64 levels' } }]],
     ['60 unclosed [', '['.repeat(60), 422, [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error: 'Unexpected end of JSON input' } }]],
@@ -175,6 +185,23 @@ t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) =
     t.same(res.body, { detail }, `start-upload, ${name}: the answer`);
     t.ok(ms < 5_000, `start-upload, ${name}: bounded time (${ms} ms)`);
   }
+
+  await t.test('a session id that no session can have: 404, as any unknown one', async (t) => {
+    for (const id of ['x%20y', 'u'.repeat(4000), '..%2F..%2Fetc', 'ABC', uuid.toUpperCase(), `${uuid}%00`]) {
+      const res = await c.status(id);
+      t.same([res.status, res.body], [404, { detail: 'Upload session not found' }], `status of ${id.slice(0, 40)}`);
+    }
+    const now = Math.floor(Date.now() / 1000);
+    for (const id of ['../x', 'x y', 'u'.repeat(4000)]) {
+      const raw = JSON.stringify({ upload_uuid: id, is_terminated: false });
+      const res = await call(svc.url, 'POST', `${API}/webhooks/upload-finished`, {
+        client: null,
+        raw,
+        headers: { 'content-type': 'application/json', 'x-connector-timestamp': String(now), 'x-connector-signature': signWebhook(WEBHOOK_SECRET, now, raw) },
+      });
+      t.same([res.status, res.body], [404, { detail: 'Upload session not found' }], `webhook for ${id.slice(0, 40)}`);
+    }
+  });
 
   await t.test('the service lived through all of it, and nothing was polluted', async (t) => {
     const probe: Record<string, unknown> = {};
@@ -260,6 +287,8 @@ t.test('tokens, the webhook secret and signatures never reach a log line or an e
     ['GET', `${API}/${uuid}/nowhere`, undefined],
     ['DELETE', `${API}/initialize-session`, undefined],
     ['POST', `${API}/webhooks/upload-finished`, JSON.stringify({ upload_uuid: uuid, is_terminated: false })],
+    ['GET', '/metrics', undefined],
+    ['GET', '/readyz', undefined],
   ];
   for (const headers of tokenHeaders) {
     for (const [method, path, raw] of paths) await send(svc.url, method, path, { client: null, headers: { ...headers, 'content-type': 'application/json' }, raw });
