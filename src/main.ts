@@ -1,19 +1,10 @@
 #!/usr/bin/env node
 /** `npm start`: the gateway on the configuration of config/ and the environment. */
 import { startApp } from './app.js';
-import { ConfigError, loadConfig } from './config/config.js';
+import { loadConfigOrExit } from './config/config.js';
 import { jsonLogger } from './log.js';
 
-let config;
-try {
-  config = loadConfig();
-} catch (err) {
-  if (err instanceof ConfigError) {
-    process.stderr.write(`${err.message}\n`);
-    process.exit(2);
-  }
-  throw err;
-}
+const config = loadConfigOrExit();
 
 const log = jsonLogger(undefined, {}, { level: config.log.level });
 const app = await startApp(config, { logger: log });

@@ -213,6 +213,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Deep
   return deepFreeze(config);
 }
 
+/** For the commands' entry points: a bad configuration is printed (naming the key) and exits 2. */
+export function loadConfigOrExit(): Readonly<Config> {
+  try {
+    return loadConfig();
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`${err.message}\n`);
+      process.exit(2);
+    }
+    throw err;
+  }
+}
+
 export function resolvedWorkers(config: Config): number {
   return config.ingest.workers === 0 ? availableParallelism() : config.ingest.workers;
 }

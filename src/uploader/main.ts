@@ -6,7 +6,7 @@
  * in hand, then exit 0. With `metrics.uploaderPort` set it serves `/metrics`, `/healthz` and
  * `/readyz` on that port (on `host`).
  */
-import { ConfigError, loadConfig } from '../config/config.js';
+import { loadConfigOrExit } from '../config/config.js';
 import { jsonLogger } from '../log.js';
 import { Metrics } from '../observability/metrics.js';
 import { serveOperatorEndpoints, type OperatorServer } from '../observability/operator-server.js';
@@ -14,16 +14,7 @@ import { Readiness } from '../observability/readiness.js';
 import { openEngines } from '../store/engines.js';
 import { runUploader } from './uploader.js';
 
-let config;
-try {
-  config = loadConfig();
-} catch (err) {
-  if (err instanceof ConfigError) {
-    process.stderr.write(`${err.message}\n`);
-    process.exit(2);
-  }
-  throw err;
-}
+const config = loadConfigOrExit();
 if (!config.nats.url) {
   process.stderr.write('The uploader process needs NATS_URL: the embedded queue belongs to the gateway process, which runs its own uploader.\n');
   process.exit(2);
