@@ -74,13 +74,20 @@ function merge(base: Record<string, unknown>, patch: Record<string, unknown>): R
   return out;
 }
 
-/** A logger that keeps every line as the JSON the real one would write. */
-export function capturingLogger(): Logger & { lines: string[] } {
+/**
+ * A logger that keeps the lines of the given levels (default warn and error: the access log
+ * writes an info line per request, which a long drill must not hoard) as JSON, fields and
+ * errors as they were passed; `counts` has every level's number of lines.
+ */
+export function capturingLogger(keep: readonly string[] = ['warn', 'error']): Logger & { lines: string[]; counts: Record<string, number> } {
   const lines: string[] = [];
+  const counts: Record<string, number> = {};
   const write = (level: string) => (msg: string, fields?: Record<string, unknown>) => {
+    counts[level] = (counts[level] ?? 0) + 1;
+    if (!keep.includes(level)) return;
     lines.push(JSON.stringify({ level, msg, ...fields }, (_k, v: unknown) => (v instanceof Error ? { name: v.name, message: v.message, stack: v.stack, cause: v.cause } : v)));
   };
-  return { lines, info: write('info'), warn: write('warn'), error: write('error') };
+  return { lines, counts, debug: write('debug'), info: write('info'), warn: write('warn'), error: write('error') };
 }
 
 let gcFn: (() => void) | undefined;
