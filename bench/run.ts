@@ -43,7 +43,7 @@ const DEMO: Credentials[] = [
   { id: 'demo', token: 'demo-token' },
   { id: 'demo-2', token: 'demo-2-token' },
 ];
-const SERVER_EXEC_ARGV = ['--max-old-space-size=8192'];
+const SERVER_EXEC_ARGV = ['--max-old-space-size=8192', ...(process.env.BENCH_SERVER_FLAGS?.split(' ').filter(Boolean) ?? [])];
 const READY_TIMEOUT_MS = 60_000;
 const REQUEST_TIMEOUT_MS = 600_000;
 const POLL_INTERVAL_MS = 10;

@@ -42,15 +42,15 @@ export function encode(rows: readonly unknown[], batchBytes: number): { batches:
 let lines = new Uint8Array(0);
 
 /**
- * `encode` for rows that came in as `source` (their elements' bytes, see `transcodeRows`):
- * the same batches, made from the bytes rather than by `JSON.stringify`, when every number
- * allows it.
+ * `encode` of the validated rows that came in as `source` (their elements' bytes, see
+ * `transcodeRows`): the same batches, made from the bytes rather than by `JSON.stringify`.
+ * Null when a number does not allow it: then only `encode` of the parsed rows can.
  */
-export function encodeFrom(source: Uint8Array, rows: readonly unknown[], batchBytes: number): { batches: ArrayBuffer[]; bytes: number } {
+export function encodeFrom(source: Uint8Array, rows: readonly unknown[], batchBytes: number): { batches: ArrayBuffer[]; bytes: number } | null {
   if (rows.length === 0) return { batches: [], bytes: 0 };
   if (lines.byteLength < source.length + 1) lines = new Uint8Array(Math.max(source.length + 1, lines.byteLength * 2));
   const length = transcodeRows(source, lines);
-  if (length < 0) return encode(rows, batchBytes);
+  if (length < 0) return null;
   const batches: ArrayBuffer[] = [];
   let at = 0;
   while (at < length) {

@@ -119,6 +119,11 @@ type Integer = tags.TagBase<{ target: 'number'; kind: 'integer'; value: undefine
  * The TypeScript type of a non-null cell of each column type. `date` and `datetime` are
  * plain strings here and checked by `isCalendarDate`/`isDateTime` afterwards: typia's
  * `Format<"date">` accepts 2024-02-31.
+ *
+ * Every check must give the same answer for a string parsed from Latin-1 text as from the
+ * UTF-8 text of the same bytes (the workers parse Latin-1 first, see `workers/rows.ts`): types,
+ * emptiness and patterns of ASCII characters only; no lengths or patterns that count or
+ * accept non-ASCII characters (`test/unit/latin1-checks.test.ts` holds them to it).
  */
 interface Cell {
   string: string;
