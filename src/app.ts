@@ -95,6 +95,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
 
     const pool = new ValidationPool({
       workers: resolvedWorkers(config),
+      workerNice: config.ingest.workerNice,
       maxQueue: config.ingest.maxQueue,
       batchBytes: config.ingest.batchBytes,
       pieceBytes: config.ingest.pieceBytes,

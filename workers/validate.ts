@@ -4,13 +4,24 @@
  * here is a bug and reaches the main thread as a failed task.
  */
 import { Buffer, isUtf8 } from 'node:buffer';
-import { move, transferableSymbol, valueSymbol } from 'piscina';
+import { getPriority, setPriority } from 'node:os';
+import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
 import { findEntity } from '../src/entities/catalog.js';
 import { INVALID_JSON, bodyIssue, columnsError, compileRowCheck, duplicateKeyMessage, repeatedKey } from '../src/entities/validators.js';
 import { checkSkeleton, type SkeletonFacts } from '../src/ingest/skeleton.js';
-import type { BodyResult, RowsResult, Task } from '../src/ingest/tasks.js';
+import type { BodyResult, RowsResult, Task, WorkerData } from '../src/ingest/tasks.js';
 import { encode } from './encode.js';
 import { processRows } from './rows.js';
+
+const { nice = 0 } = (workerData ?? {}) as Partial<WorkerData>;
+if (nice > 0) {
+  try {
+    // Linux applies a process-wide call to the calling thread only: this worker's thread.
+    setPriority(0, Math.min(19, getPriority(0) + nice));
+  } catch {
+    // Not permitted here (a sandbox): the thread keeps the main thread's priority.
+  }
+}
 
 export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts {
   switch (task.kind) {

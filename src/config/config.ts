@@ -45,6 +45,8 @@ export interface Config {
   ingest: {
     /** Validation worker threads; 0 = one per core. */
     workers: Count;
+    /** Scheduling niceness of the worker threads (0 = the process's own; Linux): the event loop keeps priority over validation. */
+    workerNice: Count & tags.Maximum<19>;
     /** Ingest requests allowed open beyond one per worker before requests are turned away (503). */
     maxQueue: PositiveInt;
     /** Target size of a piece of rows handed to a worker. */
@@ -142,6 +144,7 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   CLIENTS_FILE: { path: ['clientsFile'], type: 'string' },
   TRUSTED_PROXIES: { path: ['trustedProxies'], type: 'list' },
   INGEST_WORKERS: { path: ['ingest', 'workers'], type: 'int' },
+  INGEST_WORKER_NICE: { path: ['ingest', 'workerNice'], type: 'int' },
   INGEST_MAX_QUEUE: { path: ['ingest', 'maxQueue'], type: 'int' },
   INGEST_PIECE_BYTES: { path: ['ingest', 'pieceBytes'], type: 'int' },
   INGEST_PIECES_PER_REQUEST: { path: ['ingest', 'piecesPerRequest'], type: 'int' },

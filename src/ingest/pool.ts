@@ -16,7 +16,7 @@ import { errors, isServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
 import { GunzipIngest } from './gzip.js';
 import { StreamingIngest, type Engine, type IngestStats } from './stream.js';
-import type { Task } from './tasks.js';
+import type { Task, WorkerData } from './tasks.js';
 
 export type { IngestStats } from './stream.js';
 
@@ -53,6 +53,13 @@ export interface ValidationPoolOptions {
    * Default 1000 ms.
    */
   cancelAfterMs?: number;
+  /**
+   * Steps of niceness the worker threads add to their own (Linux: per thread; capped at 19;
+   * default 0, unchanged).
+   * Above 0, the main thread (HTTP, status polls, the uploader) runs first whenever it has
+   * work, and the workers take the rest of the CPU.
+   */
+  workerNice?: number;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -136,6 +143,7 @@ export class ValidationPool {
       maxDecompressedBytes = DEFAULT_MAX_DECOMPRESSED_BYTES,
       headBytes = HEAD_BYTES,
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
+      workerNice = 0,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -148,6 +156,7 @@ export class ValidationPool {
     requireInteger('maxDecompressedBytes', maxDecompressedBytes, 1);
     requireInteger('headBytes', headBytes, 1);
     requireInteger('cancelAfterMs', cancelAfterMs, 0);
+    requireInteger('workerNice', workerNice, 0);
     const threads = workers === 0 ? availableParallelism() : workers;
     this.#batchBytes = batchBytes;
     this.#pieceBytes = pieceBytes;
@@ -160,7 +169,8 @@ export class ValidationPool {
     // Room past the target for the rest of the row the cut waits for.
     this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
     this.#maxFree = 2 * this.#poolPieces + 8;
-    this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads });
+    const workerData: WorkerData = { nice: workerNice };
+    this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads, workerData });
     this.#pool.on('error', onError);
   }
 

@@ -115,3 +115,9 @@ export interface SkeletonTask {
 }
 
 export type Task = BodyTask | RowsTask | SkeletonTask;
+
+/** The pool's `workerData`: set up once per worker thread. */
+export interface WorkerData {
+  /** Steps of niceness the thread adds to its own (see `ValidationPoolOptions.workerNice`). */
+  nice: number;
+}

@@ -349,3 +349,27 @@ t.test('constructor options are checked', async (t) => {
   t.throws(() => new ValidationPool({ workers: 1, maxQueue: 1.5 }), { message: /maxQueue/ });
   t.throws(() => new ValidationPool({ workers: 1, maxQueue: 1, batchBytes: 0 }), { message: /batchBytes/ });
 });
+
+t.test('workerNice: the worker threads, and only they, run that much nicer than the main thread', async (t) => {
+  /** Niceness of every thread of this process (Linux `/proc`, field 19 of `stat`). */
+  const niceness = async (): Promise<number[]> => {
+    const { readdir, readFile } = await import('node:fs/promises');
+    const out: number[] = [];
+    for (const tid of await readdir('/proc/self/task')) {
+      const stat = await readFile(`/proc/self/task/${tid}/stat`, 'utf8').catch(() => null);
+      if (stat !== null) out.push(Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[16]));
+    }
+    return out;
+  };
+  const { getPriority } = await import('node:os');
+  const base = getPriority(0);
+  const before = await niceness();
+  const nicer = newPool({ workers: 2, workerNice: 3 });
+  // A task per worker: both threads are up (and niced, at module load) once these are done.
+  const done = await Promise.all([ingest(nicer, 'catalogs', '{"columns":["catalog_id","name"],"data":[["c","a"]]}'), ingest(nicer, 'catalogs', '{"columns":["catalog_id","name"],"data":[["d","b"]]}')]);
+  t.same(done.map((d) => d.result.rows), [1, 1]);
+  const after = await niceness();
+  const count = (list: number[], n: number) => list.filter((v) => v === n).length;
+  t.equal(count(after, Math.min(19, base + 3)) - count(before, Math.min(19, base + 3)), 2, 'two more threads at base + 3');
+  t.equal(getPriority(0), base, 'the main thread keeps its priority');
+});
