@@ -41,8 +41,9 @@ class Recorder {
     if (failure !== undefined && this.failures.length < MAX_FAILURES && !this.failures.includes(failure)) this.failures.push(failure);
   }
 
-  samples(): RequestSamples {
+  samples(cpuMs: number): RequestSamples {
     return {
+      cpuMs,
       start: Float64Array.from(this.start),
       end: Float64Array.from(this.end),
       status: Int32Array.from(this.status),
@@ -73,6 +74,7 @@ async function runIngest(job: IngestJob, client: IngestClient): Promise<RequestS
   const body = bodies.get(job.body);
   if (!body) throw new Error(`body ${job.body} was not loaded`);
   const rec = new Recorder();
+  const cpu = process.cpuUsage();
   const deadline = now() + job.durationMs;
   const opts = job.gzip ? ({ contentEncoding: 'gzip' } as const) : {};
   const loop = async () => {
@@ -82,7 +84,8 @@ async function runIngest(job: IngestJob, client: IngestClient): Promise<RequestS
     }
   };
   await Promise.all(Array.from({ length: job.slots }, loop));
-  return rec.samples();
+  const used = process.cpuUsage(cpu);
+  return rec.samples((used.user + used.system) / 1000);
 }
 
 async function runPoll(job: PollJob, client: IngestClient): Promise<RequestSamples> {
@@ -99,7 +102,7 @@ async function runPoll(job: PollJob, client: IngestClient): Promise<RequestSampl
       return 0;
     });
   }
-  return rec.samples();
+  return rec.samples(Number.NaN);
 }
 
 async function go(): Promise<void> {

@@ -1,7 +1,7 @@
 /**
  * The in-process probe every server under test runs (the service and the HTTP peers alike,
  * so they are measured the same way): event-loop delay and peak RSS, reset and read by
- * the driver over IPC.
+ * the driver over IPC, and the process's CPU time in between.
  *
  * Peak RSS comes from the kernel's high-water mark (`VmHWM` in /proc/self/status), reset
  * by writing 5 to /proc/self/clear_refs: a stall on the main thread cannot hide a peak
@@ -28,10 +28,12 @@ export function startProbe(): Probe {
   }, SAMPLE_MS);
   timer.unref();
   let hwm = resetHighWaterMark();
+  let cpu = process.cpuUsage();
 
   return {
     reset() {
       eld.reset();
+      cpu = process.cpuUsage();
       hwm = resetHighWaterMark();
       sampledPeak = process.memoryUsage.rss();
     },
@@ -39,10 +41,12 @@ export function startProbe(): Probe {
       const rss = process.memoryUsage.rss();
       sampledPeak = Math.max(sampledPeak, rss);
       const kernelPeak = hwm ? highWaterMark() : null;
+      const used = process.cpuUsage(cpu);
       return {
         eldMaxMs: eld.max / 1e6,
         eldP99Ms: eld.percentile(99) / 1e6,
         peakRssBytes: Math.max(kernelPeak ?? 0, sampledPeak),
+        cpuMs: (used.user + used.system) / 1000,
         rssBytes: rss,
         peakSource: kernelPeak === null ? 'sampled' : 'vmhwm',
       };

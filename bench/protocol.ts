@@ -11,6 +11,8 @@ export interface ProbeSample {
   eldP99Ms: number;
   /** Peak resident set size since the last reset, bytes (VmHWM after a clear_refs reset, else sampled). */
   peakRssBytes: number;
+  /** CPU time of the whole server process (main thread, workers, helper threads), user + system, since the reset. */
+  cpuMs: number;
   rssBytes: number;
   /** How the peak was taken: the kernel's high-water mark, or 20 ms samples. */
   peakSource: 'vmhwm' | 'sampled';
@@ -93,6 +95,8 @@ export interface RequestSamples {
   rows: Float64Array;
   /** Up to a few distinct failure descriptions (status and body start, or the error). */
   failures: string[];
+  /** CPU time (user + system) of the client process while it ran the job. */
+  cpuMs: number;
 }
 
 /** Client process → driver. */

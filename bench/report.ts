@@ -144,6 +144,8 @@ function verdict(target: string, measured: number | null, bound: string, ok: (v:
 
 const fmt = (v: number | null | undefined, digits = 1): string => (v == null || !Number.isFinite(v) ? '—' : v.toFixed(digits));
 const mb = (bytes: number | null | undefined) => (bytes == null ? '—' : (bytes / 1e6).toFixed(0));
+/** CPU milliseconds per MB of the load's successful bodies (uncompressed). */
+const perMb = (cpuMs: number | null | undefined, load: LoadSummary) => (cpuMs == null || load.bytes === 0 ? null : cpuMs / (load.bytes / 1e6));
 const pair = (r: Record<PeerName, Ratio>, digits = 2) => `${fmt(r['stream-json'], digits)} / ${fmt(r.conventional, digits)}`;
 const intFmt = (v: number) => (Number.isFinite(v) ? Math.round(v).toLocaleString('en-US') : '—');
 
@@ -160,19 +162,19 @@ export function renderMarkdown(report: Report): string {
   lines.push('');
 
   lines.push('## Results', '');
-  lines.push('| scenario | server | ok / requests | MB/s | rows/s | p50 ms | p99 ms | status p50 / p99 ms | ELD max ms | peak RSS MB | load 1m |');
-  lines.push('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|');
+  lines.push('| scenario | server | ok / requests | MB/s | rows/s | p50 ms | p99 ms | status p50 / p99 ms | ELD max ms | peak RSS MB | CPU ms per MB: server / clients | load 1m |');
+  lines.push('|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
   if (report.ceiling) {
     const c = report.ceiling;
-    lines.push(`| ceiling (${c.threads} threads, ${c.pieces} pieces of ~${(c.pieceBytes / 2 ** 20).toFixed(1)} MiB) | JSON.parse of strings | — | ${fmt(c.parse.mbPerSec)} (mean ${fmt(c.parse.meanMbPerSec)}) | ${intFmt(c.parse.rowsPerSec)} | — | — | — | — | — | ${fmt(c.loadAverage, 2)} |`);
-    lines.push(`| ceiling | UTF-8 decode + JSON.parse | — | ${fmt(c.decodeParse.mbPerSec)} (mean ${fmt(c.decodeParse.meanMbPerSec)}) | ${intFmt(c.decodeParse.rowsPerSec)} | — | — | — | — | — | |`);
+    lines.push(`| ceiling (${c.threads} threads, ${c.pieces} pieces of ~${(c.pieceBytes / 2 ** 20).toFixed(1)} MiB) | JSON.parse of strings | — | ${fmt(c.parse.mbPerSec)} (mean ${fmt(c.parse.meanMbPerSec)}) | ${intFmt(c.parse.rowsPerSec)} | — | — | — | — | — | ${fmt((c.threads * 1000) / c.parse.mbPerSec, 1)} / — | ${fmt(c.loadAverage, 2)} |`);
+    lines.push(`| ceiling | UTF-8 decode + JSON.parse | — | ${fmt(c.decodeParse.mbPerSec)} (mean ${fmt(c.decodeParse.meanMbPerSec)}) | ${intFmt(c.decodeParse.rowsPerSec)} | — | — | — | — | — | ${fmt((c.threads * 1000) / c.decodeParse.mbPerSec, 1)} / — | |`);
   }
   for (const s of report.scenarios) {
     for (const m of report.measurements.filter((x) => x.scenario === s.id)) {
       const l = m.load;
       const failed = Object.entries(l.failedByStatus).map(([st, n]) => `${n}× ${st === '0' ? 'no answer' : st}`).join(', ');
       lines.push(
-        `| ${s.title} | ${m.server} | ${l.ok} / ${l.requests}${failed ? ` (${failed})` : ''} | ${fmt(l.mbPerSec)} | ${intFmt(l.rowsPerSec)} | ${fmt(l.latencyP50Ms, 0)} | ${fmt(l.latencyP99Ms, 0)} | ${m.status ? `${fmt(m.status.p50Ms)} / ${fmt(m.status.p99Ms)}` : '—'} | ${fmt(m.probe?.eldMaxMs, 0)} | ${mb(m.probe?.peakRssBytes)} | ${fmt(m.loadAverage, 2)} |`,
+        `| ${s.title} | ${m.server} | ${l.ok} / ${l.requests}${failed ? ` (${failed})` : ''} | ${fmt(l.mbPerSec)} | ${intFmt(l.rowsPerSec)} | ${fmt(l.latencyP50Ms, 0)} | ${fmt(l.latencyP99Ms, 0)} | ${m.status ? `${fmt(m.status.p50Ms)} / ${fmt(m.status.p99Ms)}` : '—'} | ${fmt(m.probe?.eldMaxMs, 0)} | ${mb(m.probe?.peakRssBytes)} | ${fmt(perMb(m.probe?.cpuMs, l), 1)} / ${fmt(perMb(l.clientCpuMs, l), 1)} | ${fmt(m.loadAverage, 2)} |`,
       );
     }
   }
@@ -221,6 +223,7 @@ export function renderMarkdown(report: Report): string {
     '- MB = 10^6 bytes of uncompressed JSON body (gzip scenarios count the inflated bytes; wire bytes are in the JSON file). MB/s and rows/s are aggregate: successful bytes over the window from the first request start to the last answer.',
     '- p50/p99: request latency as the clients saw it (send start to full answer). Status: a poller sends `GET …/status` every 10 ms during the load; only polls started inside the load window count.',
     '- ELD max: largest event-loop delay in the server process during the load (`monitorEventLoopDelay`, 1 ms resolution). Peak RSS: the server process (all its threads), kernel high-water mark reset before the load.',
+    '- CPU ms per MB: CPU time (user + system, every thread) per MB of accepted body, of the server process from just before the load until just after it (the service\'s in-process uploader included, as far as it got), and of the load\'s client processes together (the status poller not counted). With 2 cores there are 2000 CPU ms per second to share, so MB/s can never pass 2000 ÷ (server + clients); the ceiling rows give the ms per MB of the bare parse.',
     '- load 1m: the machine\'s 1-minute load average as the measurement ended. On this 2-core machine anything much above 2 means other work was competing; the ceiling is measured once, so its ratios suffer most from that.',
     '- Each server runs in its own process, started fresh for each scenario and warmed with four 1 MiB packages; the clients run in separate processes on the same cores, so absolute numbers include that contention. On a shared machine compare ratios within one run.',
     '',

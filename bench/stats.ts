@@ -28,6 +28,8 @@ export interface LoadSummary {
   latencyP50Ms: number;
   latencyP99Ms: number;
   latencyMaxMs: number;
+  /** CPU time the load's client processes used, all together. */
+  clientCpuMs: number;
 }
 
 export function summariseLoad(parts: RequestSamples[], bodyBytes: number, wireBytesPerRequest: number): LoadSummary {
@@ -38,7 +40,9 @@ export function summariseLoad(parts: RequestSamples[], bodyBytes: number, wireBy
   const failedByStatus: Record<string, number> = {};
   const failures: string[] = [];
   const latencies: number[] = [];
+  let clientCpuMs = 0;
   for (const part of parts) {
+    clientCpuMs += part.cpuMs;
     for (let i = 0; i < part.start.length; i++) {
       windowStart = Math.min(windowStart, part.start[i]!);
       windowEnd = Math.max(windowEnd, part.end[i]!);
@@ -71,6 +75,7 @@ export function summariseLoad(parts: RequestSamples[], bodyBytes: number, wireBy
     rowsPerSec: ok ? rows / seconds : 0,
     latencyP50Ms: percentile(latencies, 50),
     latencyP99Ms: percentile(latencies, 99),
+    clientCpuMs,
     latencyMaxMs: latencies.length ? latencies[latencies.length - 1]! : Number.NaN,
   };
 }
