@@ -6,8 +6,9 @@
  * exact scan of `element-scan.ts` (from the region's start, or from the carried state)
  * finds where the elements really end: the region is parsed up to the last real boundary
  * (or `data`'s `]`), and the unfinished element after it goes back as a carry for the
- * next task to complete. Each byte is scanned once and parsed at most twice, so a hostile
- * body (many `],[` inside strings, one huge row) costs linear time, never re-parsing.
+ * next task to complete. Each byte is scanned once and parsed at most twice (twice more
+ * when the piece is redone from UTF-8, below), so a hostile body (many `],[` inside strings,
+ * one huge row) costs linear time, never re-parsing.
  *
  * Text for `JSON.parse` is first made by reading the bytes as Latin-1 (a copy, ~10x faster
  * than UTF-8 decoding, and V8 parses the one-byte string it gives faster than the two-byte

@@ -45,7 +45,7 @@ export interface Config {
   ingest: {
     /** Validation worker threads; 0 = one per core. */
     workers: Count;
-    /** Scheduling niceness of the worker threads (0 = the process's own; Linux): the event loop keeps priority over validation. */
+    /** Steps of niceness the worker threads add to the process's (0: none; Linux, per thread): the event loop keeps priority over validation. */
     workerNice: Count & tags.Maximum<19>;
     /** Ingest requests allowed open beyond one per worker before requests are turned away (503). */
     maxQueue: PositiveInt;
