@@ -135,6 +135,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       connector,
       objectPrefix: config.storage.objectPrefix,
       inFlightLeaseMs: config.ingest.inFlightLeaseMs,
+      maxPackages: config.limits.packagesPerSession,
       get callbackUrl() {
         return `${publicUrl()}/api/v1/uploading/webhooks/upload-finished`;
       },

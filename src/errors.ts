@@ -31,6 +31,7 @@ export const ERROR_CODES = {
   INVALID_SESSION_STATUS: 409,
   INIT_CONFLICT: 409,
   UPLOAD_TASKS_IN_PROGRESS: 409,
+  SESSION_FULL: 409,
   CONNECTOR_REJECTED: 409,
   INVALID_PAYLOAD: 422,
   VALIDATION_FAILED: 422,
@@ -94,6 +95,8 @@ export const errors = {
     }),
   initConflict: (body: InitConflictBody) => new ServiceError('INIT_CONFLICT', body.message, { body }),
   uploadTasksInProgress: () => new ServiceError('UPLOAD_TASKS_IN_PROGRESS', 'Upload tasks are still in progress'),
+  sessionFull: (max: number) =>
+    new ServiceError('SESSION_FULL', `Upload session is full: it holds ${max} packages, the most one session can; start the upload, then send the rest in a new session`),
   connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
   invalidPayload: (message: string) => new ServiceError('INVALID_PAYLOAD', message),
   validationFailed: (issues: ValidationIssue[]) =>

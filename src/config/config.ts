@@ -41,6 +41,8 @@ export interface Config {
     trackedClients: PositiveInt;
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
     shutdownGraceMs: Count;
+    /** Packages one session may hold (its record lists them all; NATS caps a record at `max_payload`); past it, ingest answers 409. */
+    packagesPerSession: PositiveInt;
   };
   ingest: {
     /** Validation worker threads; 0 = one per core. */

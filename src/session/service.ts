@@ -37,6 +37,8 @@ export interface SessionServiceDeps {
   objectPrefix: string;
   /** How long an in-flight ingest holds `upload_tasks_finished` false if its instance dies. */
   inFlightLeaseMs: number;
+  /** Packages (accepted and in flight) one session may hold; past it, ingest answers 409. Default unbounded. */
+  maxPackages?: number;
   callbackUrl: string;
   clock?: () => number;
   /** Background failures (clean-up after delete); never client errors. */
@@ -112,7 +114,7 @@ export class SessionService {
   async beginIngest(client: ClientRef, uploadUuid: string): Promise<string> {
     const packageId = randomUUID();
     try {
-      await this.mutate(client, uploadUuid, (r) => decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs));
+      await this.mutate(client, uploadUuid, (r) => decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs, this.deps.maxPackages));
     } catch (err) {
       // A store failure leaves it unknown whether the lease was written: take it back.
       if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);

@@ -140,9 +140,15 @@ function pruneLeases(inFlight: Record<string, number>, now: number, without?: st
   return out;
 }
 
-export function decideIngestBegin(r: SessionRecord, packageId: string, now: number, leaseMs: number): Decision {
+/**
+ * A new ingest takes a lease; refused once the session's packages and live leases reach
+ * `maxPackages` (the record lists every package and must stay within what the store holds:
+ * NATS `max_payload`). Leases count, so concurrent ingests cannot overshoot.
+ */
+export function decideIngestBegin(r: SessionRecord, packageId: string, now: number, leaseMs: number, maxPackages = Infinity): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
+  if (r.packages.length + liveInFlight(r, now) >= maxPackages) return fail(errors.sessionFull(maxPackages));
   return ok(touch(r, now, { in_flight: { ...pruneLeases(r.in_flight, now), [packageId]: now + leaseMs } }));
 }
 

@@ -97,6 +97,24 @@ t.test('ingest: 400 unknown entity before 409 state before 422 payload', async (
   t.same(st.entities, [], 'no rejected package was counted');
 });
 
+t.test('ingest: 409 once the session holds limits.packagesPerSession packages; the session still starts', async (t) => {
+  const svc = await startService(t, { limits: { packagesPerSession: 3 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  // Two at once, then one: leases count, so concurrent ingests cannot overshoot either.
+  const first = await Promise.all([c.ingest(uuid, 'products', products(2)), c.ingest(uuid, 'products', products(3))]);
+  t.same(first.map((r) => r.status), [200, 200]);
+  t.equal((await c.ingest(uuid, 'products', products(1))).status, 200, 'the third package fits');
+  const full = await c.ingest(uuid, 'products', products(1));
+  const detail = 'Upload session is full: it holds 3 packages, the most one session can; start the upload, then send the rest in a new session';
+  t.same([full.status, full.body], [409, { detail }]);
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same([st.entities, st.can_start_upload], [['products'], true], 'the refused package left nothing behind');
+  const started = await c.start(uuid, { date_from: '2024-01-01', date_to: yesterday() });
+  t.equal(started.status, 200);
+  t.same(started.body.entities, [{ name: 'products', rows: 6 }], 'the three accepted packages, 2 + 3 + 1 rows');
+});
+
 t.test('start-upload: check order and every message', async (t) => {
   const svc = await startService(t);
   const c = clientOf(svc);

@@ -55,6 +55,17 @@ t.test('ingest begin / commit only in UPLOADING; release in any state', async (t
   }
 });
 
+t.test('begin: packages and live leases count against maxPackages, dead leases do not; state is checked first', async (t) => {
+  // One package recorded (see `session`), one live lease, one dead.
+  const r = session('UPLOADING', { in_flight: { live: NOW + 100, dead: NOW - 1 } });
+  t.ok(decideIngestBegin(r, 'p1', NOW, 1000, 3).ok, '1 package + 1 live lease < 3');
+  const full = decideIngestBegin(r, 'p1', NOW, 1000, 2);
+  t.ok(!full.ok && full.error.code === 'SESSION_FULL' && full.error.statusCode === 409, '1 + 1 = 2: full');
+  t.ok(decideIngestBegin(r, 'p1', NOW + 200, 1000, 2).ok, 'once the lease has expired, there is room again');
+  const started = decideIngestBegin(session('STARTED'), 'p1', NOW, 1000, 1);
+  t.ok(!started.ok && started.error.code === 'INVALID_SESSION_STATUS', 'a full session that is not UPLOADING answers the state');
+});
+
 t.test('commit ends the lease and prunes dead ones', async (t) => {
   const r = session('UPLOADING', { in_flight: { p1: NOW + 100, dead: NOW - 1, p2: NOW + 100 } });
   const d = decideIngestCommit(r, { packageId: 'p1', entity: 'products', rows: 1, bytes: 1 }, NOW);
