@@ -69,8 +69,12 @@ export interface CommittedPackage {
   bytes: number;
   /** Delivery attempt, from 1. */
   attempt: number;
-  /** The package's batches, in append order. May be read once per delivery. */
-  batches(): AsyncIterable<Uint8Array>;
+  /**
+   * The package's batches, in append order. May be read once per delivery. With `reuse`, a
+   * chunk is valid only until the iteration moves on (the adapter may read the next one into
+   * the same memory): for consumers that are done with each chunk before asking for the next.
+   */
+  batches(opts?: { reuse?: boolean }): AsyncIterable<Uint8Array>;
 }
 
 export interface QueueConsumer {
@@ -113,6 +117,8 @@ export interface StoredObject {
 export interface ObjectStore {
   /** Stores the stream under `key`, replacing any object there. Resolves once durable. */
   put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject>;
+  /** `put` is done with each chunk of its body before it asks for the next (so the chunks may share memory). */
+  readonly consumesChunksInTurn?: boolean;
   get(key: string): Promise<AsyncIterable<Uint8Array> | null>;
   /** Objects whose key starts with `prefix`, in key order. */
   list(prefix: string): Promise<StoredObject[]>;

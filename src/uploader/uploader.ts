@@ -93,7 +93,7 @@ export function startUploader(opts: UploaderOptions): QueueConsumer {
       }
       if (decided === 'store') {
         const started = performance.now();
-        await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg));
+        await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg, objects.consumesChunksInTurn === true));
         observer?.stored(performance.now() - started);
       } else if (decided === 'drop') {
         observer?.abandoned();
@@ -117,11 +117,11 @@ class PackageNotRecorded extends Error {
   }
 }
 
-async function* objectBody(pkg: CommittedPackage): AsyncIterable<Uint8Array> {
+async function* objectBody(pkg: CommittedPackage, reuse: boolean): AsyncIterable<Uint8Array> {
   const { entity, columns, package_id, upload_uuid, client_id } = pkg.meta;
   const header: ObjectHeader = { entity, columns, package_id, upload_uuid, client_id, rows: pkg.rows };
   yield Buffer.from(`${JSON.stringify(header)}\n`);
-  yield* pkg.batches();
+  yield* pkg.batches({ reuse });
 }
 
 /** Reads a stored object: its header and the number of non-empty row lines after it. */

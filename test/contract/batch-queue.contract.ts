@@ -120,6 +120,22 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     t.equal(await q.pending('u1'), 0, 'acked');
   });
 
+  t.test(`${name}: batches({ reuse: true }), each chunk read before the next, gives the same bytes`, async (t) => {
+    const { q } = await setup(t);
+    // Sizes that shrink and grow, so a shared buffer would show any stale or cut bytes.
+    const batches = ['["s","x"]\n', `${'["long","y"]\n'.repeat(40)}`, '["m","zz"]\n["n","zz"]\n', '["t","x"]\n'];
+    let read: string[] = [];
+    const consumer = q.consume(async (pkg) => {
+      read = [];
+      for await (const b of pkg.batches({ reuse: true })) read.push(Buffer.from(b).toString('utf8'));
+    });
+    t.teardown(() => consumer.stop());
+    await commit(q, meta('u1', 'pkg-r'), batches);
+    const deadline = Date.now() + 10_000;
+    while (read.length < batches.length && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5));
+    t.same(read, batches);
+  });
+
   t.test(`${name}: abort leaves nothing`, async (t) => {
     const { q } = await setup(t);
     const w = await q.open(meta('u1', 'pkg-a'));

@@ -32,6 +32,28 @@ objectStoreContract(t, 'FileObjectStore', async () => {
   return { store: await FileObjectStore.open(dir), reopen: () => FileObjectStore.open(dir), cleanup: remove(dir) };
 });
 
+t.test('FileObjectStore keeps its promise: each chunk is written before it asks for the next', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const store = await FileObjectStore.open(dir);
+  t.teardown(() => store.close());
+  t.equal(store.consumesChunksInTurn, true);
+  // One buffer, overwritten the moment the store asks for the next chunk.
+  const shared = Buffer.alloc(8);
+  async function* inTurn(): AsyncIterable<Uint8Array> {
+    for (const part of ['aaaaaaaa', 'bbbb', 'cccccccc']) {
+      shared.write(part.padEnd(8, '-'));
+      yield shared.subarray(0, part.length);
+      shared.fill('#');
+    }
+  }
+  await store.put('k/shared', inTurn());
+  const body = await store.get('k/shared');
+  const parts: Buffer[] = [];
+  for await (const chunk of body!) parts.push(Buffer.from(chunk));
+  t.equal(Buffer.concat(parts).toString(), 'aaaaaaaabbbbcccccccc');
+});
+
 t.test('FileBatchQueue: a commit racing a purge of its session fails and leaves no files', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));

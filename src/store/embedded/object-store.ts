@@ -12,6 +12,8 @@ import { fsyncDir } from '../../durable-file.js';
  * A put streams into `<dir>/tmp/`, fsyncs and renames, so readers see all or nothing.
  */
 export class FileObjectStore implements ObjectStore {
+  /** `put` writes each chunk out before it asks for the next. */
+  readonly consumesChunksInTurn = true;
   readonly #root: string;
   readonly #tmp: string;
   #closed = false;
