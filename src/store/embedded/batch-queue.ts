@@ -353,7 +353,8 @@ function delivery(e: Entry): CommittedPackage {
 
 /**
  * With `reuse`, every batch is read into one buffer: a fresh 512 KiB buffer per batch
- * costs the in-process uploader about 3 ms of CPU per MB in allocation and GC (bench, 4 × 32 MiB).
+ * costs the in-process uploader about 3 ms of CPU per MB in page faults, allocation and GC
+ * (bench, 4 × 32 MiB).
  */
 async function* readBatches(file: string, lengths: number[], reuse: boolean): AsyncIterable<Uint8Array> {
   const fh = await open(file, 'r');
