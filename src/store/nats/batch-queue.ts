@@ -405,9 +405,9 @@ export class NatsBatchQueue implements BatchQueue {
 
   /** Deletes these messages, a few requests at a time; one already gone is fine. */
   async #deleteSeqs(seqs: number[]): Promise<void> {
-    const todo = [...seqs];
+    const left = [...seqs];
     const worker = async (): Promise<void> => {
-      for (let seq = todo.shift(); seq !== undefined; seq = todo.shift()) {
+      for (let seq = left.shift(); seq !== undefined; seq = left.shift()) {
         const s = seq;
         try {
           await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.deleteMessage(this.#stream, s, false));
@@ -416,7 +416,7 @@ export class NatsBatchQueue implements BatchQueue {
         }
       }
     };
-    await Promise.all(Array.from({ length: Math.min(8, todo.length) }, worker));
+    await Promise.all(Array.from({ length: Math.min(8, left.length) }, worker));
   }
 
   /** A stored message, or null when there is none (STREAM.MSG.GET, answered by the leader). */
