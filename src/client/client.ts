@@ -8,6 +8,7 @@ import { randomUUID } from 'node:crypto';
 import { promisify } from 'node:util';
 import { gzip as gzipCallback } from 'node:zlib';
 import { Pool } from 'undici';
+import { readBounded } from '../bounded-body.js';
 import { ApiError, ClientError, isRecord } from './errors.js';
 import { Pacer } from './pacer.js';
 import { withRetry, type RetryPolicy } from './retry.js';
@@ -29,7 +30,6 @@ export const API_PATH = '/api/v1/uploading';
 const gzip = promisify(gzipCallback);
 /** Answers of this API are small; a longer one is not the service talking. */
 const MAX_ANSWER_BYTES = 4 * 1024 * 1024;
-const utf8 = new TextDecoder();
 
 interface Answer {
   status: number;
@@ -281,15 +281,4 @@ function expectShape<T>(body: unknown, endpoint: string, fields: Record<string, 
   if (!isRecord(body)) throw invalid(endpoint, body);
   for (const [key, type] of Object.entries(fields)) if (typeof body[key] !== type) throw invalid(endpoint, body);
   return body as T;
-}
-
-async function readBounded(body: AsyncIterable<Uint8Array>, limit: number): Promise<string | undefined> {
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += chunk.byteLength;
-    if (size > limit) return undefined; // leaving the loop destroys the stream
-    chunks.push(chunk);
-  }
-  return utf8.decode(Buffer.concat(chunks, size));
 }

@@ -1,4 +1,5 @@
 import { Pool } from 'undici';
+import { readBounded } from '../bounded-body.js';
 import { errors } from '../errors.js';
 import type { Connector, WorkflowStart } from './types.js';
 
@@ -15,7 +16,6 @@ export interface HttpConnectorOptions {
 const REJECTED_FALLBACK = 'Connector rejected the upload start, please contact support';
 const ERROR_FALLBACK = 'Connector error';
 const INVALID_RESPONSE = 'Invalid response from Connector service';
-const utf8 = new TextDecoder();
 
 interface Answer {
   status: number;
@@ -92,17 +92,6 @@ export class HttpConnector implements Connector {
   }
 }
 
-/** Reads at most `limit` bytes; past it the body is destroyed (closing the socket) and undefined returned. */
-async function readBounded(body: AsyncIterable<Uint8Array>, limit: number): Promise<string | undefined> {
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += chunk.byteLength;
-    if (size > limit) return undefined; // leaving the loop destroys the stream
-    chunks.push(chunk);
-  }
-  return utf8.decode(Buffer.concat(chunks, size)); // drops a BOM, which JSON.parse would refuse
-}
 
 /** The Connector's own words: JSON `detail` or `message` when a non-blank string, else the body text. */
 function answerText(text: string | undefined): string | undefined {
