@@ -21,7 +21,8 @@ import { jsonLogger, type Logger } from './log.js';
 import { instrumentConnector, Metrics } from './observability/metrics.js';
 import { Readiness } from './observability/readiness.js';
 import { IdempotentIngests } from './session/idempotency.js';
-import { releaseLeftoverLeases } from './session/recovery.js';
+import { recoverLeftovers } from './session/recovery.js';
+import { PackageIngest } from './session/ingest.js';
 import { SessionService } from './session/service.js';
 import { openEngines } from './store/engines.js';
 import { countRows, runUploader } from './uploader/uploader.js';
@@ -77,15 +78,15 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     await mkdir(dataDir, { recursive: true });
     const engines = await openEngines(config, log, 'ingest-gateway');
     closers.push(() => engines.close());
-    const { sessions, queue, objects } = engines;
+    const { sessions, ledger, queue, objects } = engines;
     log.info('storage engines', engines.describe);
     const metrics = config.metrics.enabled
       ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs })
       : null;
     if (engines.describe.sessions === 'file') {
       // One process owns the embedded files: the leases in them are the previous process's.
-      const released = await releaseLeftoverLeases(sessions, clients.ids(), clock);
-      if (released > 0) log.warn('released in-flight ingests of the previous process', { sessions: released });
+      const recovered = await recoverLeftovers(sessions, ledger, clients.ids(), clock);
+      if (recovered > 0) log.warn('released in-flight ingests and completed recordings of the previous process', { sessions: recovered });
     }
 
     if (config.storage.inProcessUploader) {
@@ -130,6 +131,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
 
     const service = new SessionService({
       sessions,
+      ledger,
       queue,
       objects,
       connector,
@@ -142,21 +144,25 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       clock,
       onBackgroundError: (err, what) => log.error(`background task failed: ${what}`, { err }),
     });
+    // Closed after the HTTP server drained: the ledger writes of the last recorded packages finish first.
+    closers.push(() => service.flushLedger());
+    const idempotency = new IdempotentIngests({
+      sessions,
+      service,
+      ...config.idempotency,
+      // The embedded files belong to this process alone: another instance's claim is a dead one's.
+      singleInstance: engines.describe.sessions === 'file',
+      clock,
+      onBackgroundError: (err, what) => log.error(`background task failed: ${what}`, { err }),
+    });
     const deps: ApiDeps = {
       service,
       clients,
       trustedProxies,
       pool,
       queue,
-      idempotency: new IdempotentIngests({
-        sessions,
-        service,
-        ...config.idempotency,
-        // The embedded files belong to this process alone: another instance's claim is a dead one's.
-        singleInstance: engines.describe.sessions === 'file',
-        clock,
-        onBackgroundError: (err, what) => log.error(`background task failed: ${what}`, { err }),
-      }),
+      idempotency,
+      ingest: new PackageIngest({ service, idempotency, pool, queue }),
       webhook: { secret, toleranceSeconds: config.connector.webhookToleranceSeconds },
       clock,
     };

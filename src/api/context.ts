@@ -5,6 +5,7 @@ import type { Client, ClientRegistry } from '../http/auth.js';
 import { clientAddress } from '../http/auth.js';
 import type { Request } from '../http/server.js';
 import type { IdempotentIngests } from '../session/idempotency.js';
+import type { PackageIngest } from '../session/ingest.js';
 import type { SessionService } from '../session/service.js';
 import type { BatchQueue } from '../store/ports.js';
 
@@ -16,6 +17,8 @@ export interface ApiDeps {
   queue: BatchQueue;
   /** `Idempotency-Key` records of ingest (retries answered once, stored once). */
   idempotency: IdempotentIngests;
+  /** The ingest use case. */
+  ingest: PackageIngest;
   webhook: { secret: string; toleranceSeconds: number };
   clock: () => number;
 }

@@ -41,8 +41,8 @@ export interface Config {
     trackedClients: PositiveInt;
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
     shutdownGraceMs: Count;
-    /** Packages one session may hold (its record lists them all; NATS caps a record at `max_payload`); past it, ingest answers 409. */
-    packagesPerSession: PositiveInt;
+    /** Safety bound of the packages one session may hold (recording costs the same at any count; default 10,000,000); past it, ingest answers 409. */
+    packagesPerSession: PositiveInt & tags.Minimum<1000000>;
   };
   ingest: {
     /** Validation worker threads; 0 = one per core. */
@@ -67,6 +67,8 @@ export interface Config {
   storage: {
     objectPrefix: string;
     inProcessUploader: boolean;
+    /** Packages one uploader stores at the same time. */
+    uploaderConcurrency: PositiveInt & tags.Maximum<256>;
   };
   connector: {
     url: null | (string & tags.Format<'uri'>);
@@ -80,6 +82,8 @@ export interface Config {
     /** Comma-separated server URLs; set: session state and the batch queue live on JetStream. */
     url: null | (string & tags.MinLength<1>);
     kvBucket: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
+    /** KV bucket of the package ledger (its own stream: ledger writes never touch the session bucket). */
+    ledgerBucket: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
     stream: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
     /** The durable pull consumer all uploaders share. */
     durable: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
@@ -164,6 +168,7 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   NATS_REPLICAS: { path: ['nats', 'replicas'], type: 'int' },
   S3_CREATE_BUCKET: { path: ['s3', 'createBucket'], type: 'bool' },
   IN_PROCESS_UPLOADER: { path: ['storage', 'inProcessUploader'], type: 'bool' },
+  UPLOADER_CONCURRENCY: { path: ['storage', 'uploaderConcurrency'], type: 'int' },
   SHUTDOWN_GRACE_MS: { path: ['limits', 'shutdownGraceMs'], type: 'int' },
   LOG_LEVEL: { path: ['log', 'level'], type: 'string' },
   METRICS_ENABLED: { path: ['metrics', 'enabled'], type: 'bool' },

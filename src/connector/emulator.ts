@@ -4,7 +4,7 @@ import { dirname } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { errors } from '../errors.js';
 import type { ObjectStore } from '../store/ports.js';
-import type { Connector, WebhookPayload, WorkflowStart } from './types.js';
+import type { Connector, WebhookPayload, WorkflowObject, WorkflowStart } from './types.js';
 import { sendWebhook } from './webhook.js';
 import { writeFileAtomic } from '../durable-file.js';
 export interface EmulatedConnectorOptions {
@@ -139,9 +139,8 @@ export class EmulatedConnector implements Connector {
     if (this.#busy.has(uuid)) throw errors.connectorRejected('Workflow already running');
     this.#busy.add(uuid);
     try {
-      const counted = await this.#count(req);
+      const { entities, payload } = await this.#judge(req);
       if (this.#closing.signal.aborted) throw errors.connectorUnreachable();
-      const { entities, payload } = judge(req, counted);
       const wf: WorkflowRecord = {
         upload_uuid: uuid,
         workflow_id: randomUUID(),
@@ -223,19 +222,53 @@ export class EmulatedConnector implements Connector {
     this.#busy.add(wf.upload_uuid);
   }
 
-  /** Rows per object key; null for a missing object. */
-  async #count(req: WorkflowStart): Promise<Map<string, number | null>> {
-    const counted = new Map<string, number | null>();
-    for (const { key } of req.objects) {
-      try {
-        const body = await this.#opts.objects.get(key);
-        counted.set(key, body === null ? null : await this.#opts.countRows(body));
-      } catch (err) {
-        this.#opts.log?.('connector emulator: cannot read stored object', { upload_uuid: req.upload_uuid, key, err });
-        throw errors.connectorError(500, 'Connector could not read the stored objects');
+  /**
+   * Reads every object the request names (inline, or in its manifest), counts its rows and
+   * compares them with the request: the answer's entities and the completion webhook.
+   */
+  async #judge(req: WorkflowStart): Promise<{ entities: EmulatedStartAnswer['entities']; payload: WebhookPayload }> {
+    const tally = new Tally(req);
+    try {
+      for await (const obj of this.#objectsOf(req, tally)) {
+        const body = await this.#opts.objects.get(obj.key);
+        tally.add(obj, body === null ? null : await this.#opts.countRows(body));
+      }
+    } catch (err) {
+      this.#opts.log?.('connector emulator: cannot read stored objects', { upload_uuid: req.upload_uuid, err });
+      throw errors.connectorError(500, 'Connector could not read the stored objects');
+    }
+    return tally.judge();
+  }
+
+  /** The request's objects: inline, or read line by line from its manifest object (whose size and count are checked too). */
+  async *#objectsOf(req: WorkflowStart, tally: Tally): AsyncIterable<WorkflowObject> {
+    yield* req.objects;
+    if (!req.manifest) return;
+    const body = await this.#opts.objects.get(req.manifest.key);
+    if (body === null) {
+      tally.problem(`manifest ${req.manifest.key} is missing`);
+      return;
+    }
+    let bytes = 0;
+    let count = 0;
+    let rest = '';
+    const decoder = new TextDecoder();
+    for await (const chunk of body) {
+      bytes += chunk.byteLength;
+      const lines = (rest + decoder.decode(chunk, { stream: true })).split('\n');
+      rest = lines.pop()!;
+      for (const line of lines) {
+        if (line === '') continue;
+        count++;
+        yield JSON.parse(line) as WorkflowObject;
       }
     }
-    return counted;
+    if (rest !== '') {
+      count++;
+      yield JSON.parse(rest) as WorkflowObject;
+    }
+    if (count !== req.manifest.objects) tally.problem(`manifest declared ${req.manifest.objects} objects, found ${count}`);
+    if (bytes !== req.manifest.bytes) tally.problem(`manifest declared ${req.manifest.bytes} bytes, found ${bytes}`);
   }
 
   /**
@@ -379,29 +412,42 @@ function isRetryable(status: number): boolean {
   return status === 408 || status === 429 || status >= 500;
 }
 
-/** Compares the counts with the request and builds the answer's entities and the completion webhook. */
-function judge(
-  req: WorkflowStart,
-  counted: Map<string, number | null>,
-): { entities: EmulatedStartAnswer['entities']; payload: WebhookPayload } {
-  const problems: string[] = [];
-  const perEntity = new Map<string, number>(req.entities.map((e) => [e.name, 0]));
-  let total = 0;
-  for (const obj of req.objects) {
-    const rows = counted.get(obj.key) ?? null;
-    if (rows === null) problems.push(`object ${obj.key} is missing`);
-    else if (rows !== obj.rows) problems.push(`object ${obj.key} declared ${obj.rows} rows, found ${rows}`);
-    perEntity.set(obj.entity, (perEntity.get(obj.entity) ?? 0) + (rows ?? 0));
-    total += rows ?? 0;
+/** Counts the objects of a start request as they are read, then compares them with the request. */
+class Tally {
+  readonly #req: WorkflowStart;
+  /** The first problems, and how many there were: a session of a million objects can have as many. */
+  readonly #problems: string[] = [];
+  #problemCount = 0;
+  readonly #perEntity: Map<string, number>;
+  #total = 0;
+
+  constructor(req: WorkflowStart) {
+    this.#req = req;
+    this.#perEntity = new Map(req.entities.map((e) => [e.name, 0]));
   }
-  for (const e of req.entities) {
-    const rows = perEntity.get(e.name) ?? 0;
-    if (rows !== e.rows) problems.push(`entity ${e.name} declared ${e.rows} rows, found ${rows}`);
+
+  problem(text: string): void {
+    if (this.#problemCount++ < MAX_PROBLEMS_LISTED) this.#problems.push(text);
   }
-  const entities = [...perEntity].map(([name, rows]) => ({ name, rows }));
-  const base = { upload_uuid: req.upload_uuid, is_terminated: false };
-  if (problems.length === 0) return { entities, payload: { ...base, status: 'succeeded', message: `Processed ${total} rows` } };
-  const listed = problems.slice(0, MAX_PROBLEMS_LISTED).join('; ');
-  const more = problems.length > MAX_PROBLEMS_LISTED ? ` (and ${problems.length - MAX_PROBLEMS_LISTED} more)` : '';
-  return { entities, payload: { ...base, status: 'failed', message: `Row count mismatch: ${listed}${more}` } };
+
+  /** `rows` null: the object is missing. */
+  add(obj: WorkflowObject, rows: number | null): void {
+    if (rows === null) this.problem(`object ${obj.key} is missing`);
+    else if (rows !== obj.rows) this.problem(`object ${obj.key} declared ${obj.rows} rows, found ${rows}`);
+    this.#perEntity.set(obj.entity, (this.#perEntity.get(obj.entity) ?? 0) + (rows ?? 0));
+    this.#total += rows ?? 0;
+  }
+
+  judge(): { entities: EmulatedStartAnswer['entities']; payload: WebhookPayload } {
+    for (const e of this.#req.entities) {
+      const rows = this.#perEntity.get(e.name) ?? 0;
+      if (rows !== e.rows) this.problem(`entity ${e.name} declared ${e.rows} rows, found ${rows}`);
+    }
+    const entities = [...this.#perEntity].map(([name, rows]) => ({ name, rows }));
+    const base = { upload_uuid: this.#req.upload_uuid, is_terminated: false };
+    if (this.#problemCount === 0) return { entities, payload: { ...base, status: 'succeeded', message: `Processed ${this.#total} rows` } };
+    const listed = this.#problems.join('; ');
+    const more = this.#problemCount > MAX_PROBLEMS_LISTED ? ` (and ${this.#problemCount - MAX_PROBLEMS_LISTED} more)` : '';
+    return { entities, payload: { ...base, status: 'failed', message: `Row count mismatch: ${listed}${more}` } };
+  }
 }

@@ -16,10 +16,25 @@ export interface WorkflowStart {
   date_to: string;
   /** One per entity uploaded in the session, in order of first upload. */
   entities: { name: string; packages: number; rows: number }[];
-  /** Every stored object of the session; `rows` and `bytes` are what the gateway stored. */
-  objects: { entity: string; key: string; rows: number; bytes: number }[];
+  /**
+   * Every stored object of the session; `rows` and `bytes` are what the gateway stored. Empty
+   * when the session holds more than 1,000 objects: then `manifest` names them.
+   */
+  objects: WorkflowObject[];
+  /**
+   * Only past 1,000 objects: an NDJSON object stored beside the session's objects, one
+   * `WorkflowObject` per line, written before the start call; `objects` lines, `bytes` bytes.
+   */
+  manifest?: { key: string; objects: number; bytes: number };
   /** Absolute URL of the completion webhook, `.../api/v1/uploading/webhooks/upload-finished`. */
   callback_url: string;
+}
+
+export interface WorkflowObject {
+  entity: string;
+  key: string;
+  rows: number;
+  bytes: number;
 }
 
 export interface Connector {

@@ -1,59 +1,89 @@
 /**
  * What session state does about a gateway that died in the middle of an ingest. The ingest
- * commits its package to the queue, then records it in the session, then answers 200; a
- * gateway killed between the first two steps leaves a committed package that no client was
- * told about. The uploader asks `packageVerdict` before it stores anything, and stores only
- * what the session recorded (see `packageFate` in state.ts). Both run on the session store
- * alone: the uploader process has no session service.
+ * commits its package to the queue, then records it in the session summary, then answers
+ * 200; a gateway killed between the first two steps leaves a committed package that no
+ * client was told about. The uploader asks `packageVerdict` before it stores anything, and
+ * stores only what the session recorded (see `packageFate` in state.ts). Both run on the
+ * session store and the ledger alone: the uploader process has no session service.
  */
 import { activeKey, sessionKey } from '../store/keys.js';
-import { isStoreConflict, type SessionStore } from '../store/ports.js';
-import { decideIngestRelease, decideReleaseAllLeases, packageFate, type ActivePointer, type Decision, type SessionRecord } from './state.js';
+import { isStoreConflict, type PackageLedger, type SessionStore } from '../store/ports.js';
+import {
+  decideFold,
+  decideIngestRelease,
+  decideReleaseAllLeases,
+  fromStored,
+  packageFate,
+  type ActivePointer,
+  type Decision,
+  type SessionRecord,
+} from './state.js';
 
 const MAX_CAS_ATTEMPTS = 32;
 
 /**
- * `store`, `drop` or `wait` for one queued package. An expired lease still in the record is
+ * `store`, `drop` or `wait` for one queued package. An expired lease still in the summary is
  * revoked with a compare-and-set before the package is dropped, so that a gateway whose clock
- * runs behind cannot record the package afterwards.
+ * runs behind cannot record the package afterwards. A package neither recording nor leased
+ * is looked up in the ledger, read after the summary: an entry leaves `recording` only once
+ * the ledger holds it, so a recorded package is never missed.
  */
 export async function packageVerdict(
   sessions: SessionStore,
+  ledger: PackageLedger,
   uploadUuid: string,
   packageId: string,
   now: () => number = Date.now,
 ): Promise<'store' | 'drop' | 'wait'> {
   for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-    const record = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
+    const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
+    const record = stored ? { value: fromStored(stored.value), revision: stored.revision } : null;
     const fate = packageFate(record?.value ?? null, packageId, now());
+    if (fate === 'ledger') return (await ledger.get(uploadUuid, packageId)) ? 'store' : 'drop';
     if (fate !== 'revoke') return fate;
-    // Revoked or lost to another writer: judge the record again either way.
-    await casOnce(sessions, uploadUuid, record!, decideIngestRelease(record!.value, packageId, now()));
+    // Revoked or lost to another writer: judge the summary again either way.
+    await casOnce(sessions, uploadUuid, record!, decideIngestRelease(record!.value, [packageId], now()));
   }
   return 'wait';
 }
 
 /**
  * The embedded default at start: the directory belongs to this process alone, so every lease
- * in it is the previous process's, which is gone. Releasing them at once lets its
- * orphaned packages be dropped and `upload_tasks_finished` turn true without waiting
- * `ingest.inFlightLeaseMs`. Leases live only on a client's active session; returns how many
- * sessions held any.
+ * in it is the previous process's, which is gone. Releasing them lets its orphaned packages
+ * be dropped and `upload_tasks_finished` turn true without waiting `ingest.inFlightLeaseMs`;
+ * its recorded packages whose ledger write it did not live to see are written to the ledger
+ * and folded. Leases and such entries live only on a client's active session; returns how
+ * many sessions held any.
  */
-export async function releaseLeftoverLeases(sessions: SessionStore, clientIds: Iterable<string>, now: () => number = Date.now): Promise<number> {
-  let released = 0;
+export async function recoverLeftovers(
+  sessions: SessionStore,
+  ledger: PackageLedger,
+  clientIds: Iterable<string>,
+  now: () => number = Date.now,
+): Promise<number> {
+  let recovered = 0;
   for (const clientId of clientIds) {
     const pointer = await sessions.get<ActivePointer>(activeKey(clientId));
     if (!pointer) continue;
+    const uploadUuid = pointer.value.upload_uuid;
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-      const record = await sessions.get<SessionRecord>(sessionKey(pointer.value.upload_uuid));
-      if (!record || Object.keys(record.value.in_flight).length === 0) break;
-      if (await casOnce(sessions, pointer.value.upload_uuid, record, decideReleaseAllLeases(record.value, now()))) continue;
-      released++;
+      const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
+      if (!stored) break;
+      const record = { value: fromStored(stored.value), revision: stored.revision };
+      const recording = Object.entries(record.value.recording);
+      if (Object.keys(record.value.in_flight).length === 0 && recording.length === 0 && !('packages' in stored.value)) break;
+      await ledger.append(
+        uploadUuid,
+        recording.map(([id, e]) => ({ package_id: id, entity: e.entity, rows: e.rows, bytes: e.bytes, object_bytes: e.object_bytes })),
+      );
+      const released = decideReleaseAllLeases(record.value, now());
+      const folded = released.ok ? decideFold(released.next, recording.map(([id]) => id), now()) : released;
+      if (await casOnce(sessions, uploadUuid, record, folded, true)) continue;
+      recovered++;
       break;
     }
   }
-  return released;
+  return recovered;
 }
 
 /** Writes the decision; true when another writer came first (re-read and decide again). */
@@ -62,8 +92,9 @@ async function casOnce(
   uploadUuid: string,
   current: { value: SessionRecord; revision: number },
   decision: Decision,
+  force = false,
 ): Promise<boolean> {
-  if (!decision.ok || decision.next === current.value) return false;
+  if (!decision.ok || (decision.next === current.value && !force)) return false;
   try {
     await sessions.update(sessionKey(uploadUuid), decision.next, current.revision);
     return false;

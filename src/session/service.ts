@@ -1,17 +1,24 @@
 /**
- * The session service: runs the pure decisions of `state.ts` against the three ports.
- * Every state change is a compare-and-set on the session record, retried on conflict, so
- * any number of gateway instances can serve one client without locks of their own.
+ * The session service: runs the pure decisions of `state.ts` against the ports. Every change
+ * of a session summary is a compare-and-set, retried on conflict, so any number of gateway
+ * instances can serve one client without locks of their own.
+ *
+ * Group commit: the decisions waiting for one session in this process are applied together,
+ * in arrival order, and written with one compare-and-set — fifty concurrent ingests of a
+ * session cost a handful of writes, not a hundred. Each decision succeeds or fails on its
+ * own. The last summary this process wrote is cached, so a write usually needs no read
+ * first; another instance's write shows up as a conflict, and the summary is read again.
  */
 import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
-import { errors, isServiceError, type ValidationIssue } from '../errors.js';
-import { activeKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
-import { isStoreConflict, type BatchQueue, type ObjectStore, type SessionStore, type Versioned } from '../store/ports.js';
+import { errors, isServiceError, type ServiceError, type ValidationIssue } from '../errors.js';
+import { activeKey, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
+import { isStoreConflict, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import {
   decideDelete,
+  decideFold,
   decideIngestBegin,
-  decideIngestCommit,
+  decideIngestRecord,
   decideIngestRelease,
   decideInitialize,
   decideStart,
@@ -19,7 +26,9 @@ import {
   decideTerminate,
   decideWebhook,
   entityTotals,
+  fromStored,
   newSession,
+  packageCount,
   statusView,
   type ActivePointer,
   type Decision,
@@ -31,6 +40,7 @@ import {
 
 export interface SessionServiceDeps {
   sessions: SessionStore;
+  ledger: PackageLedger;
   queue: BatchQueue;
   objects: ObjectStore;
   connector: Connector;
@@ -39,9 +49,11 @@ export interface SessionServiceDeps {
   inFlightLeaseMs: number;
   /** Packages (accepted and in flight) one session may hold; past it, ingest answers 409. Default unbounded. */
   maxPackages?: number;
+  /** Past this many objects the Connector start body names a manifest object instead of listing them (default 1000). */
+  inlineObjects?: number;
   callbackUrl: string;
   clock?: () => number;
-  /** Background failures (clean-up after delete); never client errors. */
+  /** Background failures (ledger writes, clean-up after delete); never client errors. */
   onBackgroundError?: (err: unknown, what: string) => void;
 }
 
@@ -51,20 +63,41 @@ export interface ClientRef {
 }
 
 const MAX_CAS_ATTEMPTS = 32;
-/** An upload uuid as `initialize` makes them (DECISIONS.md: random UUID v4, lowercase). */
+/** Sessions whose last written summary is kept in memory. */
+const CACHED_SESSIONS = 10_000;
+/** An upload uuid as `initialize` makes them (random UUID v4, lowercase). */
 const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
 /** After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at most 100 ms. */
 function conflictBackoff(attempt: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 2 ** attempt)));
 }
-/** Background retries of a lease release back off up to this delay (about a minute in all). */
-const RELEASE_RETRY_MAX_DELAY_MS = 32_000;
+/** Background retries (a lease release, a ledger write) back off up to this delay (about a minute in all). */
+const RETRY_MAX_DELAY_MS = 32_000;
+
+/**
+ * Who may apply a decision: `active` the client's session while it is not deleted (400
+ * otherwise, as a fresh request would get); `any` the client's session in any state;
+ * `system` any existing session (the service's own bookkeeping: folding ledger entries).
+ */
+type Access = 'active' | 'any' | 'system';
+
+interface PendingDecision {
+  client: ClientRef | null;
+  access: Access;
+  decide: (r: SessionRecord) => Decision;
+  resolve: (r: SessionRecord) => void;
+  reject: (err: unknown) => void;
+}
 
 export class SessionService {
   private readonly now: () => number;
-  /** Per session: the end of this process's last queued mutation (see `serially`). */
-  private readonly chains = new Map<string, Promise<void>>();
+  /** Per session: decisions waiting for the next write, and whether a write is under way. */
+  private readonly writers = new Map<string, { waiting: PendingDecision[]; running: boolean }>();
+  /** Per session: the summary as this process last wrote or read it (least recently used first). */
+  private readonly cache = new Map<string, Versioned<SessionRecord>>();
+  /** Per session: recorded packages waiting for their ledger write, and whether one is under way. */
+  private readonly ledgerQueues = new Map<string, { waiting: PackageEntry[]; run: Promise<void> | null }>();
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.now = deps.clock ?? Date.now;
@@ -74,12 +107,13 @@ export class SessionService {
     const key = activeKey(client.id);
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
       const pointer = await this.deps.sessions.get<ActivePointer>(key);
-      const current = pointer ? await this.record(pointer.value.upload_uuid) : null;
+      const current = pointer ? await this.read(pointer.value.upload_uuid) : null;
       const decision = decideInitialize(current && !current.value.deleted ? current.value : null);
       if (!decision.create) throw decision.error;
 
       const uploadUuid = randomUUID();
-      await this.deps.sessions.create(sessionKey(uploadUuid), newSession(uploadUuid, client.id, this.now(), decision.previous));
+      const record = newSession(uploadUuid, client.id, this.now(), decision.previous);
+      const revision = await this.deps.sessions.create(sessionKey(uploadUuid), record);
       try {
         if (pointer) await this.deps.sessions.update<ActivePointer>(key, { upload_uuid: uploadUuid }, pointer.revision);
         else await this.deps.sessions.create<ActivePointer>(key, { upload_uuid: uploadUuid });
@@ -88,6 +122,7 @@ export class SessionService {
         if (isStoreConflict(err)) continue; // another call won: answer against its session
         throw err;
       }
+      this.remember(uploadUuid, { value: record, revision });
       return { upload_uuid: uploadUuid, ...(decision.previous ? { previous_upload_uuid: decision.previous } : {}) };
     }
     throw errors.internal(new Error('initialize-session: too much contention'));
@@ -95,26 +130,38 @@ export class SessionService {
 
   /** The session-access checks of path-bound endpoints: 400 no active session, 403 another uuid. */
   async requireActive(client: ClientRef, uploadUuid: string): Promise<Versioned<SessionRecord>> {
-    const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(client.id));
-    if (!pointer) throw errors.sessionNotInitialized();
-    if (pointer.value.upload_uuid !== uploadUuid) throw errors.invalidUploadUuid();
-    const record = await this.record(uploadUuid);
+    await this.requirePointer(client, uploadUuid);
+    const record = await this.read(uploadUuid);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotInitialized();
     return record;
   }
 
+  /**
+   * The active-session pointer check alone (one read): for ingest, whose lease decision
+   * checks the summary itself.
+   */
+  async requirePointer(client: ClientRef, uploadUuid: string): Promise<void> {
+    const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(client.id));
+    if (!pointer) throw errors.sessionNotInitialized();
+    if (pointer.value.upload_uuid !== uploadUuid) throw errors.invalidUploadUuid();
+  }
+
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
-    const record = await this.record(uploadUuid);
+    const [record, pending] = await Promise.all([this.read(uploadUuid), this.deps.queue.pending(uploadUuid)]);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
-    const pending = await this.deps.queue.pending(uploadUuid);
     return statusView(record.value, pending, this.now());
   }
 
-  /** Registers an ingest (its lease keeps `upload_tasks_finished` false) and returns its package id. */
+  /**
+   * Registers an ingest (its lease keeps `upload_tasks_finished` false) and returns its
+   * package id. Checks the session's state: 409 when it is not UPLOADING.
+   */
   async beginIngest(client: ClientRef, uploadUuid: string): Promise<string> {
     const packageId = randomUUID();
     try {
-      await this.mutate(client, uploadUuid, (r) => decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs, this.deps.maxPackages));
+      await this.mutate(client, uploadUuid, 'active', (r) =>
+        decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs, this.deps.maxPackages),
+      );
     } catch (err) {
       // A store failure leaves it unknown whether the lease was written: take it back.
       if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);
@@ -123,36 +170,37 @@ export class SessionService {
     return packageId;
   }
 
-  async commitIngest(
-    client: ClientRef,
-    uploadUuid: string,
-    pkg: { packageId: string; entity: string; rows: number; bytes: number },
-  ): Promise<void> {
-    await this.mutate(client, uploadUuid, (r) => decideIngestCommit(r, pkg, this.now()));
+  /**
+   * Records a package whose rows are committed to the queue; once this resolves the package
+   * will be stored. Its ledger entry is written afterwards, in the background, and folded
+   * into the summary's totals (see state.ts).
+   */
+  async recordIngest(client: ClientRef, uploadUuid: string, pkg: PackageEntry): Promise<void> {
+    await this.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+    this.toLedger(uploadUuid, [pkg]);
   }
 
   /**
    * Settles earlier attempts of one idempotent request (see idempotency.ts): the package of
    * the one the session recorded, if any; otherwise none of them is recorded, and all their
    * leases end in the same compare-and-set, so that none can be recorded any more (recording
-   * needs the live lease: `decideIngestCommit`), and the uploader drops whatever of them
+   * needs the live lease: `decideIngestRecord`), and the uploader drops whatever of them
    * reached the queue.
    */
   async settleAttempts(client: ClientRef, uploadUuid: string, packageIds: readonly string[]): Promise<PackageEntry | null> {
     let recorded: PackageEntry | null = null;
-    await this.mutate(
-      client,
-      uploadUuid,
-      (r) => {
-        recorded = r.packages.find((p) => packageIds.includes(p.id)) ?? null;
-        if (recorded) return { ok: true, next: r };
-        let decision: Decision = { ok: true, next: r };
-        for (const id of packageIds) if (decision.ok) decision = decideIngestRelease(decision.next, id, this.now());
-        return decision;
-      },
-      { anyState: true },
-    );
-    return recorded;
+    await this.mutate(client, uploadUuid, 'any', (r) => {
+      const id = packageIds.find((p) => p in r.recording);
+      recorded = id === undefined ? null : { id, ...r.recording[id]! };
+      return recorded ? { ok: true, next: r } : decideIngestRelease(r, packageIds, this.now());
+    });
+    if (recorded) return recorded;
+    // Neither recording nor leased in the summary just written: folded (the ledger holds it) or never recorded.
+    for (const id of packageIds) {
+      const entry = await this.deps.ledger.get(uploadUuid, id);
+      if (entry) return fromLedger(entry);
+    }
+    return null;
   }
 
   /**
@@ -161,24 +209,12 @@ export class SessionService {
    * lease would otherwise hold `upload_tasks_finished` false until it expires.
    */
   async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
-    const release = () => this.mutate(client, uploadUuid, (r) => decideIngestRelease(r, packageId, this.now()), { anyState: true });
+    const release = () => this.mutate(client, uploadUuid, 'any', (r) => decideIngestRelease(r, [packageId], this.now()));
     try {
       await release();
     } catch (first) {
       if (isServiceError(first) && first.statusCode < 500) return; // the session is gone: nothing to release
-      void (async () => {
-        let lastErr: unknown = first;
-        for (let delay = 500; delay <= RELEASE_RETRY_MAX_DELAY_MS; delay *= 2) {
-          await new Promise((r) => setTimeout(r, delay).unref());
-          try {
-            await release();
-            return;
-          } catch (err) {
-            lastErr = err;
-          }
-        }
-        this.deps.onBackgroundError?.(lastErr, 'release ingest lease');
-      })();
+      void this.retryInBackground(release, first, 'release ingest lease');
     }
   }
 
@@ -187,27 +223,31 @@ export class SessionService {
     uploadUuid: string,
     dates: { date_from: string; date_to: string } | { issues: ValidationIssue[] },
   ): Promise<unknown> {
-    const started = await this.mutate(client, uploadUuid, async (r) =>
-      decideStart(r, { dates, minDate: client.minDate, pendingBatches: await this.deps.queue.pending(uploadUuid), now: this.now() }),
+    await this.requirePointer(client, uploadUuid);
+    const pendingBatches = await this.deps.queue.pending(uploadUuid);
+    const started = await this.mutate(client, uploadUuid, 'active', (r) =>
+      decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now() }),
     );
     const startedAt = started.workflow!.started_at;
     try {
-      return await this.deps.connector.start(await this.workflowStart(started));
+      return await this.deps.connector.start(await this.workflowStart(client, started));
     } catch (err) {
-      await this.mutate(client, uploadUuid, (r) => decideStartFailed(r, startedAt, this.now()), { anyState: true }).catch(
-        (rollback: unknown) => this.deps.onBackgroundError?.(rollback, 'roll back a failed start'),
+      await this.mutate(client, uploadUuid, 'any', (r) => decideStartFailed(r, startedAt, this.now())).catch((rollback: unknown) =>
+        this.deps.onBackgroundError?.(rollback, 'roll back a failed start'),
       );
       throw err;
     }
   }
 
   async terminate(client: ClientRef, uploadUuid: string): Promise<void> {
-    await this.mutate(client, uploadUuid, (r) => decideTerminate(r, this.now()));
+    await this.requirePointer(client, uploadUuid);
+    await this.mutate(client, uploadUuid, 'active', (r) => decideTerminate(r, this.now()));
     await this.deps.connector.terminate(uploadUuid);
   }
 
   async delete(client: ClientRef, uploadUuid: string): Promise<void> {
-    await this.mutate(client, uploadUuid, (r) => decideDelete(r, this.now()));
+    await this.requirePointer(client, uploadUuid);
+    await this.mutate(client, uploadUuid, 'active', (r) => decideDelete(r, this.now()));
     const key = activeKey(client.id);
     const pointer = await this.deps.sessions.get<ActivePointer>(key);
     if (pointer?.value.upload_uuid === uploadUuid) {
@@ -221,102 +261,251 @@ export class SessionService {
   /** Applies the Connector's completion webhook: 'ok' when it changed the session, 'ignored' for a repeat or a late one. */
   async applyWebhook(uploadUuid: string, event: WebhookEvent): Promise<'ok' | 'ignored'> {
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-      const record = await this.record(uploadUuid);
+      const record = await this.read(uploadUuid);
       if (!record || record.value.deleted) throw errors.sessionNotFound();
       const { applied, next } = decideWebhook(record.value, event, this.now());
       if (!applied) return 'ignored';
       try {
-        await this.deps.sessions.update(sessionKey(uploadUuid), next, record.revision);
+        this.remember(uploadUuid, { value: next, revision: await this.deps.sessions.update(sessionKey(uploadUuid), next, record.revision) });
         return 'ok';
       } catch (err) {
+        this.cache.delete(uploadUuid);
         if (!isStoreConflict(err)) throw err;
       }
     }
     throw errors.internal(new Error('webhook: too much contention'));
   }
 
-  private async record(uploadUuid: string): Promise<Versioned<SessionRecord> | null> {
+  /** Waits until every ledger write this process has queued so far is done (tests, shutdown). */
+  async flushLedger(): Promise<void> {
+    for (const q of [...this.ledgerQueues.values()]) await q.run;
+  }
+
+  private async read(uploadUuid: string): Promise<Versioned<SessionRecord> | null> {
     // Only `randomUUID()` names a session: anything else (a path segment with a space, 5,000
     // characters, `../x`) names none, and is no store key either (the stores refuse it).
     if (!UPLOAD_UUID.test(uploadUuid)) return null;
-    return this.deps.sessions.get<SessionRecord>(sessionKey(uploadUuid));
+    const stored = await this.deps.sessions.get<SessionRecord>(sessionKey(uploadUuid));
+    if (!stored) {
+      this.cache.delete(uploadUuid);
+      return null;
+    }
+    const record = { value: fromStored(stored.value), revision: stored.revision };
+    const cached = this.cache.get(uploadUuid);
+    if (!cached || cached.revision <= record.revision) this.remember(uploadUuid, record);
+    return record;
+  }
+
+  private remember(uploadUuid: string, record: Versioned<SessionRecord>): void {
+    this.cache.delete(uploadUuid);
+    this.cache.set(uploadUuid, record);
+    if (this.cache.size > CACHED_SESSIONS) this.cache.delete(this.cache.keys().next().value!);
   }
 
   /**
-   * Re-reads the active session, applies `decide`, and writes it with compare-and-set until
-   * no other writer came between. The access checks run on every attempt, so a session
-   * deleted or replaced meanwhile answers as a fresh request would.
+   * Queues `decide` for the session's next write and resolves with the summary after it
+   * (or rejects with its error). `decide` must be pure: it runs again if the write loses.
    */
-  private mutate(
-    client: ClientRef,
-    uploadUuid: string,
-    decide: (r: SessionRecord) => Decision | Promise<Decision>,
-    opts: { anyState?: boolean } = {},
-  ): Promise<SessionRecord> {
-    return this.serially(uploadUuid, async () => {
-      for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-        if (attempt > 0) await conflictBackoff(attempt);
-        const current = opts.anyState ? await this.record(uploadUuid) : await this.requireActive(client, uploadUuid);
-        if (!current || current.value.client_id !== client.id) throw errors.sessionNotFound();
-        const decision = await decide(current.value);
-        if (!decision.ok) throw decision.error;
-        if (decision.next === current.value) return current.value;
+  private mutate(client: ClientRef | null, uploadUuid: string, access: Access, decide: (r: SessionRecord) => Decision): Promise<SessionRecord> {
+    return new Promise((resolve, reject) => {
+      let writer = this.writers.get(uploadUuid);
+      if (!writer) {
+        writer = { waiting: [], running: false };
+        this.writers.set(uploadUuid, writer);
+      }
+      writer.waiting.push({ client, access, decide, resolve, reject });
+      if (!writer.running) void this.write(uploadUuid, writer);
+    });
+  }
+
+  /** Writes the waiting decisions of one session, a group at a time, until none is left. */
+  private async write(uploadUuid: string, writer: { waiting: PendingDecision[]; running: boolean }): Promise<void> {
+    writer.running = true;
+    try {
+      while (writer.waiting.length > 0) {
+        const group = writer.waiting.splice(0);
         try {
-          await this.deps.sessions.update(sessionKey(uploadUuid), decision.next, current.revision);
-          return decision.next;
+          await this.writeGroup(uploadUuid, group);
         } catch (err) {
-          if (!isStoreConflict(err)) throw err;
+          for (const d of group) d.reject(err);
         }
       }
-      throw errors.internal(new Error('session update: too much contention'));
-    });
+    } finally {
+      writer.running = false;
+      if (writer.waiting.length === 0 && this.writers.get(uploadUuid) === writer) this.writers.delete(uploadUuid);
+    }
+  }
+
+  private async writeGroup(uploadUuid: string, group: PendingDecision[]): Promise<void> {
+    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
+      if (attempt > 0) await conflictBackoff(attempt);
+      const current = (attempt === 0 ? this.cache.get(uploadUuid) : undefined) ?? (await this.read(uploadUuid));
+      let next = current?.value ?? null;
+      const outcomes = group.map((d) => {
+        const denied = this.denied(d, next);
+        if (denied) return { error: denied };
+        const decision = d.decide(next!);
+        if (!decision.ok) return { error: decision.error };
+        next = decision.next;
+        return { record: next };
+      });
+      if (current && next !== current.value) {
+        try {
+          const revision = await this.deps.sessions.update(sessionKey(uploadUuid), next, current.revision);
+          this.remember(uploadUuid, { value: next!, revision });
+        } catch (err) {
+          this.cache.delete(uploadUuid);
+          if (isStoreConflict(err)) continue;
+          throw err;
+        }
+      }
+      group.forEach((d, i) => {
+        const outcome = outcomes[i]!;
+        if (outcome.error) d.reject(outcome.error);
+        else d.resolve(outcome.record);
+      });
+      return;
+    }
+    throw errors.internal(new Error('session update: too much contention'));
+  }
+
+  private denied(d: PendingDecision, r: SessionRecord | null): ServiceError | null {
+    if (d.access === 'active') return !r || r.deleted || r.client_id !== d.client?.id ? errors.sessionNotInitialized() : null;
+    if (d.access === 'any') return !r || r.client_id !== d.client?.id ? errors.sessionNotFound() : null;
+    return r ? null : errors.sessionNotFound();
+  }
+
+  /** Writes recorded packages to the ledger, then folds them into the summary; per session, a group at a time. */
+  private toLedger(uploadUuid: string, entries: PackageEntry[]): void {
+    let queue = this.ledgerQueues.get(uploadUuid);
+    if (!queue) {
+      queue = { waiting: [], run: null };
+      this.ledgerQueues.set(uploadUuid, queue);
+    }
+    queue.waiting.push(...entries);
+    if (queue.run) return;
+    const q = queue;
+    q.run = (async () => {
+      while (q.waiting.length > 0) {
+        const group = q.waiting.splice(0);
+        const write = async () => {
+          await this.deps.ledger.append(uploadUuid, group.map(toLedger));
+          await this.fold(uploadUuid, group);
+        };
+        await write().catch((err: unknown) => this.retryInBackground(write, err, 'write recorded packages to the ledger'));
+      }
+      q.run = null;
+      if (this.ledgerQueues.get(uploadUuid) === q) this.ledgerQueues.delete(uploadUuid);
+    })();
+  }
+
+  private async fold(uploadUuid: string, entries: readonly { id: string }[]): Promise<void> {
+    const ids = entries.map((e) => e.id);
+    try {
+      await this.mutate(null, uploadUuid, 'system', (r) => decideFold(r, ids, this.now()));
+    } catch (err) {
+      if (isServiceError(err) && err.statusCode < 500) return; // the session is gone
+      throw err;
+    }
+  }
+
+  private async retryInBackground(fn: () => Promise<unknown>, first: unknown, what: string): Promise<void> {
+    let lastErr: unknown = first;
+    for (let delay = 500; delay <= RETRY_MAX_DELAY_MS; delay *= 2) {
+      await new Promise((r) => setTimeout(r, delay).unref());
+      try {
+        await fn();
+        return;
+      } catch (err) {
+        lastErr = err;
+      }
+    }
+    this.deps.onBackgroundError?.(lastErr, what);
   }
 
   /**
-   * Runs this process's mutations of one session one after another. Compare-and-set alone
-   * stays correct, but 50 concurrent ingests into one session made each write lose to the
-   * others until most gave up (500 after 32 attempts); in turn, each read sees the
-   * previous write and nothing is wasted. Other instances still meet at the compare-and-set.
+   * The Connector's start body. Recording entries go to the ledger first (idempotent), so the
+   * ledger then lists every package; past `inlineObjects` objects the list is written as an
+   * NDJSON manifest object beside the session's objects and the body names it instead.
    */
-  private serially<R>(uploadUuid: string, fn: () => Promise<R>): Promise<R> {
-    const previous = this.chains.get(uploadUuid) ?? Promise.resolve();
-    const run = previous.then(fn);
-    const tail = run.then(
-      () => undefined,
-      () => undefined,
-    );
-    this.chains.set(uploadUuid, tail);
-    void tail.then(() => {
-      if (this.chains.get(uploadUuid) === tail) this.chains.delete(uploadUuid);
-    });
-    return run;
-  }
-
-  private async workflowStart(r: SessionRecord): Promise<WorkflowStart> {
+  private async workflowStart(client: ClientRef, r: SessionRecord): Promise<WorkflowStart> {
+    const recording = Object.entries(r.recording).map(([id, e]) => ({ id, ...e }));
+    if (recording.length > 0) {
+      await this.deps.ledger.append(r.upload_uuid, recording.map(toLedger));
+      await this.fold(r.upload_uuid, recording).catch((err: unknown) => this.deps.onBackgroundError?.(err, 'fold recorded packages'));
+    }
     const prefix = sessionObjectPrefix(this.deps.objectPrefix, r.client_id, r.upload_uuid);
-    const sizes = new Map((await this.deps.objects.list(prefix)).map((o) => [o.key, o.size]));
-    return {
+    let sizes: Map<string, number> | null = null;
+    const expected = packageCount(r);
+    const objects = async function* (this: SessionService): AsyncIterable<WorkflowStart['objects'][number]> {
+      let listed = 0;
+      for await (const e of this.deps.ledger.list(r.upload_uuid)) {
+        listed++;
+        const key = objectKey(this.deps.objectPrefix, { client_id: r.client_id, upload_uuid: r.upload_uuid, entity: e.entity, package_id: e.package_id });
+        let bytes = e.object_bytes;
+        if (bytes === 0) {
+          // Recorded by a version that did not keep the object's size: read it from storage.
+          sizes ??= new Map((await this.deps.objects.list(prefix)).map((o) => [o.key, o.size]));
+          bytes = sizes.get(key) ?? e.bytes;
+        }
+        yield { entity: e.entity, key, rows: e.rows, bytes };
+      }
+      if (listed !== expected) throw errors.internal(new Error(`Ledger of ${r.upload_uuid} lists ${listed} packages, the summary ${expected}`));
+    }.call(this);
+    const base = {
       upload_uuid: r.upload_uuid,
-      client_id: r.client_id,
+      client_id: client.id,
       date_from: r.workflow!.date_from,
       date_to: r.workflow!.date_to,
       entities: entityTotals(r).map(({ name, packages, rows }) => ({ name, packages, rows })),
-      objects: r.packages.map((p) => {
-        const key = objectKey(this.deps.objectPrefix, { client_id: r.client_id, upload_uuid: r.upload_uuid, entity: p.entity, package_id: p.id });
-        return { entity: p.entity, key, rows: p.rows, bytes: sizes.get(key) ?? p.bytes };
-      }),
       callback_url: this.deps.callbackUrl,
     };
+    if (expected <= (this.deps.inlineObjects ?? 1000)) {
+      const inline: WorkflowStart['objects'] = [];
+      for await (const o of objects) inline.push(o);
+      return { ...base, objects: inline };
+    }
+    const key = manifestKey(this.deps.objectPrefix, r.client_id, r.upload_uuid);
+    let count = 0;
+    let bytes = 0;
+    const lines = async function* (): AsyncIterable<Uint8Array> {
+      let chunk = '';
+      for await (const o of objects) {
+        count++;
+        chunk += `${JSON.stringify(o)}\n`;
+        if (chunk.length >= 256 * 1024) {
+          const buf = Buffer.from(chunk);
+          bytes += buf.byteLength;
+          chunk = '';
+          yield buf;
+        }
+      }
+      const buf = Buffer.from(chunk);
+      bytes += buf.byteLength;
+      yield buf;
+    };
+    await this.deps.objects.put(key, lines());
+    return { ...base, objects: [], manifest: { key, objects: count, bytes } };
   }
 
-  /** After delete: queued batches, stored objects, then the record itself. */
+  /** After delete: queued batches, stored objects, the ledger, then the summary itself. */
   private async cleanUp(clientId: string, uploadUuid: string): Promise<void> {
     try {
       await this.deps.queue.purge(uploadUuid);
       await this.deps.objects.deletePrefix(sessionObjectPrefix(this.deps.objectPrefix, clientId, uploadUuid));
+      await this.deps.ledger.drop(uploadUuid);
       await this.deps.sessions.delete(sessionKey(uploadUuid));
+      this.cache.delete(uploadUuid);
     } catch (err) {
       this.deps.onBackgroundError?.(err, 'clean up a deleted session');
     }
   }
+}
+
+function toLedger(p: PackageEntry): LedgerEntry {
+  return { package_id: p.id, entity: p.entity, rows: p.rows, bytes: p.bytes, object_bytes: p.object_bytes };
+}
+
+function fromLedger(e: LedgerEntry): PackageEntry {
+  return { id: e.package_id, entity: e.entity, rows: e.rows, bytes: e.bytes, object_bytes: e.object_bytes };
 }

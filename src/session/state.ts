@@ -1,17 +1,45 @@
 /**
- * The session state machine as pure functions: (record, event) → next record and effects,
- * or the error the client gets. Covers every row of the spec's transition table plus the
- * decided ones (delete, workflow failure). Nothing here does I/O or reads the clock: the
- * service passes `now` in.
+ * The session state machine as pure functions: (summary, event) → next summary, or the
+ * error the client gets. Covers every row of the spec's transition table plus the decided
+ * ones (delete, workflow failure). Nothing here does I/O or reads the clock: the service
+ * passes `now` in.
+ *
+ * A session is a small summary plus a package ledger (store/ports.ts `PackageLedger`). The
+ * summary holds what status and start-upload need — state, entity names and totals, the
+ * leases of ingests in flight — and never grows with the number of packages: recording a
+ * package costs the same at package 1,000,000 as at package 1.
+ *
+ * How a package is recorded (each arrow a compare-and-set on the summary, shared by every
+ * package ready at that moment, see service.ts):
+ * ```
+ *  begin ──> in_flight[id] = lease ──record──> recording[id] = entry ──fold──> totals += entry
+ *                 │                         (the 200 goes out here)    (after the ledger holds
+ *                 └──release / revoke (lease gone: the package can        the entry durably)
+ *                    never be recorded; the uploader drops it)
+ * ```
+ * `recording` is the fence between the summary and the ledger: an entry leaves it only once
+ * the ledger holds it, so a package is recorded exactly when it is in `recording` or in the
+ * ledger, and readers that look at the summary first and the ledger second never miss one
+ * (`packageFate`). Writing an entry to the ledger is idempotent, so a dead gateway's
+ * entries are completed by whoever finds them (start-upload, the embedded restart).
  */
 import { errors, type ServiceError, type ValidationIssue } from '../errors.js';
 
 export type SessionStatus = 'UPLOADING' | 'STARTED' | 'DONE';
 
-/** One accepted package; its rows are stored as one object. */
+/** One accepted package; its rows are stored as one object of `object_bytes` bytes. */
 export interface PackageEntry {
   id: string;
   entity: string;
+  rows: number;
+  /** Encoded row bytes (NDJSON) of the package. */
+  bytes: number;
+  /** Size of the stored object: header line plus rows. */
+  object_bytes: number;
+}
+
+export interface EntityTotals {
+  packages: number;
   rows: number;
   bytes: number;
 }
@@ -26,8 +54,12 @@ export interface SessionRecord {
   upload_uuid: string;
   client_id: string;
   status: SessionStatus;
-  /** Accepted packages in commit order; `entities` is derived from them. */
-  packages: PackageEntry[];
+  /** Entity names in order of first recorded package, each once. */
+  entities: string[];
+  /** Per entity: the packages folded from `recording` (the ledger holds each of them). */
+  totals: Record<string, EntityTotals>;
+  /** Recorded packages whose ledger entry is not known to be durable yet: package id → entry. */
+  recording: Record<string, Omit<PackageEntry, 'id'>>;
   /** Ingest requests under way: package id → lease expiry (epoch ms). Expired leases are dead instances. */
   in_flight: Record<string, number>;
   created_at: string;
@@ -66,12 +98,32 @@ export function newSession(uploadUuid: string, clientId: string, now: number, pr
     upload_uuid: uploadUuid,
     client_id: clientId,
     status: 'UPLOADING',
-    packages: [],
+    entities: [],
+    totals: {},
+    recording: {},
     in_flight: {},
     created_at: at,
     updated_at: at,
     ...(previous ? { previous_upload_uuid: previous } : {}),
   };
+}
+
+/**
+ * A summary as read from the store. Records written before the ledger existed list every
+ * package in `packages`: those become `recording` entries, which the service writes to the
+ * ledger and folds like any other (nothing of an older data directory is lost).
+ */
+export function fromStored(raw: SessionRecord & { packages?: { id: string; entity: string; rows: number; bytes: number }[] }): SessionRecord {
+  if (!raw.packages) return raw;
+  const { packages, ...rest } = raw;
+  const recording: SessionRecord['recording'] = { ...(raw.recording ?? {}) };
+  const entities = [...(raw.entities ?? [])];
+  for (const p of packages) {
+    // The object's size was not kept: 0 (no stored object is empty) makes start-upload read it from storage.
+    recording[p.id] = { entity: p.entity, rows: p.rows, bytes: p.bytes, object_bytes: 0 };
+    if (!entities.includes(p.entity)) entities.push(p.entity);
+  }
+  return { ...rest, entities, totals: raw.totals ?? {}, recording };
 }
 
 /** initialize-session against the client's current active session (null: none, or deleted). */
@@ -109,15 +161,10 @@ function requireUploading(r: SessionRecord): ServiceError | null {
   return r.status === 'UPLOADING' ? null : errors.invalidSessionStatus('UPLOADING', r.status);
 }
 
-/** Entity names in order of first upload, each once. */
-export function entityNames(r: SessionRecord): string[] {
-  return [...new Set(r.packages.map((p) => p.entity))];
-}
-
-/** Per-entity totals, in order of first upload. */
-export function entityTotals(r: SessionRecord): { name: string; packages: number; rows: number; bytes: number }[] {
-  const totals = new Map<string, { name: string; packages: number; rows: number; bytes: number }>();
-  for (const p of r.packages) {
+/** Per-entity totals of every recorded package (folded and still recording), in order of first upload. */
+export function entityTotals(r: SessionRecord): ({ name: string } & EntityTotals)[] {
+  const totals = new Map(r.entities.map((name) => [name, { name, packages: 0, rows: 0, bytes: 0, ...r.totals[name] }]));
+  for (const p of Object.values(r.recording)) {
     const t = totals.get(p.entity) ?? { name: p.entity, packages: 0, rows: 0, bytes: 0 };
     t.packages += 1;
     t.rows += p.rows;
@@ -127,6 +174,13 @@ export function entityTotals(r: SessionRecord): { name: string; packages: number
   return [...totals.values()];
 }
 
+/** Recorded packages, folded or not. */
+export function packageCount(r: SessionRecord): number {
+  let n = Object.keys(r.recording).length;
+  for (const t of Object.values(r.totals)) n += t.packages;
+  return n;
+}
+
 /** Live in-flight ingests, ignoring leases of instances that died. */
 export function liveInFlight(r: SessionRecord, now: number): number {
   let n = 0;
@@ -134,76 +188,99 @@ export function liveInFlight(r: SessionRecord, now: number): number {
   return n;
 }
 
-function pruneLeases(inFlight: Record<string, number>, now: number, without?: string): Record<string, number> {
+function pruneLeases(inFlight: Record<string, number>, now: number, without?: ReadonlySet<string>): Record<string, number> {
   const out: Record<string, number> = {};
-  for (const [id, until] of Object.entries(inFlight)) if (id !== without && until > now) out[id] = until;
+  for (const [id, until] of Object.entries(inFlight)) if (!without?.has(id) && until > now) out[id] = until;
   return out;
 }
 
 /**
  * A new ingest takes a lease; refused once the session's packages and live leases reach
- * `maxPackages` (the record lists every package and must stay within what the store holds:
- * NATS `max_payload`). Leases count, so concurrent ingests cannot overshoot.
+ * `maxPackages` (a safety bound far beyond what a client reaches; default unbounded).
+ * Leases count, so concurrent ingests cannot overshoot.
  */
 export function decideIngestBegin(r: SessionRecord, packageId: string, now: number, leaseMs: number, maxPackages = Infinity): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
-  if (r.packages.length + liveInFlight(r, now) >= maxPackages) return fail(errors.sessionFull(maxPackages));
+  if (packageCount(r) + liveInFlight(r, now) >= maxPackages) return fail(errors.sessionFull(maxPackages));
   return ok(touch(r, now, { in_flight: { ...pruneLeases(r.in_flight, now), [packageId]: now + leaseMs } }));
 }
 
 /**
- * The package's rows are committed to the queue: count them and end its lease. Only while
+ * The package's rows are committed to the queue: record it and end its lease. Only while
  * its lease is live: once the lease is gone (released, expired, or revoked by an uploader
  * that found the package unrecorded, see `packageFate`), the package may already have been
- * dropped from the queue, so counting it would answer 200 for rows that are never stored.
+ * dropped from the queue, so recording it would answer 200 for rows that are never stored.
  */
-export function decideIngestCommit(
-  r: SessionRecord,
-  pkg: { packageId: string; entity: string; rows: number; bytes: number },
-  now: number,
-): Decision {
+export function decideIngestRecord(r: SessionRecord, pkg: PackageEntry, now: number): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
-  const lease = r.in_flight[pkg.packageId];
-  if (lease === undefined || lease <= now) return fail(errors.internal(new Error(`Ingest lease of package ${pkg.packageId} is gone`)));
-  const entry: PackageEntry = { id: pkg.packageId, entity: pkg.entity, rows: pkg.rows, bytes: pkg.bytes };
-  return ok(touch(r, now, { packages: [...r.packages, entry], in_flight: pruneLeases(r.in_flight, now, pkg.packageId) }));
+  const lease = r.in_flight[pkg.id];
+  if (lease === undefined || lease <= now) return fail(errors.internal(new Error(`Ingest lease of package ${pkg.id} is gone`)));
+  const { id, ...entry } = pkg;
+  return ok(
+    touch(r, now, {
+      entities: r.entities.includes(entry.entity) ? r.entities : [...r.entities, entry.entity],
+      recording: { ...r.recording, [id]: entry },
+      in_flight: pruneLeases(r.in_flight, now, new Set([id])),
+    }),
+  );
+}
+
+/**
+ * The ledger holds these packages durably: move them from `recording` into the totals.
+ * Allowed in any state (the sum of both never changes); ids no longer recording are skipped.
+ */
+export function decideFold(r: SessionRecord, packageIds: Iterable<string>, now: number): Decision {
+  let recording: SessionRecord['recording'] | null = null;
+  let totals: SessionRecord['totals'] | null = null;
+  for (const id of packageIds) {
+    const entry = (recording ?? r.recording)[id];
+    if (!entry) continue;
+    recording ??= { ...r.recording };
+    totals ??= { ...r.totals };
+    delete recording[id];
+    const t = totals[entry.entity] ?? { packages: 0, rows: 0, bytes: 0 };
+    totals[entry.entity] = { packages: t.packages + 1, rows: t.rows + entry.rows, bytes: t.bytes + entry.bytes };
+  }
+  if (!recording || !totals) return ok(r);
+  return ok(touch(r, now, { recording, totals }));
 }
 
 /**
  * What an uploader does with a package it took from the queue. The queue commit comes
  * before the session records the package (and the 200 goes out), so a gateway that dies
  * between the two leaves a committed package that no client was told about:
- * - `store`: the session records it;
- * - `drop`: the session is gone, or neither records the package nor holds a lease for it,
- *   so no commit can record it any more (`decideIngestCommit` needs the live lease): ack
- *   it unstored;
+ * - `store`: the summary records it (`recording`);
  * - `wait`: its lease is live, the ingest may still record it: deliver it again later;
- * - `revoke`: its lease has expired but is still in the record: remove it with a
- *   compare-and-set first (so a gateway whose clock is behind cannot still commit), then
- *   judge again.
+ * - `revoke`: its lease has expired but is still in the summary: remove it with a
+ *   compare-and-set first (so a gateway whose clock is behind cannot still record), then
+ *   judge again;
+ * - `ledger`: the summary neither records it nor holds a lease for it: it was recorded and
+ *   folded (then the ledger, read after this summary, holds it: store) or it can never be
+ *   recorded (drop);
+ * - `drop`: the session is gone.
  */
-export type PackageFate = 'store' | 'drop' | 'wait' | 'revoke';
+export type PackageFate = 'store' | 'drop' | 'wait' | 'revoke' | 'ledger';
 
 export function packageFate(r: SessionRecord | null, packageId: string, now: number): PackageFate {
   if (r === null || r.deleted) return 'drop';
-  if (r.packages.some((p) => p.id === packageId)) return 'store';
+  if (packageId in r.recording) return 'store';
   const lease = r.in_flight[packageId];
-  if (lease === undefined) return 'drop';
+  if (lease === undefined) return 'ledger';
   return lease > now ? 'wait' : 'revoke';
 }
 
-/** A restarted embedded instance: every lease in the record belongs to the dead process. */
+/** A restarted embedded instance: every lease in the summary belongs to the dead process. */
 export function decideReleaseAllLeases(r: SessionRecord, now: number): Decision {
   if (Object.keys(r.in_flight).length === 0) return ok(r);
   return ok(touch(r, now, { in_flight: {} }));
 }
 
-/** A package failed or was abandoned: only its lease ends. Allowed in any state. */
-export function decideIngestRelease(r: SessionRecord, packageId: string, now: number): Decision {
-  if (!(packageId in r.in_flight)) return ok(r);
-  return ok(touch(r, now, { in_flight: pruneLeases(r.in_flight, now, packageId) }));
+/** Packages failed or were abandoned: only their leases end. Allowed in any state. */
+export function decideIngestRelease(r: SessionRecord, packageIds: readonly string[], now: number): Decision {
+  if (!packageIds.some((id) => id in r.in_flight)) return ok(r);
+  return ok(touch(r, now, { in_flight: pruneLeases(r.in_flight, now, new Set(packageIds)) }));
 }
 
 export interface StartInput {
@@ -215,18 +292,20 @@ export interface StartInput {
   now: number;
 }
 
-/** start-upload, in the check order of DECISIONS.md. On success the session is STARTED before the Connector is called. */
+/** start-upload, in the documented check order. On success the session is STARTED before the Connector is called. */
 export function decideStart(r: SessionRecord, input: StartInput): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
   if ('issues' in input.dates) return fail(errors.validationFailed(input.dates.issues));
   const { date_from, date_to } = input.dates;
   if (date_from < input.minDate) return fail(errors.dateBeforeMinimum(input.minDate));
-  if (r.packages.length === 0) return fail(errors.noEntities());
+  if (packageCount(r) === 0) return fail(errors.noEntities());
   if (liveInFlight(r, input.now) > 0 || input.pendingBatches > 0) return fail(errors.uploadTasksInProgress());
   return ok(
     touch(r, input.now, {
       status: 'STARTED',
+      // Dead instances' leases can never be recorded any more (recording needs UPLOADING).
+      in_flight: {},
       workflow: { date_from, date_to, started_at: new Date(input.now).toISOString() },
     }),
   );
@@ -294,16 +373,16 @@ export interface StatusView {
   last_workflow?: WorkflowOutcome;
 }
 
-/** The status body; flags as DECISIONS.md defines them, from real state only. */
+/** The status body; flags as documented (docs/api.md), from real state only. */
 export function statusView(r: SessionRecord, pendingBatches: number, now: number): StatusView {
   const finished = liveInFlight(r, now) === 0 && pendingBatches === 0;
   return {
     upload_uuid: r.upload_uuid,
     session_status: r.status,
-    entities: entityNames(r),
+    entities: [...r.entities],
     upload_tasks_finished: finished,
     can_upload_entities: r.status === 'UPLOADING',
-    can_start_upload: r.status === 'UPLOADING' && r.packages.length > 0 && finished,
+    can_start_upload: r.status === 'UPLOADING' && packageCount(r) > 0 && finished,
     can_terminate: r.status === 'STARTED',
     ...(r.last_workflow ? { last_workflow: r.last_workflow } : {}),
   };

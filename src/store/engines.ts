@@ -9,16 +9,19 @@ import { join, resolve } from 'node:path';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import { FileBatchQueue } from './embedded/batch-queue.js';
+import { FileLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
 import { FileSessionStore } from './embedded/session-store.js';
 import { NatsBatchQueue } from './nats/batch-queue.js';
 import { connectNats, type NatsHandle } from './nats/connection.js';
+import { NatsLedger } from './nats/ledger.js';
 import { NatsSessionStore } from './nats/session-store.js';
-import type { BatchQueue, ObjectStore, SessionStore } from './ports.js';
+import type { BatchQueue, ObjectStore, PackageLedger, SessionStore } from './ports.js';
 import { S3ObjectStore } from './s3/object-store.js';
 
 export interface Engines {
   sessions: SessionStore;
+  ledger: PackageLedger;
   queue: BatchQueue;
   objects: ObjectStore;
   /** Which adapters serve, for logs and readiness. */
@@ -41,6 +44,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
   try {
     const dataDir = resolve(config.dataDir);
     let sessions: SessionStore;
+    let ledger: PackageLedger;
     let queue: BatchQueue;
     let nats: NatsHandle | undefined;
     if (config.nats.url) {
@@ -49,6 +53,8 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       closers.push(() => handle.close());
       sessions = await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas });
       closers.push(() => sessions.close());
+      ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas });
+      closers.push(() => ledger.close());
       queue = await NatsBatchQueue.open(nats, {
         stream: config.nats.stream,
         replicas: config.nats.replicas,
@@ -61,6 +67,8 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       await mkdir(dataDir, { recursive: true });
       sessions = await FileSessionStore.open(join(dataDir, 'sessions'));
       closers.push(() => sessions.close());
+      ledger = await FileLedger.open(join(dataDir, 'ledger'));
+      closers.push(() => ledger.close());
       queue = await FileBatchQueue.open(join(dataDir, 'queue'));
       closers.push(() => queue.close());
     }
@@ -97,6 +105,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
 
     return {
       sessions,
+      ledger,
       queue,
       objects,
       describe: { sessions: nats ? 'nats-kv' : 'file', queue: nats ? 'jetstream' : 'file', objects: s3.endpoint ? 's3' : 'file' },

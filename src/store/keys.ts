@@ -26,3 +26,8 @@ export function sessionObjectPrefix(prefix: string, clientId: string, uploadUuid
 export function objectKey(prefix: string, meta: Pick<PackageMeta, 'client_id' | 'upload_uuid' | 'entity' | 'package_id'>): string {
   return `${sessionObjectPrefix(prefix, meta.client_id, meta.upload_uuid)}${meta.entity}/${meta.package_id}.ndjson`;
 }
+
+/** The Connector start's manifest of a session with many objects: beside its objects, never an entity's name. */
+export function manifestKey(prefix: string, clientId: string, uploadUuid: string): string {
+  return `${sessionObjectPrefix(prefix, clientId, uploadUuid)}manifest.ndjson`;
+}

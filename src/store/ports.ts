@@ -44,6 +44,36 @@ export interface SessionStore {
   close(): Promise<void>;
 }
 
+/** One recorded package in its session's ledger. */
+export interface LedgerEntry {
+  package_id: string;
+  entity: string;
+  rows: number;
+  /** Encoded row bytes. */
+  bytes: number;
+  /** Size of the package's stored object (0 when unknown: recorded by an older version). */
+  object_bytes: number;
+}
+
+/**
+ * The ledger of a session's recorded packages: one entry per package, written once the
+ * session summary recorded it (session/state.ts). Writing an entry is idempotent: whoever
+ * completes a recording (the gateway that took it, start-upload, a restart) writes the same
+ * entry, and writing it again changes nothing. No compare-and-set: entries of different
+ * packages never conflict.
+ */
+export interface PackageLedger {
+  /** Writes the entries of one session; resolves once every one of them is durable. */
+  append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void>;
+  /** The entry of one package, or null. Sees every entry whose `append` resolved. */
+  get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null>;
+  /** Every entry of the session, each package once, in no particular order. */
+  list(uploadUuid: string): AsyncIterable<LedgerEntry>;
+  /** Removes every entry of the session (after delete). */
+  drop(uploadUuid: string): Promise<void>;
+  close(): Promise<void>;
+}
+
 /** What identifies one accepted package: its rows land in exactly one stored object. */
 export interface PackageMeta {
   package_id: string;

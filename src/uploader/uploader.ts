@@ -40,6 +40,8 @@ export interface UploaderOptions {
    */
   verdict?: (pkg: PackageMeta) => Promise<'store' | 'drop' | 'wait'>;
   observer?: UploaderObserver;
+  /** Packages stored at the same time (default 1). */
+  concurrency?: number;
 }
 
 /**
@@ -56,7 +58,7 @@ const RECORD_WAITS_MS = [5, 20, 80, 200];
  * the queue's one durable consumer).
  */
 export async function runUploader(
-  engines: Pick<Engines, 'queue' | 'objects' | 'sessions' | 'sweepIncompleteUploads'>,
+  engines: Pick<Engines, 'queue' | 'objects' | 'sessions' | 'ledger' | 'sweepIncompleteUploads'>,
   config: Pick<Config, 'storage'>,
   log: Logger,
   observer?: UploaderObserver,
@@ -67,7 +69,8 @@ export async function runUploader(
     queue: engines.queue,
     objects: engines.objects,
     prefix: config.storage.objectPrefix,
-    verdict: (meta) => packageVerdict(engines.sessions, meta.upload_uuid, meta.package_id),
+    concurrency: config.storage.uploaderConcurrency,
+    verdict: (meta) => packageVerdict(engines.sessions, engines.ledger, meta.upload_uuid, meta.package_id),
     onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
     ...(observer ? { observer } : {}),
   });
@@ -79,6 +82,11 @@ export async function runUploader(
  * delivers the package again.
  */
 export function startUploader(opts: UploaderOptions): QueueConsumer {
+  const consumers = Array.from({ length: Math.max(1, opts.concurrency ?? 1) }, () => consumeOne(opts));
+  return { stop: async () => void (await Promise.all(consumers.map((c) => c.stop()))) };
+}
+
+function consumeOne(opts: UploaderOptions): QueueConsumer {
   const { objects, prefix, onError, verdict, observer } = opts;
   return opts.queue.consume(async (pkg) => {
     let decided: 'store' | 'drop' | 'wait' = 'store';
@@ -117,10 +125,15 @@ class PackageNotRecorded extends Error {
   }
 }
 
+/** The first line of a package's object; its size plus the rows' bytes is the object's size. */
+export function objectHeaderLine(meta: PackageMeta, rows: number): Buffer {
+  const { entity, columns, package_id, upload_uuid, client_id } = meta;
+  const header: ObjectHeader = { entity, columns, package_id, upload_uuid, client_id, rows };
+  return Buffer.from(`${JSON.stringify(header)}\n`);
+}
+
 async function* objectBody(pkg: CommittedPackage, reuse: boolean): AsyncIterable<Uint8Array> {
-  const { entity, columns, package_id, upload_uuid, client_id } = pkg.meta;
-  const header: ObjectHeader = { entity, columns, package_id, upload_uuid, client_id, rows: pkg.rows };
-  yield Buffer.from(`${JSON.stringify(header)}\n`);
+  yield objectHeaderLine(pkg.meta, pkg.rows);
   yield* pkg.batches({ reuse });
 }
 

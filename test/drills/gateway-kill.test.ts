@@ -17,7 +17,6 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
-import type { SessionRecord } from '../../src/session/state.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
@@ -27,6 +26,7 @@ import { startS3 } from '../support/s3.js';
 import {
   drillPackage,
   embeddedRecord,
+  type RecordedSession,
   natsRecords,
   openS3,
   packageOfRow,
@@ -116,7 +116,7 @@ async function orphansInQueue(dataDir: string, sessions: Session[]): Promise<num
 interface Backend {
   name: string;
   config: Record<string, unknown>;
-  records: (uuid: string) => Promise<SessionRecord | null>;
+  records: (uuid: string) => Promise<RecordedSession | null>;
   objects: () => Promise<ObjectStore>;
   dataDir?: string;
 }
@@ -158,7 +158,7 @@ async function drill(t: Test, backend: Backend, clientsFile: string, clients: Dr
   }
 
   // The Connector is handed exactly what the sessions record.
-  const records = new Map<string, SessionRecord>();
+  const records = new Map<string, RecordedSession>();
   for (const s of sessions) {
     const record = (await backend.records(s.uuid))!;
     records.set(s.uuid, record);

@@ -11,7 +11,6 @@ import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import t, { type Test } from 'tap';
 import { request } from 'undici';
-import type { SessionRecord } from '../../src/session/state.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { API, clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
@@ -21,6 +20,7 @@ import { startS3 } from '../support/s3.js';
 import {
   drillPackage,
   embeddedRecord,
+  type RecordedSession,
   natsRecords,
   openS3,
   packageOfRow,
@@ -75,7 +75,7 @@ function tryConnect(port: number): Promise<string> {
 interface Backend {
   name: string;
   config: Record<string, unknown>;
-  records: (uuid: string) => Promise<SessionRecord | null>;
+  records: (uuid: string) => Promise<RecordedSession | null>;
   objects: () => Promise<ObjectStore>;
 }
 

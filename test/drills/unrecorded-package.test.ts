@@ -18,9 +18,10 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import t from 'tap';
 import { request } from 'undici';
-import { releaseLeftoverLeases } from '../../src/session/recovery.js';
-import { decideIngestBegin, decideIngestCommit, packageFate, type SessionRecord } from '../../src/session/state.js';
+import { recoverLeftovers } from '../../src/session/recovery.js';
+import { decideIngestBegin, decideIngestRecord, fromStored, packageFate, type SessionRecord } from '../../src/session/state.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
+import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
@@ -32,14 +33,14 @@ import { API, clientOf, DEMO, products, startService, tempDir, waitForStatus } f
 import { startNats } from '../support/nats.js';
 import { distributed, spawnGateway } from '../support/processes.js';
 import { startS3 } from '../support/s3.js';
-import { openS3, readObjects, since, size } from '../support/drills.js';
+import { embeddedRecord, natsRecords, openS3, readObjects, since, size } from '../support/drills.js';
 
 const ORPHAN = '00000000-0000-4000-8000-00000000dead';
 
-/** What a gateway killed between `writer.commit` and `commitIngest` leaves behind. */
+/** What a gateway killed between `writer.commit` and `recordIngest` leaves behind. */
 async function forgeOrphan(sessions: SessionStore, queue: BatchQueue, uploadUuid: string, leaseMs: number): Promise<void> {
   const current = (await sessions.get<SessionRecord>(sessionKey(uploadUuid)))!;
-  const begun = decideIngestBegin(current.value, ORPHAN, Date.now(), leaseMs);
+  const begun = decideIngestBegin(fromStored(current.value), ORPHAN, Date.now(), leaseMs);
   if (!begun.ok) throw begun.error;
   await sessions.update(sessionKey(uploadUuid), begun.next, current.revision);
   const writer = await queue.open({ package_id: ORPHAN, client_id: 'demo', upload_uuid: uploadUuid, entity: 'products', columns: ['product_id', 'name', 'price'] });
@@ -47,13 +48,16 @@ async function forgeOrphan(sessions: SessionStore, queue: BatchQueue, uploadUuid
   await writer.commit({ rows: 2, bytes: 64 });
 }
 
-t.test('the decisions: the uploader stores only what the session records; a commit needs its live lease', async (t) => {
+t.test('the decisions: the uploader stores only what the session records; recording needs the live lease', async (t) => {
   const now = 1_000_000;
+  const pkg = { entity: 'products', rows: 1, bytes: 1, object_bytes: 100 };
   const base: SessionRecord = {
     upload_uuid: 'u',
     client_id: 'c',
     status: 'UPLOADING',
-    packages: [{ id: 'kept', entity: 'products', rows: 1, bytes: 1 }],
+    entities: ['products'],
+    totals: {},
+    recording: { kept: pkg },
     in_flight: { live: now + 1, expired: now - 1 },
     created_at: '',
     updated_at: '',
@@ -61,14 +65,13 @@ t.test('the decisions: the uploader stores only what the session records; a comm
   t.equal(packageFate(base, 'kept', now), 'store');
   t.equal(packageFate(base, 'live', now), 'wait', 'its ingest may still record it');
   t.equal(packageFate(base, 'expired', now), 'revoke', 'revoked before it is dropped');
-  t.equal(packageFate(base, 'gone', now), 'drop', 'no lease, no record: nobody was told 200');
+  t.equal(packageFate(base, 'gone', now), 'ledger', 'no lease, not recording: folded (in the ledger) or never recorded');
   t.equal(packageFate({ ...base, deleted: true }, 'kept', now), 'drop', 'a deleted session stores nothing');
   t.equal(packageFate(null, 'kept', now), 'drop');
-  const pkg = { entity: 'products', rows: 1, bytes: 1 };
-  t.ok(decideIngestCommit(base, { packageId: 'live', ...pkg }, now).ok, 'a live lease commits');
+  t.ok(decideIngestRecord(base, { id: 'live', ...pkg }, now).ok, 'a live lease records');
   for (const id of ['expired', 'gone']) {
-    const d = decideIngestCommit(base, { packageId: id, ...pkg }, now);
-    t.ok(!d.ok && d.error.statusCode === 500, `${id} lease: the commit is refused (5xx), never a 200 for a dropped package`);
+    const d = decideIngestRecord(base, { id, ...pkg }, now);
+    t.ok(!d.ok && d.error.statusCode === 500, `${id} lease: recording is refused (5xx), never a 200 for a dropped package`);
   }
 });
 
@@ -102,11 +105,13 @@ t.test('embedded: a queue-committed, unrecorded package is dropped after the res
   const objects = await readObjects(store);
   t.same(objects.map((o) => o.ids.length), [3], 'only the package that got 200 is stored');
   t.notOk(objects.some((o) => o.header.package_id === ORPHAN), 'the orphan is not');
+  const record = (await embeddedRecord(dataDir, uuid))!;
+  t.same([record.packages.length, record.in_flight], [1, {}], 'the session: one package, no lease');
   const reopened = await FileSessionStore.open(join(dataDir, 'sessions'));
   t.teardown(() => reopened.close());
-  const record = (await reopened.get<SessionRecord>(sessionKey(uuid)))!.value;
-  t.same([record.packages.length, record.in_flight], [1, {}], 'the record: one package, no lease');
-  t.equal(await releaseLeftoverLeases(reopened, ['demo']), 0, 'nothing left to release');
+  const ledger = await FileLedger.open(join(dataDir, 'ledger'));
+  t.teardown(() => ledger.close());
+  t.equal(await recoverLeftovers(reopened, ledger, ['demo']), 0, 'nothing left to release');
 });
 
 t.test('NATS + S3: the orphan waits for its lease, is revoked and dropped; a late commit is refused', async (t) => {
@@ -132,10 +137,10 @@ t.test('NATS + S3: the orphan waits for its lease, is revoked and dropped; a lat
   await waitForStatus(gw, uuid, (b) => b.upload_tasks_finished, undefined, 60_000);
   const drainedMs = since(t0);
   t.ok(drainedMs >= leaseMs - 100, `dropped only after the lease expired (${drainedMs} ms, lease ${leaseMs} ms)`);
-  const record = (await sessions.get<SessionRecord>(sessionKey(uuid)))!;
-  t.same([record.value.packages.length, record.value.in_flight], [1, {}], 'the uploader revoked the expired lease');
-  const late = decideIngestCommit(record.value, { packageId: ORPHAN, entity: 'products', rows: 2, bytes: 64 }, Date.now());
-  t.notOk(late.ok, 'a commit of the orphan after the revocation is refused');
+  const record = (await (await natsRecords(t, nats.url))(uuid))!;
+  t.same([record.packages.length, record.in_flight], [1, {}], 'the uploader revoked the expired lease');
+  const late = decideIngestRecord(record, { id: ORPHAN, entity: 'products', rows: 2, bytes: 64, object_bytes: 200 }, Date.now());
+  t.notOk(late.ok, 'recording the orphan after the revocation is refused');
 
   const store = await openS3(s3);
   t.teardown(() => store.close());

@@ -10,7 +10,7 @@ import { startApp } from '../../src/app.js';
 import type { Config } from '../../src/config/config.js';
 import { silentLogger } from '../../src/log.js';
 import type { SessionRecord } from '../../src/session/state.js';
-import { openEngines } from '../../src/store/engines.js';
+import { openEngines, type Engines } from '../../src/store/engines.js';
 import { idempotencyKey, sessionKey, sessionObjectPrefix } from '../../src/store/keys.js';
 import type { SessionStore } from '../../src/store/ports.js';
 import { countRows } from '../../src/uploader/uploader.js';
@@ -44,11 +44,11 @@ async function settled(svc: Service, uuid: string) {
  * The gateway "dies": it is closed, `edit` changes what it left in the session store (as a
  * crash at some step would have left it), and a new instance starts on the same stores.
  */
-async function crashAndEdit(svc: Service, edit: (sessions: SessionStore) => Promise<void>, patch: Partial<Config> = {}): Promise<void> {
+async function crashAndEdit(svc: Service, edit: (engines: Engines) => Promise<void>, patch: Partial<Config> = {}): Promise<void> {
   await svc.app.close();
   const engines = await openEngines(svc.config, silentLogger, 'idempotency-test');
   try {
-    await edit(engines.sessions);
+    await edit(engines);
   } finally {
     await engines.close();
   }
@@ -183,7 +183,7 @@ t.test('the first attempt was recorded but its gateway died before answering: th
   t.equal(first.status, 200);
   await settled(svc, uuid);
   // As a kill between recording the package and storing the answer leaves it: the claim still pending.
-  await crashAndEdit(svc, (sessions) =>
+  await crashAndEdit(svc, ({ sessions }) =>
     rewrite<any>(sessions, idempotencyKey(DEMO.id, 'lost-answer'), (done) => ({
       state: 'pending',
       upload_uuid: done.upload_uuid,
@@ -204,29 +204,25 @@ t.test('the first attempt was recorded but its gateway died before answering: th
 t.test('the first attempt reached the queue but was never recorded: the retry stores the package once', async (t) => {
   const svc = await startService(t, { storage: { inProcessUploader: false } });
   const uuid = (await clientOf(svc).init()).body.upload_uuid;
-  t.equal((await ingest(svc, uuid, 'products', products(9), 'unrecorded')).status, 200);
-  let dead = '';
+  const dead = '00000000-0000-4000-8000-00000000dead';
   // As a kill between the queue commit and recording leaves it: queued, not recorded, its lease live, the claim pending.
   await crashAndEdit(
     svc,
-    async (sessions) => {
-      const done = (await sessions.get<any>(idempotencyKey(DEMO.id, 'unrecorded')))!.value;
-      dead = done.package_id;
-      await rewrite<SessionRecord>(sessions, sessionKey(uuid), (r) => ({
-        ...r,
-        packages: r.packages.filter((p) => p.id !== dead),
-        in_flight: { ...r.in_flight, [dead]: Date.now() + 600_000 },
-      }));
-      await rewrite<any>(sessions, idempotencyKey(DEMO.id, 'unrecorded'), () => ({
+    async ({ sessions, queue }) => {
+      await rewrite<SessionRecord>(sessions, sessionKey(uuid), (r) => ({ ...r, in_flight: { ...r.in_flight, [dead]: Date.now() + 600_000 } }));
+      const writer = await queue.open({ package_id: dead, client_id: DEMO.id, upload_uuid: uuid, entity: 'products', columns: ['product_id', 'name', 'price'] });
+      await writer.append(Buffer.from('["d-1","Never answered",1]\n'));
+      await writer.commit({ rows: 1, bytes: 27 });
+      await sessions.create(idempotencyKey(DEMO.id, 'unrecorded'), {
         state: 'pending',
         upload_uuid: uuid,
         entity: 'products',
-        content_length: done.content_length,
+        content_length: null,
         attempts: [dead],
         lease_until: Date.now() - 1,
         owner: 'the-dead-instance',
-        created_at: done.at,
-      }));
+        created_at: Date.now() - 1000,
+      });
     },
     { storage: { ...svc.config.storage, inProcessUploader: true } },
   );

@@ -6,9 +6,10 @@
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashToken } from '../../src/http/auth.js';
-import type { SessionRecord } from '../../src/session/state.js';
+import { fromStored, type SessionRecord } from '../../src/session/state.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { connectNats } from '../../src/store/nats/connection.js';
+import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
@@ -80,23 +81,50 @@ export function openS3(s3: S3Endpoint): Promise<S3ObjectStore> {
   return S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
 }
 
-/** The session record as the embedded store keeps it (read from its file; no store opened, so nothing is cleaned). */
-export async function embeddedRecord(dataDir: string, uploadUuid: string): Promise<SessionRecord | null> {
+/** A session summary with the ids of every package it records: `recording` and the ledger's entries. */
+export type RecordedSession = SessionRecord & { packages: { id: string }[] };
+
+function withPackages(record: SessionRecord, ledgerIds: Iterable<string>): RecordedSession {
+  const ids = new Set([...Object.keys(record.recording), ...ledgerIds]);
+  return { ...record, packages: [...ids].map((id) => ({ id })) };
+}
+
+/** The session as the embedded store keeps it (read from its files; no store opened, so nothing is cleaned). */
+export async function embeddedRecord(dataDir: string, uploadUuid: string): Promise<RecordedSession | null> {
+  let record: SessionRecord;
   try {
     const stored = JSON.parse(await readFile(join(dataDir, 'sessions', `${sessionKey(uploadUuid)}.json`), 'utf8')) as { value?: SessionRecord };
-    return stored.value ?? null;
+    if (!stored.value) return null;
+    record = fromStored(stored.value);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
     throw err;
   }
+  const lines = await readFile(join(dataDir, 'ledger', `${uploadUuid}.ndjson`), 'utf8').catch(() => '');
+  const ids: string[] = [];
+  for (const line of lines.split('\n')) {
+    try {
+      if (line) ids.push((JSON.parse(line) as { package_id: string }).package_id);
+    } catch {
+      // a torn last line
+    }
+  }
+  return withPackages(record, ids);
 }
 
-/** A reader of session records on NATS KV (the bucket of the default configuration). */
-export async function natsRecords(t: Teardown, url: string): Promise<(uploadUuid: string) => Promise<SessionRecord | null>> {
+/** A reader of sessions on NATS KV (the buckets of the default configuration). */
+export async function natsRecords(t: Teardown, url: string): Promise<(uploadUuid: string) => Promise<RecordedSession | null>> {
   const nats = await connectNats({ servers: url, name: 'drill-reader' });
   t.teardown(() => nats.close());
   const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas: 1 });
-  return async (uuid) => (await store.get<SessionRecord>(sessionKey(uuid)))?.value ?? null;
+  const ledger = await NatsLedger.open(nats, { bucket: 'ingest_ledger', replicas: 1 });
+  return async (uuid) => {
+    const stored = (await store.get<SessionRecord>(sessionKey(uuid)))?.value;
+    if (!stored) return null;
+    const ids: string[] = [];
+    for await (const e of ledger.list(uuid)) ids.push(e.package_id);
+    return withPackages(fromStored(stored), ids);
+  };
 }
 
 /** Polls `cond` until it holds (the service is asynchronous by contract); bounded, with what it saw last on failure. */

@@ -133,7 +133,7 @@ t.test('release with a package that may be recorded: the retry settles it first'
   await run(t, await ledger.claim(client, 'k', fp, 'p-1')).release(true);
   t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k')))?.value, { state: 'pending', attempts: ['p-1'], lease_until: 0 });
 
-  r.recorded = { id: 'p-1', entity: 'products', rows: 2, bytes: 40 };
+  r.recorded = { id: 'p-1', entity: 'products', rows: 2, bytes: 40, object_bytes: 140 };
   const claim = await ledger.claim(client, 'k', fp, 'p-2');
   t.same(r.settled, [['p-1']]);
   if (claim.kind !== 'recovered') throw new Error(`expected recovered, got ${claim.kind}`);

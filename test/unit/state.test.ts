@@ -2,15 +2,20 @@
 import t from 'tap';
 import {
   decideDelete,
+  decideFold,
   decideIngestBegin,
-  decideIngestCommit,
+  decideIngestRecord,
   decideIngestRelease,
   decideInitialize,
   decideStart,
   decideStartFailed,
   decideTerminate,
   decideWebhook,
+  entityTotals,
+  fromStored,
   newSession,
+  packageCount,
+  packageFate,
   statusView,
   type SessionRecord,
   type SessionStatus,
@@ -23,8 +28,12 @@ const dates = { date_from: '2024-01-01', date_to: '2025-12-31' };
 function session(status: SessionStatus, extra: Partial<SessionRecord> = {}): SessionRecord {
   const r = newSession('u-1', 'acme', NOW - 1000);
   const started = status === 'STARTED' ? { workflow: { ...dates, started_at: new Date(NOW - 500).toISOString() } } : {};
-  return { ...r, status, packages: [{ id: 'p0', entity: 'products', rows: 3, bytes: 30 }], ...started, ...extra };
+  return { ...r, status, entities: ['products'], totals: { products: { packages: 1, rows: 3, bytes: 30 } }, ...started, ...extra };
 }
+
+/** No package recorded. */
+const empty = { entities: [], totals: {}, recording: {} };
+const entry = (entity: string, rows = 1) => ({ entity, rows, bytes: rows * 10, object_bytes: rows * 10 + 100 });
 
 t.test('initialize-session', async (t) => {
   t.same(decideInitialize(null), { create: true });
@@ -40,17 +49,17 @@ t.test('initialize-session', async (t) => {
 t.test('ingest begin / commit only in UPLOADING; release in any state', async (t) => {
   for (const s of STATES) {
     const begin = decideIngestBegin(session(s), 'p1', NOW, 1000);
-    const commit = decideIngestCommit(session(s, { in_flight: { p1: NOW + 1000 } }), { packageId: 'p1', entity: 'stock', rows: 2, bytes: 9 }, NOW);
+    const commit = decideIngestRecord(session(s, { in_flight: { p1: NOW + 1000 } }), { id: 'p1', ...entry('stock', 2) }, NOW);
     if (s === 'UPLOADING') {
       t.ok(begin.ok && begin.next.in_flight.p1 === NOW + 1000, 'lease registered');
-      t.ok(commit.ok && commit.next.packages.at(-1)?.entity === 'stock', 'package counted');
+      t.ok(commit.ok && commit.next.recording.p1?.entity === 'stock' && commit.next.entities.at(-1) === 'stock', 'package recorded');
     } else {
       for (const d of [begin, commit]) {
         t.notOk(d.ok);
         if (!d.ok) t.same(d.error.body, { detail: { message: 'Invalid upload session status', expected: 'UPLOADING', actual: s } });
       }
     }
-    const release = decideIngestRelease(session(s, { in_flight: { p1: NOW + 5 } }), 'p1', NOW);
+    const release = decideIngestRelease(session(s, { in_flight: { p1: NOW + 5 } }), ['p1'], NOW);
     t.ok(release.ok && !('p1' in release.next.in_flight));
   }
 });
@@ -66,11 +75,70 @@ t.test('begin: packages and live leases count against maxPackages, dead leases d
   t.ok(!started.ok && started.error.code === 'INVALID_SESSION_STATUS', 'a full session that is not UPLOADING answers the state');
 });
 
-t.test('commit ends the lease and prunes dead ones', async (t) => {
+t.test('record ends the lease and prunes dead ones; needs the live lease', async (t) => {
   const r = session('UPLOADING', { in_flight: { p1: NOW + 100, dead: NOW - 1, p2: NOW + 100 } });
-  const d = decideIngestCommit(r, { packageId: 'p1', entity: 'products', rows: 1, bytes: 1 }, NOW);
+  const d = decideIngestRecord(r, { id: 'p1', ...entry('products') }, NOW);
   t.ok(d.ok);
   if (d.ok) t.same(d.next.in_flight, { p2: NOW + 100 });
+  for (const [what, inFlight] of [['released', {}], ['expired', { p1: NOW }]] as const) {
+    const gone = decideIngestRecord(session('UPLOADING', { in_flight: inFlight }), { id: 'p1', ...entry('products') }, NOW);
+    t.ok(!gone.ok && gone.error.code === 'INTERNAL', `a ${what} lease cannot be recorded`);
+  }
+});
+
+t.test('fold moves recorded packages into the totals, once; the sum never changes', async (t) => {
+  let r = session('UPLOADING', { in_flight: { a: NOW + 9, b: NOW + 9, c: NOW + 9 } });
+  for (const [id, e] of [['a', entry('stock', 2)], ['b', entry('products', 3)], ['c', entry('stock', 4)]] as const) {
+    const d = decideIngestRecord(r, { id, ...e }, NOW);
+    if (!d.ok) throw d.error;
+    r = d.next;
+  }
+  const before = entityTotals(r);
+  t.same(before, [
+    { name: 'products', packages: 2, rows: 6, bytes: 60 },
+    { name: 'stock', packages: 2, rows: 6, bytes: 60 },
+  ]);
+  t.equal(packageCount(r), 4);
+  for (const s of STATES) {
+    const folded = decideFold({ ...r, status: s }, ['a', 'c', 'unknown'], NOW);
+    t.ok(folded.ok, `${s}: fold is allowed`);
+    if (!folded.ok) continue;
+    t.same(Object.keys(folded.next.recording), ['b']);
+    t.same(folded.next.totals.stock, { packages: 2, rows: 6, bytes: 60 });
+    t.same(entityTotals(folded.next), before, 'totals unchanged by folding');
+    const again = decideFold(folded.next, ['a', 'c'], NOW);
+    t.ok(again.ok && again.next === folded.next, 'folding twice changes nothing');
+  }
+});
+
+t.test('package fate: recording stores, a live lease waits, an expired one is revoked, anything else asks the ledger', async (t) => {
+  const r = session('UPLOADING', { recording: { rec: entry('stock') }, in_flight: { live: NOW + 1, dead: NOW } });
+  t.equal(packageFate(r, 'rec', NOW), 'store');
+  t.equal(packageFate(r, 'live', NOW), 'wait');
+  t.equal(packageFate(r, 'dead', NOW), 'revoke');
+  t.equal(packageFate(r, 'other', NOW), 'ledger');
+  t.equal(packageFate(null, 'rec', NOW), 'drop');
+  t.equal(packageFate({ ...r, deleted: true }, 'rec', NOW), 'drop');
+});
+
+t.test('a record of an older version (every package listed) reads as recording entries', async (t) => {
+  const legacy = {
+    ...newSession('u-1', 'acme', NOW),
+    entities: undefined,
+    totals: undefined,
+    recording: undefined,
+    packages: [
+      { id: 'a', entity: 'stock', rows: 2, bytes: 20 },
+      { id: 'b', entity: 'products', rows: 1, bytes: 5 },
+    ],
+  } as unknown as SessionRecord;
+  const r = fromStored(legacy);
+  t.notOk('packages' in r);
+  t.same(r.entities, ['stock', 'products']);
+  t.same(r.recording, { a: { entity: 'stock', rows: 2, bytes: 20, object_bytes: 0 }, b: { entity: 'products', rows: 1, bytes: 5, object_bytes: 0 } });
+  t.same(r.totals, {});
+  const current = session('UPLOADING');
+  t.equal(fromStored(current), current, 'a current record is returned as it is');
 });
 
 t.test('start-upload check order', async (t) => {
@@ -80,11 +148,11 @@ t.test('start-upload check order', async (t) => {
     t.ok(!d.ok && d.error.code === 'INVALID_SESSION_STATUS', `${s}: state first`);
   }
   const issues = [{ type: 'missing', loc: ['body', 'date_from'], msg: 'Field required' }];
-  let d = decideStart(session('UPLOADING', { packages: [] }), { ...base, dates: { issues }, pendingBatches: 3 });
+  let d = decideStart(session('UPLOADING', empty), { ...base, dates: { issues }, pendingBatches: 3 });
   t.ok(!d.ok && d.error.code === 'VALIDATION_FAILED', 'body before the rest');
-  d = decideStart(session('UPLOADING', { packages: [] }), { ...base, minDate: '2024-06-01', pendingBatches: 3 });
+  d = decideStart(session('UPLOADING', empty), { ...base, minDate: '2024-06-01', pendingBatches: 3 });
   t.ok(!d.ok && d.error.code === 'DATE_BEFORE_MINIMUM' && (d.error.body as any).detail === 'date_from cannot be earlier than 2024-06-01');
-  d = decideStart(session('UPLOADING', { packages: [] }), { ...base, pendingBatches: 3 });
+  d = decideStart(session('UPLOADING', empty), { ...base, pendingBatches: 3 });
   t.ok(!d.ok && d.error.code === 'NO_ENTITIES');
   d = decideStart(session('UPLOADING'), { ...base, pendingBatches: 1 });
   t.ok(!d.ok && d.error.code === 'UPLOAD_TASKS_IN_PROGRESS', 'pending batches');
@@ -128,7 +196,7 @@ t.test('webhook: STARTED → DONE / UPLOADING; any other state ignored', async (
     t.equal(d.next.status, next);
     t.equal(d.next.last_workflow?.status, outcome);
     t.notOk(d.next.workflow);
-    t.same(d.next.packages, session('STARTED').packages, 'data kept');
+    t.same(entityTotals(d.next), entityTotals(session('STARTED')), 'data kept');
   }
   for (const s of ['UPLOADING', 'DONE'] as const) {
     const r = session(s);
@@ -150,15 +218,13 @@ t.test('status flags come from state, packages, leases and pending batches', asy
   t.match(statusView(session('UPLOADING'), 0, NOW), { upload_tasks_finished: true, can_upload_entities: true, can_start_upload: true, can_terminate: false, entities: ['products'] });
   t.match(statusView(session('UPLOADING'), 2, NOW), { upload_tasks_finished: false, can_start_upload: false });
   t.match(statusView(session('UPLOADING', { in_flight: { a: NOW + 1 } }), 0, NOW), { upload_tasks_finished: false, can_start_upload: false });
-  t.match(statusView(session('UPLOADING', { packages: [] }), 0, NOW), { can_start_upload: false, entities: [] });
+  t.match(statusView(session('UPLOADING', empty), 0, NOW), { can_start_upload: false, entities: [] });
   t.match(statusView(session('STARTED'), 0, NOW), { can_upload_entities: false, can_start_upload: false, can_terminate: true });
   t.match(statusView(session('DONE'), 0, NOW), { can_upload_entities: false, can_start_upload: false, can_terminate: false });
-  const two = session('UPLOADING', {
-    packages: [
-      { id: 'a', entity: 'stock', rows: 1, bytes: 1 },
-      { id: 'b', entity: 'products', rows: 1, bytes: 1 },
-      { id: 'c', entity: 'stock', rows: 1, bytes: 1 },
-    ],
-  });
-  t.same(statusView(two, 0, NOW).entities, ['stock', 'products']);
+  let two = session('UPLOADING', { ...empty, in_flight: { a: NOW + 9, b: NOW + 9, c: NOW + 9 } });
+  for (const [id, entity] of [['a', 'stock'], ['b', 'products'], ['c', 'stock']] as const) {
+    const d = decideIngestRecord(two, { id, ...entry(entity) }, NOW);
+    if (d.ok) two = d.next;
+  }
+  t.same(statusView(two, 0, NOW).entities, ['stock', 'products'], 'each name once, in order of first upload');
 });

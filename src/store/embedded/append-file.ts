@@ -1,0 +1,144 @@
+import { open, type FileHandle } from 'node:fs/promises';
+import { dirname } from 'node:path';
+import { fsyncDir } from '../../durable-file.js';
+
+/**
+ * An append-only file with group commit: `write` places bytes at the end at once (offsets
+ * are handed out synchronously, writes run concurrently), and `sync` resolves once an
+ * fdatasync that began after every earlier write completed. Syncs asked for while one runs
+ * share the next one, so one fdatasync makes durable whatever many writers (packages,
+ * sessions) appended meanwhile: an fdatasync costs about 0.3 ms on the build machine
+ * (docs/performance.md), and is paid once per group instead of once per package.
+ */
+export class AppendFile {
+  readonly path: string;
+  readonly #fh: FileHandle;
+  #end: number;
+  readonly #writes = new Set<Promise<void>>();
+  #syncing: Promise<void> | null = null;
+  #queued: Promise<void> | null = null;
+  #closed = false;
+  /** The first write error: the file's tail is unknown from then on, so every later call fails. */
+  #broken: unknown = null;
+
+  private constructor(path: string, fh: FileHandle, size: number) {
+    this.path = path;
+    this.#fh = fh;
+    this.#end = size;
+  }
+
+  /** Opens (creating it, and making its name durable, if missing) for appending at `size` (default: the file's size). */
+  static async open(path: string, opts: { size?: number } = {}): Promise<AppendFile> {
+    let fh: FileHandle;
+    let created = false;
+    try {
+      fh = await open(path, 'r+');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      fh = await open(path, 'wx+');
+      created = true;
+    }
+    try {
+      const size = opts.size ?? (await fh.stat()).size;
+      if (created) await fsyncDir(dirname(path));
+      return new AppendFile(path, fh, size);
+    } catch (err) {
+      await fh.close();
+      throw err;
+    }
+  }
+
+  /** Bytes written or being written. */
+  get size(): number {
+    return this.#end;
+  }
+
+  /** Appends `data`; returns its offset at once and, in `written`, when the bytes are in the file (not yet durable). */
+  write(data: Uint8Array): { offset: number; written: Promise<void> } {
+    this.#check();
+    const offset = this.#end;
+    this.#end += data.byteLength;
+    const written = this.#writeAt(data, offset).catch((err: unknown) => {
+      this.#broken ??= err;
+      throw err;
+    });
+    this.#writes.add(written);
+    void written.then(
+      () => this.#writes.delete(written),
+      () => this.#writes.delete(written),
+    );
+    return { offset, written };
+  }
+
+  /** Resolves once every write issued before this call is durable. */
+  sync(): Promise<void> {
+    this.#check();
+    if (this.#queued) return this.#queued;
+    if (!this.#syncing) return this.#startSync();
+    const queued = this.#syncing.then(
+      () => this.#startSync(),
+      () => this.#startSync(),
+    );
+    this.#queued = queued;
+    return queued;
+  }
+
+  /** `write` then `sync`: resolves with the offset once the bytes are durable. */
+  async append(data: Uint8Array): Promise<number> {
+    const { offset, written } = this.write(data);
+    await Promise.all([written, this.sync()]);
+    return offset;
+  }
+
+  /** Resolves once every write issued so far is in the file (or failed). */
+  async settled(): Promise<void> {
+    await Promise.allSettled([...this.#writes]);
+  }
+
+  async read(buf: Uint8Array, offset: number): Promise<void> {
+    for (let done = 0; done < buf.byteLength; ) {
+      const { bytesRead } = await this.#fh.read(buf, done, buf.byteLength - done, offset + done);
+      if (bytesRead === 0) throw new Error(`${this.path}: read past the end (${offset + done})`);
+      done += bytesRead;
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await Promise.allSettled([...this.#writes, this.#syncing, this.#queued]);
+    await this.#fh.close();
+  }
+
+  #startSync(): Promise<void> {
+    this.#queued = null;
+    const writes = [...this.#writes];
+    const run = (async () => {
+      await Promise.all(writes);
+      if (this.#broken) throw this.#broken;
+      await this.#fh.datasync();
+    })();
+    this.#syncing = run;
+    void run.then(
+      () => this.#settled(run),
+      () => this.#settled(run),
+    );
+    return run;
+  }
+
+  #settled(run: Promise<void>): void {
+    if (this.#syncing === run) this.#syncing = null;
+  }
+
+  async #writeAt(data: Uint8Array, offset: number): Promise<void> {
+    for (let done = 0; done < data.byteLength; ) {
+      const { bytesWritten } = await this.#fh.write(data, done, data.byteLength - done, offset + done);
+      done += bytesWritten;
+    }
+  }
+
+  #check(): void {
+    if (this.#closed) throw new Error(`${this.path} is closed`);
+    if (this.#broken) throw this.#broken;
+  }
+}

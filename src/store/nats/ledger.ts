@@ -1,0 +1,125 @@
+import { StorageType, type KV, type KvEntry } from 'nats';
+import type { LedgerEntry, PackageLedger } from '../ports.js';
+import { withRetry, type NatsContext } from './connection.js';
+
+export interface NatsLedgerOptions {
+  /** KV bucket name (`[A-Za-z0-9_-]+`), its own stream (`KV_<bucket>`): ledger writes never touch the session bucket. */
+  bucket: string;
+  replicas: number;
+  /** How long one operation keeps retrying through transient failures such as a leader election (default 10000). */
+  retryMs?: number;
+}
+
+const ID = /^[A-Za-z0-9_-]+$/;
+
+/**
+ * `PackageLedger` on a JetStream KV bucket: one key `<upload_uuid>.<package_id>` per entry
+ * (history 1). Every write is a plain put of a key no other package uses, so writes never
+ * conflict and need no compare-and-set — on any server version, clustered or not: writing the
+ * same entry twice (a retry, or two instances completing one recording) stores the same
+ * value. Reads go to the stream leader (no direct get), so an entry whose put was
+ * acknowledged is read back everywhere. `list` is a KV watch of the session's keys, stopped
+ * once the initial values are in.
+ */
+export class NatsLedger implements PackageLedger {
+  readonly #ctx: NatsContext;
+  readonly #kv: KV;
+  readonly #bucket: string;
+  readonly #retryMs: number;
+  #closed = false;
+
+  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number) {
+    this.#ctx = ctx;
+    this.#kv = kv;
+    this.#bucket = bucket;
+    this.#retryMs = retryMs;
+  }
+
+  static async open(ctx: NatsContext, opts: NatsLedgerOptions): Promise<NatsLedger> {
+    if (!ID.test(opts.bucket)) throw new Error(`Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
+    const retryMs = opts.retryMs ?? 10_000;
+    const kv = await withRetry(ctx, retryMs, () =>
+      ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
+    );
+    return new NatsLedger(ctx, kv, opts.bucket, retryMs);
+  }
+
+  async append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void> {
+    this.#check(uploadUuid);
+    await Promise.all(
+      entries.map((e) => {
+        const data = Buffer.from(JSON.stringify(e));
+        return withRetry(this.#ctx, this.#retryMs, () => this.#kv.put(this.#key(uploadUuid, e.package_id), data));
+      }),
+    );
+  }
+
+  async get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null> {
+    this.#check(uploadUuid);
+    const entry = await withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(this.#key(uploadUuid, packageId)));
+    if (!entry || entry.operation !== 'PUT') return null;
+    return entry.json<LedgerEntry>();
+  }
+
+  async *list(uploadUuid: string): AsyncIterable<LedgerEntry> {
+    this.#check(uploadUuid);
+    let initialized = false;
+    let wake!: () => void;
+    const ready = new Promise<'initialized'>((resolve) => (wake = () => resolve('initialized')));
+    const watch = await withRetry(this.#ctx, this.#retryMs, () =>
+      this.#kv.watch({
+        key: `${uploadUuid}.>`,
+        ignoreDeletes: true,
+        initializedFn: () => {
+          initialized = true;
+          wake();
+        },
+      }),
+    );
+    // nats.js calls `initializedFn` once every initial value is yielded or queued in the iterator.
+    const it = watch[Symbol.asyncIterator]();
+    let next: Promise<IteratorResult<KvEntry>> | null = null;
+    try {
+      for (;;) {
+        if (initialized) {
+          while (watch.getPending() > 0) {
+            const queued = await (next ?? it.next());
+            next = null;
+            if (queued.done) return;
+            if (queued.value.operation === 'PUT') yield queued.value.json<LedgerEntry>();
+          }
+          return;
+        }
+        next ??= it.next();
+        const got = await Promise.race([next, ready]);
+        if (got === 'initialized') continue;
+        next = null;
+        if (got.done) return;
+        if (got.value.operation === 'PUT') yield got.value.json<LedgerEntry>();
+      }
+    } finally {
+      watch.stop();
+    }
+  }
+
+  async drop(uploadUuid: string): Promise<void> {
+    this.#check(uploadUuid);
+    await withRetry(this.#ctx, this.#retryMs, () =>
+      this.#ctx.jsm.streams.purge(`KV_${this.#bucket}`, { filter: `$KV.${this.#bucket}.${uploadUuid}.>` }),
+    );
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+  }
+
+  #key(uploadUuid: string, packageId: string): string {
+    if (!ID.test(packageId)) throw new Error(`Invalid package_id ${JSON.stringify(packageId)}`);
+    return `${uploadUuid}.${packageId}`;
+  }
+
+  #check(uploadUuid: string): void {
+    if (this.#closed) throw new Error('Ledger is closed');
+    if (!ID.test(uploadUuid)) throw new Error(`Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
+  }
+}
