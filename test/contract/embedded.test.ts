@@ -2,10 +2,13 @@ import { mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
+import { appendFile, readFile, writeFile } from 'node:fs/promises';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
+import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { batchQueueContract } from './batch-queue.contract.js';
+import { entry, ledgerContract } from './ledger.contract.js';
 import { objectStoreContract } from './object-store.contract.js';
 import { sessionStoreContract } from './session-store.contract.js';
 
@@ -15,6 +18,38 @@ const remove = (dir: string) => () => rm(dir, { recursive: true, force: true });
 sessionStoreContract(t, 'FileSessionStore', async () => {
   const dir = await tempDir();
   return { store: await FileSessionStore.open(dir), reopen: () => FileSessionStore.open(dir), cleanup: remove(dir) };
+});
+
+ledgerContract(t, 'FileLedger', async () => {
+  const dir = await tempDir();
+  return { ledger: await FileLedger.open(dir), reopen: () => FileLedger.open(dir), cleanup: remove(dir) };
+});
+
+t.test('FileLedger: beyond its index budget it forgets sessions and reads them again from disk', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const ledger = await FileLedger.open(dir, { maxIndexedIds: 10, maxOpenFiles: 2 });
+  t.teardown(() => ledger.close());
+  const sessions = Array.from({ length: 5 }, (_, i) => `0000000${i}-0000-4000-8000-000000000000`);
+  for (const [i, uuid] of sessions.entries()) await ledger.append(uuid, Array.from({ length: 6 }, (_, j) => entry(`s${i}-p${j}`)));
+  for (const [i, uuid] of sessions.entries()) {
+    t.same(await ledger.get(uuid, `s${i}-p5`), entry(`s${i}-p5`), `session ${i}: found after being forgotten`);
+    await ledger.append(uuid, [entry(`s${i}-p0`)]);
+  }
+  const lines = (await readFile(join(dir, `${sessions[0]}.ndjson`), 'utf8')).trimEnd().split('\n');
+  t.equal(lines.length, 6, 'an entry known from disk is not written again');
+});
+
+t.test('FileLedger: a torn last line (an append that never resolved) is not an entry', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const uuid = '00000000-0000-4000-8000-000000000001';
+  await writeFile(join(dir, `${uuid}.ndjson`), `${JSON.stringify(entry('p-1'))}\n`);
+  await appendFile(join(dir, `${uuid}.ndjson`), JSON.stringify(entry('p-2')).slice(0, 20));
+  const ledger = await FileLedger.open(dir);
+  t.teardown(() => ledger.close());
+  t.equal(await ledger.get(uuid, 'p-2'), null);
+  t.same((await ledger.get(uuid, 'p-1'))?.package_id, 'p-1');
 });
 
 const queueOpts = { redeliveryDelayMs: 5 };
@@ -79,13 +114,60 @@ t.test('FileBatchQueue: a commit racing a purge of its session fails and leaves 
   t.same(await readdir(join(dir, 'trash')), []);
 });
 
-t.test('FileSessionStore: one file per key, no temp files left', async (t) => {
+t.test('FileSessionStore: a journal; a torn last line is ignored and cut off', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   const s = await FileSessionStore.open(dir);
-  t.teardown(() => s.close());
   await Promise.allSettled(Array.from({ length: 5 }, () => s.create('Session.1', { n: 1 })));
   await s.create('x', 1);
   await s.delete('x');
-  t.same((await readdir(dir)).sort(), ['^session.1.json', 'x.json'], 'a deleted key keeps its tombstone');
+  await s.close();
+  t.same((await readdir(dir)).sort(), ['journal-0.ndjson']);
+  await appendFile(join(dir, 'journal-0.ndjson'), '{"k":"x","r":3,"v":');
+  const again = await FileSessionStore.open(dir);
+  t.teardown(() => again.close());
+  t.same(await again.get('Session.1'), { value: { n: 1 }, revision: 1 });
+  t.equal(await again.get('x'), null, 'the torn write never happened');
+  t.equal(await again.create('x', 2), 3, 'the tombstone kept its revision');
+  t.notMatch(await readFile(join(dir, 'journal-0.ndjson'), 'utf8'), /"v":\{?$/m, 'the torn tail was cut off');
+});
+
+t.test('FileSessionStore: compaction folds the journal into a snapshot and loses nothing', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const s = await FileSessionStore.open(dir, { compactBytes: 2048 });
+  const revisions = new Map<string, number>();
+  for (let round = 0; round < 40; round++) {
+    await Promise.all(
+      Array.from({ length: 10 }, async (_, k) => {
+        const key = `k${k}`;
+        const rev = revisions.get(key);
+        revisions.set(key, rev === undefined ? await s.create(key, { round }) : await s.update(key, { round }, rev));
+      }),
+    );
+  }
+  await s.delete('k9');
+  await s.close();
+  const files = (await readdir(dir)).sort();
+  t.ok(files.some((f) => f.startsWith('snapshot-')), `compacted (${files.join(', ')})`);
+  t.ok(files.length <= 3, 'older journals and snapshots are gone');
+  const again = await FileSessionStore.open(dir, { compactBytes: 2048 });
+  t.teardown(() => again.close());
+  for (let k = 0; k < 9; k++) t.same(await again.get(`k${k}`), { value: { round: 39 }, revision: 40 });
+  t.equal(await again.get('k9'), null);
+  t.equal(await again.create('k9', 1), 42, 'revisions never repeat');
+});
+
+t.test('FileSessionStore: the one-file-per-key layout of an older version is read and folded into a snapshot', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  await writeFile(join(dir, '^session.1.json'), JSON.stringify({ revision: 4, value: { n: 4 } }));
+  await writeFile(join(dir, 'x.json'), JSON.stringify({ revision: 2 }));
+  const s = await FileSessionStore.open(dir);
+  t.teardown(() => s.close());
+  t.same(await s.get('Session.1'), { value: { n: 4 }, revision: 4 });
+  t.equal(await s.get('x'), null);
+  t.equal(await s.create('x', 1), 3);
+  t.notOk((await readdir(dir)).some((f) => f.endsWith('.json')), 'the old files are gone');
+  t.same(await FileSessionStore.peek(dir, 'Session.1'), { value: { n: 4 }, revision: 4 }, 'peek reads the same without opening');
 });

@@ -1,10 +1,12 @@
 import t, { type Test } from 'tap';
 import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue.js';
+import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../support/nats.js';
 import { batchQueueContract } from './batch-queue.contract.js';
+import { ledgerContract } from './ledger.contract.js';
 import { sessionStoreContract } from './session-store.contract.js';
 
 const server = await startNats(t);
@@ -33,6 +35,24 @@ sessionStoreContract(t, 'NatsSessionStore', async () => {
   };
   return {
     store: await open(),
+    reopen: open,
+    cleanup: async () => {
+      await handles[0]?.jsm.streams.delete(`KV_${bucket}`).catch(() => {});
+      for (const h of handles) await h.close();
+    },
+  };
+});
+
+ledgerContract(t, 'NatsLedger', async () => {
+  const bucket = unique('ledger');
+  const handles: NatsHandle[] = [];
+  const open = async () => {
+    const h = await connectNats({ servers: server.url, name: 'contract-test' });
+    handles.push(h);
+    return NatsLedger.open(h, { bucket, replicas: 1 });
+  };
+  return {
+    ledger: await open(),
     reopen: open,
     cleanup: async () => {
       await handles[0]?.jsm.streams.delete(`KV_${bucket}`).catch(() => {});

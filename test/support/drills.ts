@@ -7,6 +7,7 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashToken } from '../../src/http/auth.js';
 import { fromStored, type SessionRecord } from '../../src/session/state.js';
+import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { connectNats } from '../../src/store/nats/connection.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
@@ -91,15 +92,12 @@ function withPackages(record: SessionRecord, ledgerIds: Iterable<string>): Recor
 
 /** The session as the embedded store keeps it (read from its files; no store opened, so nothing is cleaned). */
 export async function embeddedRecord(dataDir: string, uploadUuid: string): Promise<RecordedSession | null> {
-  let record: SessionRecord;
-  try {
-    const stored = JSON.parse(await readFile(join(dataDir, 'sessions', `${sessionKey(uploadUuid)}.json`), 'utf8')) as { value?: SessionRecord };
-    if (!stored.value) return null;
-    record = fromStored(stored.value);
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+  const stored = await FileSessionStore.peek<SessionRecord>(join(dataDir, 'sessions'), sessionKey(uploadUuid)).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return null;
     throw err;
-  }
+  });
+  if (!stored) return null;
+  const record = fromStored(stored.value);
   const lines = await readFile(join(dataDir, 'ledger', `${uploadUuid}.ndjson`), 'utf8').catch(() => '');
   const ids: string[] = [];
   for (const line of lines.split('\n')) {

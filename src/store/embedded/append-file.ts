@@ -27,7 +27,10 @@ export class AppendFile {
     this.#end = size;
   }
 
-  /** Opens (creating it, and making its name durable, if missing) for appending at `size` (default: the file's size). */
+  /**
+   * Opens (creating it, and making its name durable, if missing) for appending at `size`
+   * (default: the file's size); anything past `size` (a torn tail) is cut off.
+   */
   static async open(path: string, opts: { size?: number } = {}): Promise<AppendFile> {
     let fh: FileHandle;
     let created = false;
@@ -39,7 +42,12 @@ export class AppendFile {
       created = true;
     }
     try {
-      const size = opts.size ?? (await fh.stat()).size;
+      const actual = (await fh.stat()).size;
+      const size = opts.size ?? actual;
+      if (size < actual) {
+        await fh.truncate(size);
+        await fh.datasync();
+      }
       if (created) await fsyncDir(dirname(path));
       return new AppendFile(path, fh, size);
     } catch (err) {

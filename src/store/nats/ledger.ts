@@ -76,25 +76,22 @@ export class NatsLedger implements PackageLedger {
         },
       }),
     );
-    // nats.js calls `initializedFn` once every initial value is yielded or queued in the iterator.
+    // nats.js calls `initializedFn` either at once, in `watch`, when every initial value is
+    // already queued (then they are the first `getReceived()` entries), or from the iterator,
+    // in order, once every initial value before it was yielded.
     const it = watch[Symbol.asyncIterator]();
-    let next: Promise<IteratorResult<KvEntry>> | null = null;
     try {
-      for (;;) {
-        if (initialized) {
-          while (watch.getPending() > 0) {
-            const queued = await (next ?? it.next());
-            next = null;
-            if (queued.done) return;
-            if (queued.value.operation === 'PUT') yield queued.value.json<LedgerEntry>();
-          }
-          return;
+      if (initialized) {
+        for (let n = watch.getReceived(); n > 0; n--) {
+          const got = await it.next();
+          if (got.done) return;
+          if (got.value.operation === 'PUT') yield got.value.json<LedgerEntry>();
         }
-        next ??= it.next();
-        const got = await Promise.race([next, ready]);
-        if (got === 'initialized') continue;
-        next = null;
-        if (got.done) return;
+        return;
+      }
+      for (;;) {
+        const got = await Promise.race([it.next(), ready]);
+        if (got === 'initialized' || got.done) return;
         if (got.value.operation === 'PUT') yield got.value.json<LedgerEntry>();
       }
     } finally {
