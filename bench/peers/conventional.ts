@@ -6,11 +6,13 @@
  */
 import { isUtf8 } from 'node:buffer';
 import type { Readable } from 'node:stream';
+import { pathToFileURL } from 'node:url';
 import type { EntitySpec } from '../../src/entities/catalog.js';
 import { INVALID_JSON, bodyIssue, columnsError, compileRowCheck } from '../../src/entities/validators.js';
 import { BodyTooLarge, isZlibError, startPeer, success, unprocessable, type PeerReply } from './http-peer.js';
 
-async function ingest(entity: EntitySpec, body: Readable): Promise<PeerReply> {
+/** The whole body parsed and every row checked: the rows, or the answer that refuses them. */
+export async function parseAndValidate(entity: EntitySpec, body: Readable): Promise<{ rows: unknown[][] } | PeerReply> {
   const chunks: Buffer[] = [];
   let size = 0;
   try {
@@ -42,7 +44,12 @@ async function ingest(entity: EntitySpec, body: Readable): Promise<PeerReply> {
     const message = check(data[i]!, i);
     if (message) return unprocessable(message);
   }
-  return success(entity, data.length);
+  return { rows: data };
 }
 
-startPeer(ingest);
+async function ingest(entity: EntitySpec, body: Readable): Promise<PeerReply> {
+  const checked = await parseAndValidate(entity, body);
+  return 'rows' in checked ? success(entity, checked.rows.length) : checked;
+}
+
+if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) startPeer(ingest);

@@ -89,11 +89,10 @@ t.test('FileObjectStore keeps its promise: each chunk is written before it asks 
   t.equal(Buffer.concat(parts).toString(), 'aaaaaaaabbbbcccccccc');
 });
 
-t.test('FileBatchQueue: a commit racing a purge of its session fails and leaves no files', async (t) => {
+t.test('FileBatchQueue: a commit racing a purge of its session fails, and nothing of it comes back', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   const q = await FileBatchQueue.open(dir, queueOpts);
-  t.teardown(() => q.close());
   const meta = { package_id: 'p1', upload_uuid: 'u1', client_id: 'c', entity: 'stores', columns: ['store_id'] };
   const w = await q.open(meta);
   await w.append(Buffer.from('["s1"]\n'));
@@ -109,9 +108,39 @@ t.test('FileBatchQueue: a commit racing a purge of its session fails and leaves 
   await t.rejects(w2.append(Buffer.from('["s2"]\n')), /purged/);
   await t.rejects(w2.commit({ rows: 0, bytes: 0 }));
   await w2.abort();
-  t.same(await readdir(join(dir, 'incoming')), []);
-  t.same(await readdir(join(dir, 'ready', 'u1')).catch(() => []), []);
-  t.same(await readdir(join(dir, 'trash')), []);
+  await q.close();
+  const again = await FileBatchQueue.open(dir, queueOpts);
+  t.teardown(() => again.close());
+  t.equal(await again.pending('u1'), 0, 'nothing of the purged session after a restart');
+  t.same(await readdir(join(dir, 'segments')), ['1.seg'], 'the old segment, used by no package, is gone; a new one is open');
+});
+
+t.test('FileBatchQueue: segments roll over, and go once their packages are acked', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const q = await FileBatchQueue.open(dir, { ...queueOpts, segmentBytes: 64, indexCompactBytes: 512 });
+  const meta = (i: number) => ({ package_id: `p${i}`, upload_uuid: 'u1', client_id: 'c', entity: 'stores', columns: ['store_id'] });
+  for (let i = 0; i < 20; i++) {
+    const w = await q.open(meta(i));
+    await w.append(Buffer.from(`["store-${String(i).padStart(3, '0')}","${'x'.repeat(20)}"]\n`));
+    await w.commit({ rows: 1, bytes: 36 });
+  }
+  t.ok((await readdir(join(dir, 'segments'))).length >= 5, 'rolled over at 64 bytes');
+  let seen = 0;
+  let done!: () => void;
+  const all = new Promise<void>((resolve) => (done = resolve));
+  const consumer = q.consume(async (pkg) => {
+    for await (const b of pkg.batches()) t.match(Buffer.from(b).toString(), new RegExp(`^\\["store-${pkg.meta.package_id.slice(1).padStart(3, '0')}"`));
+    if (++seen === 20) done();
+  });
+  await all;
+  await consumer.stop();
+  t.equal(await q.pending('u1'), 0);
+  await q.close();
+  const segments = await readdir(join(dir, 'segments'));
+  t.ok(segments.length <= 2, `acked segments removed (${segments.join(', ')})`);
+  const index = (await readdir(dir)).filter((n) => n.startsWith('index-'));
+  t.equal(index.length, 1, 'one index file');
 });
 
 t.test('FileSessionStore: a journal; a torn last line is ignored and cut off', async (t) => {

@@ -14,7 +14,6 @@
  * CI: one kill per backend with 200 in flight. DRILL_LONG=1: three kill/restart cycles per
  * backend, bigger packages.
  */
-import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
@@ -25,6 +24,7 @@ import { distributed, spawnGateway, type GatewayProc } from '../support/processe
 import { startS3 } from '../support/s3.js';
 import {
   drillPackage,
+  embeddedQueued,
   embeddedRecord,
   type RecordedSession,
   natsRecords,
@@ -98,17 +98,11 @@ async function loadAndKill(gw: GatewayProc, sessions: Session[], cycle: number):
 
 /** Embedded only, between the kill and the restart: committed queue packages the session never recorded. */
 async function orphansInQueue(dataDir: string, sessions: Session[]): Promise<number> {
+  const queued = await embeddedQueued(dataDir);
   let orphans = 0;
   for (const { uuid } of sessions) {
-    const record = await embeddedRecord(dataDir, uuid);
-    const recorded = new Set(record?.packages.map((p) => p.id));
-    const ready = join(dataDir, 'queue', 'ready', uuid);
-    const ids = await readdir(ready).catch(() => [] as string[]);
-    for (const id of ids) {
-      // A committed package has its commit record; anything else was never committed.
-      if (!(await readFile(join(ready, id, 'commit.json')).catch(() => null))) continue;
-      if (!recorded.has(id)) orphans++;
-    }
+    const recorded = new Set((await embeddedRecord(dataDir, uuid))?.packages.map((p) => p.id));
+    for (const id of queued.get(uuid) ?? []) if (!recorded.has(id)) orphans++;
   }
   return orphans;
 }

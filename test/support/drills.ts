@@ -3,7 +3,7 @@
  * clients file with many clients, packages whose rows carry ids unique per package, and
  * reading back what was stored and what the session records, straight from the stores.
  */
-import { readFile, writeFile } from 'node:fs/promises';
+import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashToken } from '../../src/http/auth.js';
 import { fromStored, type SessionRecord } from '../../src/session/state.js';
@@ -108,6 +108,33 @@ export async function embeddedRecord(dataDir: string, uploadUuid: string): Promi
     }
   }
   return withPackages(record, ids);
+}
+
+/**
+ * Committed, unacked packages of the embedded queue per session, replayed from its index
+ * (no queue opened: nothing is cleaned). Embedded only, while no gateway runs.
+ */
+export async function embeddedQueued(dataDir: string): Promise<Map<string, Set<string>>> {
+  const dir = join(dataDir, 'queue');
+  const names = (await readdir(dir).catch(() => [] as string[])).filter((n) => /^index-\d+\.ndjson$/.test(n));
+  const newest = names.sort((a, b) => Number(a.slice(6, -7)) - Number(b.slice(6, -7))).at(-1);
+  const live = new Map<number, { upload_uuid: string; package_id: string }>();
+  if (newest) {
+    for (const line of (await readFile(join(dir, newest), 'utf8')).split('\n')) {
+      let rec: { t: string; seq?: number; meta?: { upload_uuid: string; package_id: string }; upload_uuid?: string };
+      try {
+        rec = JSON.parse(line) as typeof rec;
+      } catch {
+        break;
+      }
+      if (rec.t === 'c') live.set(rec.seq!, rec.meta!);
+      else if (rec.t === 'a') live.delete(rec.seq!);
+      else for (const [seq, m] of live) if (m.upload_uuid === rec.upload_uuid) live.delete(seq);
+    }
+  }
+  const out = new Map<string, Set<string>>();
+  for (const m of live.values()) out.set(m.upload_uuid, (out.get(m.upload_uuid) ?? new Set()).add(m.package_id));
+  return out;
 }
 
 /** A reader of sessions on NATS KV (the buckets of the default configuration). */

@@ -1,60 +1,94 @@
-import { randomBytes } from 'node:crypto';
-import { mkdir, open, readFile, readdir, rename, rm, type FileHandle } from 'node:fs/promises';
+import { mkdir, readFile, readdir, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
+import { writeFileAtomic } from '../../durable-file.js';
 import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueBacklog, QueueConsumer } from '../ports.js';
-import { fsyncDir } from '../../durable-file.js';
+import { AppendFile } from './append-file.js';
 
 export interface FileBatchQueueOptions {
   /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
   redeliveryDelayMs?: number;
+  /** A segment file is closed for appends past this size (default 64 MiB; a batch is never split). */
+  segmentBytes?: number;
+  /** The index is rewritten with only its live packages past this size (default 16 MiB). */
+  indexCompactBytes?: number;
 }
 
-/** `commit.json` of a package: written and fsynced before the package directory moves into `ready/`. */
+/** Where one batch lies: segment number, offset, length. */
+type Location = [segment: number, offset: number, length: number];
+
+/** The index line of a committed package. */
 interface CommitRecord {
+  t: 'c';
+  seq: number;
   meta: PackageMeta;
   rows: number;
   bytes: number;
-  /** Byte length of each batch in `data`, in append order. */
-  batches: number[];
-  /** Commit order, for oldest-first delivery after a restart. */
-  seq: number;
-  /** Commit time (epoch ms); absent in records of older versions, which count from the queue's open. */
-  at?: number;
+  /** Commit time (epoch ms). */
+  at: number;
+  batches: Location[];
 }
 
+type IndexRecord = CommitRecord | { t: 'a'; seq: number } | { t: 'p'; upload_uuid: string };
+
 interface Entry extends CommitRecord {
-  at: number;
-  dir: string;
   attempt: number;
   notBefore: number;
   inFlight: boolean;
   purged: boolean;
 }
 
+interface Segment {
+  no: number;
+  file: Promise<AppendFile>;
+  /** Packages (committed, or being written) with batches in it. */
+  refs: number;
+}
+
 const ID = /^[A-Za-z0-9_.=-]+$/;
 const MAX_DELAY_MS = 30_000;
+const SEGMENT = /^(\d+)\.seg$/;
+const INDEX = /^index-(\d+)\.ndjson$/;
 
 /**
- * `BatchQueue` on local files, for one process.
+ * `BatchQueue` on local files, for one process, group-committed.
  *
  * ```
- * <dir>/incoming/<upload_uuid>/<package_id>/data         being written; deleted at open()
- * <dir>/ready/<upload_uuid>/<package_id>/{data,commit.json}   committed, not yet acked
- * <dir>/trash/                                           acked or purged, being removed
+ * <dir>/segments/<n>.seg     batches of every package, appended as they come
+ * <dir>/index-<m>.ndjson     one line per commit, ack and purge
  * ```
- * A package's batches go into one `data` file (one fsync at commit, not one per batch); commit
- * then renames the directory into `ready/` and fsyncs, which is the moment it becomes durable
- * and visible. Acks and purges rename into `trash/` first, so a crash never leaves a
- * half-deleted package in `ready/`. Delivery attempts are counted in memory only: after a
- * restart every package starts again at attempt 1.
+ * A package's batches are appended to the current segment (no fsync). `commit` makes them
+ * durable (one fdatasync of the segment for every package committing meanwhile), then
+ * appends the package's commit line — meta, totals, where each batch lies — to the index
+ * (one fdatasync for every commit meanwhile, of every session); the package is durable and
+ * visible once that line is. So a commit costs two shared fdatasyncs, not a file, a
+ * directory and five fsyncs of its own. Acks and purges are index lines too, not synced: an
+ * ack lost in a crash only means the package is delivered once more (at-least-once).
+ *
+ * A segment past `segmentBytes` is closed for appends and removed once no package uses it;
+ * the index past `indexCompactBytes` is rewritten with its live packages only. Opening
+ * replays the index: committed, unacked packages come back in commit order; batches of
+ * packages that never committed are simply never referenced. Delivery attempts are counted
+ * in memory only. A `ready/` directory of an older version (a directory per package) is
+ * taken over at open.
  */
 export class FileBatchQueue implements BatchQueue {
-  readonly #incoming: string;
-  readonly #ready: string;
-  readonly #trash: string;
+  readonly #dir: string;
+  readonly #segmentsDir: string;
   readonly #delayMs: number;
-  /** Committed, not acked, in commit order. Keyed `<upload_uuid>/<package_id>`. */
-  readonly #entries = new Map<string, Entry>();
+  readonly #segmentBytes: number;
+  readonly #indexCompactBytes: number;
+  /** Committed, not acked, in commit order. Keyed by seq. */
+  readonly #entries = new Map<number, Entry>();
+  /** Committed, not acked, per session. */
+  readonly #perSession = new Map<string, number>();
+  readonly #segments = new Map<number, Segment>();
+  #current!: Segment;
+  #index!: AppendFile;
+  #indexNo = 0;
+  readonly #indexQueue: { line: string; sync: boolean; apply?: () => void; resolve: () => void; reject: (err: unknown) => void }[] = [];
+  #indexRun: Promise<void> | null = null;
+  /** Segments being removed. */
+  readonly #dropping = new Set<Promise<void>>();
   readonly #writers = new Set<FileWriter>();
   readonly #consumers = new Set<QueueConsumer>();
   readonly #wakers = new Set<() => void>();
@@ -62,31 +96,17 @@ export class FileBatchQueue implements BatchQueue {
   #closed = false;
 
   private constructor(dir: string, opts: FileBatchQueueOptions) {
-    this.#incoming = join(dir, 'incoming');
-    this.#ready = join(dir, 'ready');
-    this.#trash = join(dir, 'trash');
+    this.#dir = dir;
+    this.#segmentsDir = join(dir, 'segments');
     this.#delayMs = opts.redeliveryDelayMs ?? 1000;
+    this.#segmentBytes = opts.segmentBytes ?? 64 * 1024 * 1024;
+    this.#indexCompactBytes = opts.indexCompactBytes ?? 16 * 1024 * 1024;
   }
 
   static async open(dir: string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
     const q = new FileBatchQueue(dir, opts);
-    // Never committed means never answered 200: nobody waits for these.
-    await rm(q.#incoming, { recursive: true, force: true });
-    await rm(q.#trash, { recursive: true, force: true });
-    for (const d of [q.#incoming, q.#ready, q.#trash]) await mkdir(d, { recursive: true });
-    const found: Entry[] = [];
-    for (const uuid of await readdir(q.#ready)) {
-      const pkgs = await readdir(join(q.#ready, uuid));
-      // Acks leave empty session directories behind; removing them here cannot race a commit.
-      if (pkgs.length === 0) await rm(join(q.#ready, uuid), { recursive: true, force: true });
-      for (const pkg of pkgs) {
-        const pkgDir = join(q.#ready, uuid, pkg);
-        const rec = JSON.parse(await readFile(join(pkgDir, 'commit.json'), 'utf8')) as CommitRecord;
-        found.push({ ...rec, at: rec.at ?? Date.now(), dir: pkgDir, attempt: 0, notBefore: 0, inFlight: false, purged: false });
-      }
-    }
-    for (const e of found.sort((a, b) => a.seq - b.seq)) q.#entries.set(entryKey(e.meta), e);
-    q.#seq = found.reduce((max, e) => Math.max(max, e.seq), 0);
+    await mkdir(q.#segmentsDir, { recursive: true });
+    await q.#recover();
     return q;
   }
 
@@ -94,12 +114,10 @@ export class FileBatchQueue implements BatchQueue {
     this.#check();
     checkId('upload_uuid', meta.upload_uuid);
     checkId('package_id', meta.package_id);
-    const dir = join(this.#incoming, meta.upload_uuid, meta.package_id);
-    await mkdir(join(this.#incoming, meta.upload_uuid), { recursive: true });
-    await mkdir(dir); // EEXIST: a package id is opened once
-    const fh = await open(join(dir, 'data'), 'wx');
-    const writer: FileWriter = new FileWriter({ ...meta, columns: [...meta.columns] }, dir, fh, {
-      publish: (totals, batches) => this.#publish(writer, totals, batches),
+    const writer: FileWriter = new FileWriter({ ...meta, columns: [...meta.columns] }, {
+      place: (batch) => this.#place(batch),
+      commit: (totals, batches) => this.#commit(writer, totals, batches),
+      release: (segments) => this.#release(segments),
       forget: () => this.#writers.delete(writer),
     });
     this.#writers.add(writer);
@@ -123,9 +141,7 @@ export class FileBatchQueue implements BatchQueue {
   }
 
   async pending(uploadUuid: string): Promise<number> {
-    let n = 0;
-    for (const e of this.#entries.values()) if (e.meta.upload_uuid === uploadUuid) n++;
-    return n;
+    return this.#perSession.get(uploadUuid) ?? 0;
   }
 
   async backlog(): Promise<QueueBacklog> {
@@ -137,15 +153,12 @@ export class FileBatchQueue implements BatchQueue {
   async purge(uploadUuid: string): Promise<void> {
     checkId('upload_uuid', uploadUuid);
     for (const w of this.#writers) if (w.meta.upload_uuid === uploadUuid) w.drop();
-    for (const [k, e] of this.#entries) {
+    for (const e of [...this.#entries.values()]) {
       if (e.meta.upload_uuid !== uploadUuid) continue;
       e.purged = true;
-      this.#entries.delete(k);
+      this.#remove(e);
     }
-    await Promise.all([
-      this.#discard(join(this.#ready, uploadUuid), this.#ready),
-      this.#discard(join(this.#incoming, uploadUuid), null),
-    ]);
+    await this.#log({ t: 'p', upload_uuid: uploadUuid }, true);
   }
 
   async close(): Promise<void> {
@@ -153,31 +166,205 @@ export class FileBatchQueue implements BatchQueue {
     this.#closed = true;
     await Promise.all([...this.#consumers].map((c) => c.stop()));
     await Promise.all([...this.#writers].map((w) => w.abort()));
+    await Promise.all([...this.#dropping]);
+    await this.#indexRun;
+    await this.#index.close();
+    await Promise.allSettled([...this.#segments.values()].map(async (s) => (await s.file).close()));
   }
 
-  async #publish(writer: FileWriter, totals: { rows: number; bytes: number }, batches: number[]): Promise<void> {
-    const { meta } = writer;
-    const rec: CommitRecord & { at: number } = { meta, rows: totals.rows, bytes: totals.bytes, batches, seq: ++this.#seq, at: Date.now() };
-    const commitFile = await open(join(writer.dir, 'commit.json'), 'wx');
+  /** Appends one batch to the current segment (a new one past `segmentBytes`); the writer holds a reference to it. */
+  #place(batch: Uint8Array): { segment: Segment; location: Location; written: Promise<void> } {
+    this.#check();
+    const segment = this.#current;
+    const file = segment.file;
+    const location: Location = [segment.no, 0, batch.byteLength];
+    const written = file.then((f) => {
+      const { offset, written: done } = f.write(batch);
+      location[1] = offset;
+      if (f.size >= this.#segmentBytes && this.#current === segment) {
+        this.#current = this.#openSegment(segment.no + 1);
+        // Its packages may all be gone already: then nothing else releases it.
+        if (segment.refs <= 0) this.#dropSegment(segment);
+      }
+      return done;
+    });
+    return { segment, location, written };
+  }
+
+  async #commit(writer: FileWriter, totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[]): Promise<void> {
+    // The batches first, then the line that makes them a package.
+    for (const segment of new Set(batches.map((b) => b.segment))) await (await segment.file).sync();
+    if (writer.dropped) throw new Error(`Package ${writer.meta.package_id} was dropped before its commit completed`);
+    const rec: CommitRecord = {
+      t: 'c',
+      seq: ++this.#seq,
+      meta: writer.meta,
+      rows: totals.rows,
+      bytes: totals.bytes,
+      at: Date.now(),
+      batches: batches.map((b) => b.location),
+    };
+    await this.#log(rec, true, () => {
+      // Purged while its line was being written: the purge line comes after it, so it stays dropped after a restart too.
+      if (writer.dropped) return;
+      this.#add({ ...rec, attempt: 0, notBefore: 0, inFlight: false, purged: false });
+      this.#wake();
+    });
+    if (writer.dropped) throw new Error(`Package ${writer.meta.package_id} was dropped before its commit completed`);
+  }
+
+  #add(e: Entry): void {
+    this.#entries.set(e.seq, e);
+    this.#perSession.set(e.meta.upload_uuid, (this.#perSession.get(e.meta.upload_uuid) ?? 0) + 1);
+  }
+
+  /** Forgets an entry (acked or purged) and releases its segments. */
+  #remove(e: Entry): void {
+    if (!this.#entries.delete(e.seq)) return;
+    const left = (this.#perSession.get(e.meta.upload_uuid) ?? 1) - 1;
+    if (left > 0) this.#perSession.set(e.meta.upload_uuid, left);
+    else this.#perSession.delete(e.meta.upload_uuid);
+    this.#release(new Set(e.batches.map((b) => this.#segments.get(b[0])).filter((s): s is Segment => s !== undefined)));
+  }
+
+  #release(segments: Iterable<Segment>): void {
+    for (const s of segments) {
+      s.refs--;
+      if (s.refs <= 0 && s !== this.#current) this.#dropSegment(s);
+    }
+  }
+
+  #dropSegment(s: Segment): void {
+    if (!this.#segments.delete(s.no)) return;
+    const dropping = this.#unlinkSegment(s);
+    this.#dropping.add(dropping);
+    void dropping.finally(() => this.#dropping.delete(dropping));
+  }
+
+  async #unlinkSegment(s: Segment): Promise<void> {
     try {
-      await commitFile.writeFile(JSON.stringify(rec));
-      await commitFile.sync();
-    } finally {
-      await commitFile.close();
+      // The acks that freed it are durable before its bytes go.
+      await this.#log(null, true);
+      await (await s.file).close();
+      await unlink(join(this.#segmentsDir, `${s.no}.seg`));
+    } catch {
+      // Left for the next open, which removes segments no package uses.
     }
-    await fsyncDir(writer.dir);
-    const sessionDir = join(this.#ready, meta.upload_uuid);
-    if (await mkdir(sessionDir, { recursive: true })) await fsyncDir(this.#ready);
-    const target = join(sessionDir, meta.package_id);
-    await rename(writer.dir, target);
-    await fsyncDir(sessionDir);
-    if (writer.dropped) {
-      // Purged or aborted while committing: the package must not survive.
-      await this.#discard(target, sessionDir);
-      throw new Error(`Package ${meta.package_id} was dropped before its commit completed`);
+  }
+
+  #openSegment(no: number): Segment {
+    const s: Segment = { no, file: AppendFile.open(join(this.#segmentsDir, `${no}.seg`)), refs: 0 };
+    this.#segments.set(no, s);
+    return s;
+  }
+
+  /**
+   * Appends an index line (null: none, only the sync); `apply` runs once it is written (and
+   * durable, with `sync`), in line order, before any later line is written.
+   */
+  #log(rec: IndexRecord | null, sync: boolean, apply?: () => void): Promise<void> {
+    return new Promise((resolve, reject) => {
+      this.#indexQueue.push({ line: rec ? `${JSON.stringify(rec)}\n` : '', sync, ...(apply ? { apply } : {}), resolve, reject });
+      this.#indexRun ??= this.#writeIndex().finally(() => (this.#indexRun = null));
+    });
+  }
+
+  async #writeIndex(): Promise<void> {
+    while (this.#indexQueue.length > 0) {
+      const group = this.#indexQueue.splice(0);
+      try {
+        const text = group.map((g) => g.line).join('');
+        if (text) await this.#index.write(Buffer.from(text)).written;
+        if (group.some((g) => g.sync)) await this.#index.sync();
+        for (const g of group) g.apply?.();
+        for (const g of group) g.resolve();
+      } catch (err) {
+        for (const g of group) g.reject(err);
+      }
+      if (this.#index.size >= this.#indexCompactBytes) await this.#compactIndex().catch(() => undefined);
     }
-    this.#entries.set(entryKey(meta), { ...rec, dir: target, attempt: 0, notBefore: 0, inFlight: false, purged: false });
-    this.#wake();
+  }
+
+  /** Rewrites the index with the live packages only (between two groups of lines, so nothing is in between). */
+  async #compactIndex(): Promise<void> {
+    const no = this.#indexNo + 1;
+    const path = join(this.#dir, `index-${no}.ndjson`);
+    const lines = [...this.#entries.values()].map(({ t, seq, meta, rows, bytes, at, batches }) => `${JSON.stringify({ t, seq, meta, rows, bytes, at, batches })}\n`);
+    await writeFileAtomic(path, lines.join(''));
+    const old = this.#index;
+    this.#index = await AppendFile.open(path);
+    this.#indexNo = no;
+    await old.close();
+    await unlink(old.path).catch(() => undefined);
+  }
+
+  async #recover(): Promise<void> {
+    const names = await readdir(this.#dir);
+    const indexes = names
+      .map((n) => Number(INDEX.exec(n)?.[1] ?? NaN))
+      .filter(Number.isInteger)
+      .sort((a, b) => a - b);
+    const newest = indexes.at(-1) ?? 0;
+    for (const no of indexes.slice(0, -1)) await unlink(join(this.#dir, `index-${no}.ndjson`)).catch(() => undefined);
+    const path = join(this.#dir, `index-${newest}.ndjson`);
+    const text = await readFile(path, 'utf8').catch(() => '');
+    const live = new Map<number, CommitRecord>();
+    let good = 0;
+    for (let start = 0, nl = text.indexOf('\n'); nl >= 0; start = nl + 1, nl = text.indexOf('\n', start)) {
+      let rec: IndexRecord;
+      try {
+        rec = JSON.parse(text.slice(start, nl)) as IndexRecord;
+      } catch {
+        break; // a torn last line: its commit never resolved
+      }
+      good = nl + 1;
+      if (rec.t === 'c') live.set(rec.seq, rec);
+      else if (rec.t === 'a') live.delete(rec.seq);
+      else for (const [seq, c] of live) if (c.meta.upload_uuid === rec.upload_uuid) live.delete(seq);
+    }
+    this.#indexNo = newest;
+    this.#index = await AppendFile.open(path, { size: Buffer.byteLength(text.slice(0, good)) });
+
+    const onDisk = (await readdir(this.#segmentsDir)).map((n) => Number(SEGMENT.exec(n)?.[1] ?? NaN)).filter(Number.isInteger);
+    const used = new Map<number, number>();
+    for (const c of live.values()) for (const s of new Set(c.batches.map((b) => b[0]))) used.set(s, (used.get(s) ?? 0) + 1);
+    for (const no of onDisk) {
+      if (used.has(no)) this.#segments.set(no, { no, file: AppendFile.open(join(this.#segmentsDir, `${no}.seg`)), refs: used.get(no)! });
+      else await unlink(join(this.#segmentsDir, `${no}.seg`)).catch(() => undefined);
+    }
+    this.#current = this.#openSegment(onDisk.reduce((max, no) => Math.max(max, no), -1) + 1);
+    for (const c of [...live.values()].sort((a, b) => a.seq - b.seq)) {
+      const missing = c.batches.some((b) => !this.#segments.has(b[0]));
+      if (missing) continue; // its bytes are gone with an acked neighbour's segment: it was acked too
+      this.#add({ ...c, attempt: 0, notBefore: 0, inFlight: false, purged: false });
+    }
+    for (const seq of live.keys()) this.#seq = Math.max(this.#seq, seq);
+    await this.#adoptLegacy();
+  }
+
+  /** Packages an older version left as `ready/<upload_uuid>/<package_id>/{data,commit.json}`: copied into a segment and committed. */
+  async #adoptLegacy(): Promise<void> {
+    const ready = join(this.#dir, 'ready');
+    const sessions = await readdir(ready).catch(() => [] as string[]);
+    const old = (await Promise.all(
+      sessions.map(async (uuid) => (await readdir(join(ready, uuid)).catch(() => [] as string[])).map((pkg) => join(ready, uuid, pkg))),
+    )).flat();
+    const found: { seq: number; meta: PackageMeta; rows: number; bytes: number; batches: number[]; dir: string }[] = [];
+    for (const dir of old) {
+      const rec = JSON.parse(await readFile(join(dir, 'commit.json'), 'utf8').catch(() => 'null')) as Omit<(typeof found)[number], 'dir'> | null;
+      if (rec) found.push({ ...rec, dir });
+    }
+    for (const rec of found.sort((a, b) => a.seq - b.seq)) {
+      const data = await readFile(join(rec.dir, 'data'));
+      const writer = await this.open(rec.meta);
+      let off = 0;
+      for (const len of rec.batches) {
+        await writer.append(data.subarray(off, off + len));
+        off += len;
+      }
+      await writer.commit({ rows: rec.rows, bytes: rec.bytes });
+    }
+    for (const d of ['ready', 'incoming', 'trash']) await rm(join(this.#dir, d), { recursive: true, force: true });
   }
 
   async #run(state: { stopped: boolean }, handler: (pkg: CommittedPackage) => Promise<void>): Promise<void> {
@@ -189,16 +376,12 @@ export class FileBatchQueue implements BatchQueue {
       }
       let ok = false;
       try {
-        await handler(delivery(e));
+        await handler(this.#delivery(e));
         ok = true;
       } catch {
         // A throwing handler is the redelivery signal; reporting is the handler's business.
       }
-      try {
-        await this.#settle(e, ok);
-      } catch {
-        // The ack could not remove the files: redelivered after a restart (at-least-once).
-      }
+      this.#settle(e, ok);
     }
   }
 
@@ -218,14 +401,40 @@ export class FileBatchQueue implements BatchQueue {
     return next;
   }
 
-  async #settle(e: Entry, ok: boolean): Promise<void> {
+  #settle(e: Entry, ok: boolean): void {
     e.inFlight = false;
     if (e.purged) return;
     if (ok) {
-      this.#entries.delete(entryKey(e.meta));
-      await this.#discard(e.dir, null);
+      this.#remove(e);
+      void this.#log({ t: 'a', seq: e.seq }, false).catch(() => undefined);
     } else {
       e.notBefore = Date.now() + Math.min(this.#delayMs * 2 ** (e.attempt - 1), Math.max(this.#delayMs, MAX_DELAY_MS));
+    }
+  }
+
+  #delivery(e: Entry): CommittedPackage {
+    return {
+      meta: e.meta,
+      rows: e.rows,
+      bytes: e.bytes,
+      attempt: e.attempt,
+      batches: (opts) => this.#read(e.batches, opts?.reuse === true),
+    };
+  }
+
+  /**
+   * With `reuse`, every batch is read into one buffer: a fresh 512 KiB buffer per batch
+   * costs the in-process uploader about 3 ms of CPU per MB in page faults, allocation and GC
+   * (bench, 4 × 32 MiB).
+   */
+  async *#read(batches: Location[], reuse: boolean): AsyncIterable<Uint8Array> {
+    const shared = reuse ? Buffer.allocUnsafe(batches.reduce((max, b) => Math.max(max, b[2]), 0)) : null;
+    for (const [no, offset, length] of batches) {
+      const segment = this.#segments.get(no);
+      if (!segment) throw new Error(`Segment ${no} of a pending package is gone`);
+      const buf = shared ? shared.subarray(0, length) : Buffer.allocUnsafe(length);
+      await (await segment.file).read(buf, offset);
+      yield buf;
     }
   }
 
@@ -247,53 +456,45 @@ export class FileBatchQueue implements BatchQueue {
     for (const w of [...this.#wakers]) w();
   }
 
-  /** Renames `path` into trash (atomic), then removes it; fsyncs `parent` when given. */
-  async #discard(path: string, parent: string | null): Promise<void> {
-    const trashed = join(this.#trash, randomBytes(8).toString('hex'));
-    try {
-      await rename(path, trashed);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
-      throw err;
-    }
-    if (parent) await fsyncDir(parent);
-    await rm(trashed, { recursive: true, force: true });
-  }
-
   #check(): void {
     if (this.#closed) throw new Error('Batch queue is closed');
   }
 }
 
 interface WriterHooks {
-  publish(totals: { rows: number; bytes: number }, batches: number[]): Promise<void>;
+  place(batch: Uint8Array): { segment: Segment; location: Location; written: Promise<void> };
+  commit(totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[]): Promise<void>;
+  release(segments: Iterable<Segment>): void;
   forget(): void;
 }
 
 class FileWriter implements PackageWriter {
   readonly meta: PackageMeta;
-  readonly dir: string;
   readonly #hooks: WriterHooks;
-  #fh: FileHandle | null;
-  readonly #batches: number[] = [];
+  readonly #batches: { segment: Segment; location: Location }[] = [];
+  /** Segments this package holds a reference to. */
+  readonly #held = new Set<Segment>();
   /** Appends run one after another, in call order, even when the caller does not await. */
   #tail: Promise<void> = Promise.resolve();
   #done = false;
   /** Purged or aborted: whatever the writer does next, the package must not be seen. */
   dropped = false;
 
-  constructor(meta: PackageMeta, dir: string, fh: FileHandle, hooks: WriterHooks) {
+  constructor(meta: PackageMeta, hooks: WriterHooks) {
     this.meta = meta;
-    this.dir = dir;
-    this.#fh = fh;
     this.#hooks = hooks;
   }
 
   append(batch: Uint8Array): Promise<void> {
     const run = this.#tail.then(async () => {
-      const fh = this.#live();
-      for (let off = 0; off < batch.byteLength; ) off += (await fh.write(batch, off)).bytesWritten;
-      this.#batches.push(batch.byteLength);
+      this.#live();
+      const placed = this.#hooks.place(batch);
+      if (!this.#held.has(placed.segment)) {
+        this.#held.add(placed.segment);
+        placed.segment.refs++;
+      }
+      this.#batches.push(placed);
+      await placed.written;
     });
     this.#tail = run.catch(() => {});
     return run;
@@ -301,12 +502,12 @@ class FileWriter implements PackageWriter {
 
   async commit(totals: { rows: number; bytes: number }): Promise<void> {
     await this.#tail;
-    const fh = this.#live();
+    this.#live();
     this.#done = true;
     try {
-      await fh.sync();
-      await this.#closeFile();
-      await this.#hooks.publish(totals, this.#batches);
+      await this.#hooks.commit(totals, this.#batches);
+      // The references are the committed package's now.
+      this.#held.clear();
     } catch (err) {
       await this.abort();
       throw err;
@@ -319,63 +520,20 @@ class FileWriter implements PackageWriter {
     this.#done = true;
     this.drop();
     await this.#tail;
-    await rm(this.dir, { recursive: true, force: true });
   }
 
   drop(): void {
     this.dropped = true;
     this.#hooks.forget();
-    this.#tail = this.#tail.then(() => this.#closeFile()).catch(() => {});
+    const held = [...this.#held];
+    this.#held.clear();
+    this.#hooks.release(held);
   }
 
-  #live(): FileHandle {
+  #live(): void {
     if (this.dropped) throw new Error(`Package ${this.meta.package_id} was purged or aborted`);
-    if (this.#done || !this.#fh) throw new Error(`Package ${this.meta.package_id} is already committed`);
-    return this.#fh;
+    if (this.#done) throw new Error(`Package ${this.meta.package_id} is already committed`);
   }
-
-  async #closeFile(): Promise<void> {
-    const fh = this.#fh;
-    this.#fh = null;
-    await fh?.close();
-  }
-}
-
-function delivery(e: Entry): CommittedPackage {
-  return {
-    meta: e.meta,
-    rows: e.rows,
-    bytes: e.bytes,
-    attempt: e.attempt,
-    batches: (opts) => readBatches(join(e.dir, 'data'), e.batches, opts?.reuse === true),
-  };
-}
-
-/**
- * With `reuse`, every batch is read into one buffer: a fresh 512 KiB buffer per batch
- * costs the in-process uploader about 3 ms of CPU per MB in page faults, allocation and GC
- * (bench, 4 × 32 MiB).
- */
-async function* readBatches(file: string, lengths: number[], reuse: boolean): AsyncIterable<Uint8Array> {
-  const fh = await open(file, 'r');
-  const shared = reuse ? Buffer.allocUnsafe(lengths.reduce((max, len) => Math.max(max, len), 0)) : null;
-  try {
-    for (const len of lengths) {
-      const buf = shared ? shared.subarray(0, len) : Buffer.allocUnsafe(len);
-      for (let off = 0; off < len; ) {
-        const { bytesRead } = await fh.read(buf, off, len - off);
-        if (bytesRead === 0) throw new Error(`${file} is shorter than its commit record`);
-        off += bytesRead;
-      }
-      yield buf;
-    }
-  } finally {
-    await fh.close();
-  }
-}
-
-function entryKey(meta: PackageMeta): string {
-  return `${meta.upload_uuid}/${meta.package_id}`;
 }
 
 function checkId(name: string, id: string): void {

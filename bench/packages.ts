@@ -1,0 +1,317 @@
+/**
+ * `npm run bench:packages`: the per-package path. Small packages from many sessions, one
+ * session grown to many packages, and 1 MiB packages — each against the durable
+ * conventional peer (parse, check, append + fdatasync per package), in the same run, on
+ * the back ends asked for:
+ *
+ * - `embedded`: the default, files under a temp DATA_DIR;
+ * - `nats`: one nats-server (JetStream) and s3rver;
+ * - `nats-cluster`: a 3-node nats-server cluster, every stream R3, and s3rver;
+ * - `nats-distant`: one nats-server behind a TCP proxy that holds every chunk 1 ms in each
+ *   direction (≈ 2 ms round trip: a cross-zone link), and s3rver.
+ *
+ * Scenarios: `many` — 16 sessions (one client each), 4 packages of ~7 KB in flight per
+ * session, for --duration seconds; `one` — one session, 16 in flight, --grow packages, the
+ * rate per tenth of them and the status latency at the end; `mib` — 1 MiB packages, 16 in
+ * flight over 16 sessions, for --duration seconds. Reports packages/s, latency p50/p99, and
+ * the server's CPU ms per package (all its threads, from /proc).
+ *
+ * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
+ * --grow N (20000), --out DIR (bench/results), --no-peer.
+ */
+import { execFileSync, fork, type ChildProcess } from 'node:child_process';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { connect, createServer, type Server, type Socket } from 'node:net';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { request } from 'undici';
+import { findEntity } from '../src/entities/catalog.js';
+import { hashToken } from '../src/http/auth.js';
+import { startNats, startNatsCluster } from '../test/support/nats.js';
+import { distributed, spawnGateway } from '../test/support/processes.js';
+import { startS3Process } from '../test/support/s3.js';
+import { generateBody } from './bodies.js';
+import type { PackagesJob, PackagesResult } from './packages-client.js';
+
+const { values } = parseArgs({
+  options: {
+    engine: { type: 'string', default: 'embedded,nats' },
+    scenario: { type: 'string', default: 'many,one,mib' },
+    duration: { type: 'string', default: '10' },
+    grow: { type: 'string', default: '20000' },
+    out: { type: 'string', default: 'bench/results' },
+    'no-peer': { type: 'boolean', default: false },
+    clients: { type: 'string', default: '2' },
+  },
+});
+const ENGINES = values.engine!.split(',');
+const SCENARIOS = values.scenario!.split(',');
+const DURATION_MS = Number(values.duration) * 1000;
+const GROW = Number(values.grow);
+const CLIENT_PROCS = Number(values.clients);
+const SESSIONS = 16;
+const API = '/api/v1/uploading';
+const CLIENT = fileURLToPath(new URL('./packages-client.js', import.meta.url));
+const DURABLE_PEER = fileURLToPath(new URL('./peers/durable.js', import.meta.url));
+const CLK_TCK = 100;
+
+const teardowns: (() => unknown)[] = [];
+const t = { teardown: (fn: () => unknown) => void teardowns.push(fn) };
+async function cleanUp(): Promise<void> {
+  for (const fn of teardowns.reverse()) await Promise.resolve(fn()).catch(() => undefined);
+  teardowns.length = 0;
+}
+process.once('SIGINT', () => void cleanUp().then(() => process.exit(130)));
+
+interface Target {
+  name: string;
+  url: string;
+  pid: number;
+  /** Makes the sessions the lanes send to; the peer needs none. */
+  session(client: BenchClient): Promise<string>;
+  status?(client: BenchClient, uuid: string): Promise<void>;
+}
+
+interface BenchClient {
+  id: string;
+  token: string;
+}
+
+const clients: BenchClient[] = Array.from({ length: SESSIONS }, (_, i) => ({ id: `bench-${i}`, token: `bench-token-${i}` }));
+/** The client of the one-session scenario: a session of its own, grown from zero. */
+const grower: BenchClient = { id: 'bench-one', token: 'bench-token-one' };
+
+/** CPU time of a process (all threads), ms. */
+async function cpuMs(pid: number): Promise<number> {
+  const fields = (await readFile(`/proc/${pid}/stat`, 'utf8')).split(') ')[1]!.split(' ');
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLK_TCK;
+}
+
+function pct(sorted: number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
+}
+
+interface Load {
+  packages: number;
+  seconds: number;
+  perSecond: number;
+  p50: number;
+  p99: number;
+  cpuMsPerPackage: number;
+  failures: Record<string, number>;
+  /** Packages/s per consecutive block, when asked for. */
+  blocks?: number[];
+}
+
+/** Sends from `lanes` (split over the client processes) until `count` or `durationMs`. */
+async function load(target: Target, bodyFile: string, lanes: PackagesJob['lanes'], opts: { count?: number; durationMs?: number; blocks?: number }): Promise<Load> {
+  const procs = Math.min(CLIENT_PROCS, lanes.length);
+  const children: ChildProcess[] = [];
+  for (let i = 0; i < procs; i++) {
+    const child = fork(CLIENT, [], { serialization: 'advanced', stdio: 'inherit' });
+    t.teardown(() => child.kill());
+    await new Promise<void>((resolve) => child.once('message', () => resolve()));
+    children.push(child);
+  }
+  const cpu0 = await cpuMs(target.pid);
+  const t0 = Date.now();
+  const untilMs = opts.durationMs ? t0 + opts.durationMs : Number.MAX_SAFE_INTEGER;
+  const results = await Promise.all(
+    children.map(
+      (child, i) =>
+        new Promise<PackagesResult>((resolve, reject) => {
+          const mine = lanes.filter((_, l) => l % procs === i);
+          const count = opts.count ? Math.floor(opts.count / procs) + (i < opts.count % procs ? 1 : 0) : 0;
+          child.once('message', (m: { type: string; result?: PackagesResult; message?: string }) =>
+            m.type === 'result' ? resolve(m.result!) : reject(new Error(m.message)),
+          );
+          child.send({ url: target.url, bodyFile, entity: 'products', lanes: mine, count, untilMs } satisfies PackagesJob);
+        }),
+    ),
+  );
+  const seconds = (Date.now() - t0) / 1000;
+  const cpu = (await cpuMs(target.pid)) - cpu0;
+  for (const c of children) c.kill();
+  const ends = results.flatMap((r) => r.end).sort((a, b) => a - b);
+  const latencies = results.flatMap((r) => r.end.map((e, i) => e - r.start[i]!)).sort((a, b) => a - b);
+  const failures: Record<string, number> = {};
+  for (const r of results) for (const [k, n] of Object.entries(r.failures)) failures[k] = (failures[k] ?? 0) + n;
+  const packages = ends.length;
+  const out: Load = {
+    packages,
+    seconds,
+    perSecond: packages / seconds,
+    p50: pct(latencies, 50),
+    p99: pct(latencies, 99),
+    cpuMsPerPackage: cpu / Math.max(1, packages),
+    failures,
+  };
+  if (opts.blocks) {
+    const size = Math.floor(packages / opts.blocks);
+    out.blocks = [];
+    let from = t0;
+    for (let b = 1; b <= opts.blocks; b++) {
+      const at = ends[b * size - 1]!;
+      out.blocks.push(size / ((at - from) / 1000));
+      from = at;
+    }
+  }
+  return out;
+}
+
+async function statusP99(target: Target, client: BenchClient, uuid: string, n = 300): Promise<number> {
+  const lat: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = performance.now();
+    await target.status!(client, uuid);
+    lat.push(performance.now() - t0);
+  }
+  return pct(lat.sort((a, b) => a - b), 99);
+}
+
+async function api(url: string, client: BenchClient, method: 'GET' | 'POST', path: string): Promise<any> {
+  const res = await request(`${url}${API}${path}`, { method, headers: { authorization: client.token, 'client-id': client.id } });
+  const body = await res.body.json();
+  if (res.statusCode !== 200) throw new Error(`${method} ${path}: ${res.statusCode} ${JSON.stringify(body)}`);
+  return body;
+}
+
+/** A TCP proxy that holds every chunk `delayMs` in each direction, in order. */
+async function delayProxy(upstreamPort: number, delayMs: number): Promise<{ url: string; server: Server }> {
+  const pipeDelayed = (from: Socket, to: Socket) => {
+    let last = 0;
+    from.on('data', (chunk) => {
+      const due = Math.max(Date.now() + delayMs, last);
+      last = due;
+      setTimeout(() => to.write(chunk), due - Date.now());
+    });
+    from.on('close', () => setTimeout(() => to.destroy(), delayMs + 1));
+    from.on('error', () => to.destroy());
+  };
+  const server = createServer((down) => {
+    const up = connect(upstreamPort, '127.0.0.1');
+    up.setNoDelay(true);
+    down.setNoDelay(true);
+    pipeDelayed(down, up);
+    pipeDelayed(up, down);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => server.close());
+  return { url: `nats://127.0.0.1:${(server.address() as { port: number }).port}`, server };
+}
+
+async function startService(engine: string, dir: string): Promise<Target> {
+  const clientsFile = join(dir, 'clients.json');
+  await writeFile(
+    clientsFile,
+    JSON.stringify({ clients: [...clients, grower].map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: ['127.0.0.0/8', '::1/128'], min_date: '2020-01-01' })) }),
+  );
+  const relaxed = { clientsFile, limits: { requestsPerSecond: 0, concurrentPerClient: 0 }, log: { level: 'warn' } };
+  let config: Record<string, unknown>;
+  if (engine === 'embedded') {
+    config = { ...relaxed, connector: { webhookSecret: null } };
+  } else {
+    const s3 = await startS3Process(t);
+    let natsUrl: string;
+    let replicas = 1;
+    if (engine === 'nats-cluster') {
+      natsUrl = (await startNatsCluster(t, 3)).urls;
+      replicas = 3;
+    } else {
+      const nats = await startNats(t);
+      natsUrl = engine === 'nats-distant' ? (await delayProxy(Number(new URL(nats.url).port), 1)).url : nats.url;
+    }
+    const base = distributed(natsUrl, s3) as Record<string, any>;
+    config = { ...base, ...relaxed, nats: { ...base.nats, replicas } };
+  }
+  const gw = await spawnGateway(t, config as never);
+  return {
+    name: `service (${engine})`,
+    url: gw.url,
+    pid: gw.child.pid!,
+    session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
+    status: async (client, uuid) => void (await api(gw.url, client, 'GET', `/${uuid}/status`)),
+  };
+}
+
+async function startPeer(dir: string): Promise<Target> {
+  const child = fork(DURABLE_PEER, [dir], { serialization: 'advanced', stdio: 'inherit' });
+  t.teardown(() => child.kill());
+  const url = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
+  return { name: 'durable conventional peer', url, pid: child.pid!, session: async () => 'bench' };
+}
+
+function fmt(l: Load): string {
+  const fail = Object.keys(l.failures).length ? ` ⚠ ${JSON.stringify(l.failures).slice(0, 300)}` : '';
+  return `${l.perSecond.toFixed(0)} | ${l.p50.toFixed(1)} | ${l.p99.toFixed(1)} | ${l.cpuMsPerPackage.toFixed(2)} | ${l.packages}${fail}`;
+}
+
+const lines: string[] = [];
+const say = (s: string) => {
+  lines.push(s);
+  process.stdout.write(`${s}\n`);
+};
+
+try {
+  const work = join(tmpdir(), `bench-packages-${process.pid}`);
+  await mkdir(work, { recursive: true });
+  process.once('exit', () => execFileSync('rm', ['-rf', work]));
+  const products = findEntity('products')!;
+  const small = join(work, 'small.json');
+  const mib = join(work, 'mib.json');
+  await writeFile(small, generateBody(products, 7 * 1024).json);
+  await writeFile(mib, generateBody(products, 1024 * 1024).json);
+  let commit = 'unknown';
+  try {
+    commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { encoding: 'utf8' }).trim();
+  } catch {
+    // not a checkout
+  }
+  say(`# Per-package path (bench:packages)`);
+  say('');
+  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes`);
+  say('');
+  say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | packages |');
+  say('|---|---|---:|---:|---:|---:|---:|');
+  const targets: (() => Promise<Target>)[] = ENGINES.map((e) => async () => {
+    const dir = join(work, e);
+    await mkdir(dir, { recursive: true });
+    return startService(e, dir);
+  });
+  if (!values['no-peer']) targets.push(() => startPeer(work));
+  const notes: string[] = [];
+  for (const make of targets) {
+    const target = await make();
+    const sessions = await Promise.all(clients.map(async (c) => ({ uuid: await target.session(c), clientId: c.id, token: c.token })));
+    if (SCENARIOS.includes('many')) {
+      const lanes = sessions.flatMap((s) => [s, s, s, s]);
+      const r = await load(target, small, lanes, { durationMs: DURATION_MS });
+      say(`| ${target.name} | 16 sessions × 4 in flight, 7 KB | ${fmt(r)} |`);
+    }
+    if (SCENARIOS.includes('one')) {
+      const one = { uuid: await target.session(grower), clientId: grower.id, token: grower.token };
+      const r = await load(target, small, Array.from({ length: 16 }, () => one), { count: GROW, blocks: 10 });
+      const b = r.blocks!;
+      say(`| ${target.name} | one session × 16 in flight, ${GROW} × 7 KB | ${fmt(r)} |`);
+      const status = target.status ? await statusP99(target, grower, one.uuid) : null;
+      notes.push(
+        `${target.name}, one session: packages/s per tenth ${b.map((x) => x.toFixed(0)).join(', ')}; last ÷ first ${(b.at(-1)! / b[0]!).toFixed(2)}` +
+          (status === null ? '' : `; status p99 at ${GROW} packages ${status.toFixed(1)} ms`),
+      );
+    }
+    if (SCENARIOS.includes('mib')) {
+      const r = await load(target, mib, sessions, { durationMs: DURATION_MS });
+      say(`| ${target.name} | 16 × 1 MiB in flight | ${fmt(r)} (${((r.perSecond * 1024 * 1024) / 1e6).toFixed(0)} MB/s) |`);
+    }
+    await cleanUp();
+  }
+  say('');
+  for (const n of notes) say(`- ${n}`);
+  await mkdir(values.out!, { recursive: true });
+  await writeFile(join(values.out!, `packages-${new Date().toISOString().replace(/[:.]/g, '-')}.md`), `${lines.join('\n')}\n`);
+} finally {
+  await cleanUp();
+}
