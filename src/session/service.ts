@@ -51,6 +51,13 @@ export interface SessionServiceDeps {
   maxPackages?: number;
   /** Past this many objects the Connector start body names a manifest object instead of listing them (default 1000). */
   inlineObjects?: number;
+  /**
+   * How long recorded packages wait to be written to the ledger together (default 10 ms):
+   * one ledger write (one fdatasync of the session's ledger file on the embedded default)
+   * and one fold for every package of the session recorded meanwhile. It delays nothing a
+   * client waits for.
+   */
+  ledgerLingerMs?: number;
   callbackUrl: string;
   clock?: () => number;
   /** Background failures (ledger writes, clean-up after delete); never client errors. */
@@ -385,8 +392,10 @@ export class SessionService {
     queue.waiting.push(...entries);
     if (queue.run) return;
     const q = queue;
+    const linger = this.deps.ledgerLingerMs ?? 10;
     q.run = (async () => {
       while (q.waiting.length > 0) {
+        if (linger > 0) await new Promise((resolve) => setTimeout(resolve, linger));
         const group = q.waiting.splice(0);
         const write = async () => {
           await this.deps.ledger.append(uploadUuid, group.map(toLedger));

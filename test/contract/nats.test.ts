@@ -2,7 +2,7 @@ import t, { type Test } from 'tap';
 import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
-import { NatsSessionStore } from '../../src/store/nats/session-store.js';
+import { NatsSessionStore, serverNeedsStreamGuard } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../support/nats.js';
 import { batchQueueContract } from './batch-queue.contract.js';
@@ -121,6 +121,37 @@ async function drain(t: Test, q: BatchQueue, n: number, timeoutMs = 20_000): Pro
   await consumer.stop();
   return got;
 }
+
+/**
+ * Read-modify-write increments of one key from `stores`, each retried on conflict until it
+ * lands: with a serialised compare-and-set every landed write counts, so the value ends at
+ * exactly `n`.
+ */
+async function increments(stores: NatsSessionStore[], key: string, n: number): Promise<number> {
+  await stores[0]!.create(key, { n: 0 }).catch(() => undefined);
+  await Promise.all(
+    Array.from({ length: n }, async (_, i) => {
+      const store = stores[i % stores.length]!;
+      for (;;) {
+        const cur = (await store.get<{ n: number }>(key))!;
+        try {
+          await store.update(key, { n: cur.value.n + 1 }, cur.revision);
+          return;
+        } catch (err) {
+          if (!isStoreConflict(err)) throw err;
+        }
+      }
+    }),
+  );
+  return (await stores[0]!.get<{ n: number }>(key))!.value.n;
+}
+
+t.test('NatsSessionStore on a single server: subject compare-and-set, serialised (no stream guard)', async (t) => {
+  const bucket = unique('single');
+  const stores = await Promise.all(Array.from({ length: 4 }, async () => NatsSessionStore.open(await connection(t), { bucket, replicas: 1 })));
+  t.equal(stores[0]!.streamGuard, false, 'a single server needs no stream guard, whatever its version');
+  t.equal(await increments(stores, 'counter', 200), 200, 'every landed update counted once');
+});
 
 t.test('NatsSessionStore: 20 concurrent creates from two connections, exactly one winner', async (t) => {
   const bucket = unique('race');
@@ -267,6 +298,10 @@ t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader',
   const h = await connection(t, cluster.urls);
   const retryMs = 30_000;
   const store = await NatsSessionStore.open(h, { bucket: 'sessions', replicas: 3, retryMs });
+  const version = h.nc.info?.version ?? '';
+  t.equal(store.streamGuard, serverNeedsStreamGuard(version), `clustered ${version}: stream guard ${store.streamGuard}`);
+  const guarded = await Promise.all(Array.from({ length: 3 }, async () => NatsSessionStore.open(await connection(t, cluster.urls), { bucket: 'sessions', replicas: 3, retryMs })));
+  t.equal(await increments(guarded, 'counter', 120), 120, 'concurrent updates of one key on R3: every landed update counted once');
   const q = await openQueue(t, h, { ...queueOpts('INGEST'), replicas: 3, retryMs });
   t.equal((await h.jsm.streams.info('KV_sessions')).config.num_replicas, 3);
   t.equal((await h.jsm.streams.info('INGEST')).config.num_replicas, 3);

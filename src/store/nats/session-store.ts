@@ -12,9 +12,11 @@ export interface NatsSessionStoreOptions {
   /**
    * How compare-and-set is enforced. `subject`: the server checks the key's last sequence
    * (one round trip). `stream`: the server checks the whole stream's last sequence, after
-   * the key's revision was read back — correct on servers whose clustered subject check is
+   * the key's revision was read back — correct on clustered servers whose subject check is
    * not serialised (nats-server before 2.10: nats-io/nats-server#4320, where concurrent
-   * updates of one key can all succeed). `auto` (default) picks `stream` for those servers.
+   * updates of one key can all succeed), at three round trips and a conflict with every
+   * other write to the bucket. `auto` (default) picks `stream` only for a clustered server
+   * before 2.10: a single server checks the subject under its stream lock on any version.
    */
   casGuard?: 'auto' | 'subject' | 'stream';
 }
@@ -22,7 +24,8 @@ export interface NatsSessionStoreOptions {
 /** The first nats-server release line whose clustered expected-last-subject-sequence check is serialised. */
 const SUBJECT_CAS_SINCE = [2, 10, 0] as const;
 
-export function serverNeedsStreamGuard(version: string | undefined): boolean {
+export function serverNeedsStreamGuard(version: string | undefined, clustered = true): boolean {
+  if (!clustered) return false;
   const parts = (version ?? '0.0.0').split(/[.-]/).map((p) => Number.parseInt(p, 10) || 0);
   for (let i = 0; i < SUBJECT_CAS_SINCE.length; i++) {
     if ((parts[i] ?? 0) !== SUBJECT_CAS_SINCE[i]) return (parts[i] ?? 0) < SUBJECT_CAS_SINCE[i]!;
@@ -74,7 +77,8 @@ export class NatsSessionStore implements SessionStore {
       ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
     );
     const guard = opts.casGuard ?? 'auto';
-    const streamGuard = guard === 'stream' || (guard === 'auto' && serverNeedsStreamGuard(ctx.nc.info?.version));
+    const info = ctx.nc.info;
+    const streamGuard = guard === 'stream' || (guard === 'auto' && serverNeedsStreamGuard(info?.version, info?.cluster !== undefined));
     return new NatsSessionStore(ctx, opts.bucket, retryMs, streamGuard);
   }
 
