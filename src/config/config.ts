@@ -42,7 +42,7 @@ export interface Config {
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
     shutdownGraceMs: Count;
     /** Safety bound of the packages one session may hold (recording costs the same at any count; default 10,000,000); past it, ingest answers 409. */
-    packagesPerSession: PositiveInt & tags.Minimum<1000000>;
+    packagesPerSession: PositiveInt;
   };
   ingest: {
     /** Validation worker threads; 0 = one per core. */

@@ -85,7 +85,11 @@ export interface PackageMeta {
 
 /** A package being written: batches stay invisible to consumers until `commit` resolves. */
 export interface PackageWriter {
-  /** Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. */
+  /**
+   * Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. The writer
+   * may keep a reference to `batch` until `commit` or `abort` resolves (a small package's
+   * last batch may travel with its commit): the caller must not reuse its memory before.
+   */
   append(batch: Uint8Array): Promise<void>;
   /** Makes the package durable and visible to consumers, with its totals. Resolves once durable. */
   commit(totals: { rows: number; bytes: number }): Promise<void>;

@@ -175,6 +175,28 @@ t.test('NatsSessionStore: keys that are not NATS subjects as they are', async (t
   for (const [i, k] of keys.entries()) t.equal((await store.get(k))?.value, i, `key ${JSON.stringify(k)}`);
 });
 
+t.test('NatsBatchQueue: a package of one small batch is one message, its commit; bigger ones keep their batch messages', async (t) => {
+  const h = await connection(t);
+  const stream = unique('INLINE');
+  const q = await openQueue(t, h, queueOpts(stream));
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const small = Buffer.from('["s1","Store"]\n');
+  await commit(q, meta('u-inline', 'one'), [small]);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 1, 'one message: the commit carries the batch');
+  const big = Buffer.alloc(300 * 1024, 0x61);
+  await commit(q, meta('u-inline', 'big'), [big]);
+  await commit(q, meta('u-inline', 'two'), [small, small]);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 1 + 2 + 3, 'a batch past 256 KiB, or two batches, go as batch messages');
+  t.equal(await q.pending('u-inline'), 3);
+  const got = await drain(t, q, 3);
+  t.same(
+    got.map((g) => [g.meta.package_id, g.data.byteLength]).sort(),
+    [['big', big.byteLength], ['one', small.byteLength], ['two', 2 * small.byteLength]].sort(),
+    'every package reads back whole',
+  );
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'nothing left after the acks');
+});
+
 t.test('NatsBatchQueue: the stream is a work queue on file storage, with the documented subjects', async (t) => {
   const h = await connection(t);
   const stream = unique('LAYOUT');
@@ -186,10 +208,12 @@ t.test('NatsBatchQueue: the stream is a work queue on file storage, with the doc
   t.same(info.config.subjects, [`${stream}.b.>`, `${stream}.c.>`]);
   const open = await q.open(meta('u-1', 'p-open', 'acme.corp *>'));
   await open.append(Buffer.from('["x"]\n'));
+  await open.append(Buffer.from('["y"]\n'));
   await commit(q, meta('u-1', 'p-done', 'acme.corp *>'), [Buffer.from('["a"]\n'), Buffer.from('["b"]\n')]);
   const subjects = (await h.jsm.streams.info(stream, { subjects_filter: '>' })).state.subjects;
   const client = Buffer.from('acme.corp *>').toString('hex');
   t.same(subjects, {
+    // The open package's last batch waits for its commit (it may travel with it).
     [`${stream}.b.${client}.u-1.stores.p-open`]: 1,
     [`${stream}.b.${client}.u-1.stores.p-done`]: 2,
     [`${stream}.c.${client}.u-1.stores.p-done`]: 1,
@@ -273,7 +297,8 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
   const errors: string[] = [];
   const q = await openQueue(t, h, { ...queueOpts(stream), onError: (_err, what) => errors.push(what) });
-  await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n')]);
+  // Two batches: a package of one small batch travels inside its commit message.
+  await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n'), Buffer.from('["p1b"]\n')]);
   // A message delete, not a filtered purge: nats-server 2.9 moves the consumer past everything on those.
   const batch = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.b.${Buffer.from('client-1').toString('hex')}.u1.stores.p1` });
   await h.jsm.streams.deleteMessage(stream, batch.seq, false);

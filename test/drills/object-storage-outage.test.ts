@@ -95,7 +95,10 @@ async function drill(t: Test, mode: 'kill' | 'pause') {
   t.same(await store.listIncompleteUploads(''), [], 'no multipart upload left behind');
 
   const start = await c.start(uuid, dates);
-  t.same([start.status, start.body.entities], [200, [{ name: 'products', rows: accepted.size * ROWS }]], 'start-upload hands over every row');
+  t.same([start.status, start.body?.entities], [200, [{ name: 'products', rows: accepted.size * ROWS }]], 'start-upload hands over every row', {
+    answer: start.text,
+    gateway: start.status === 200 ? undefined : gw.output().slice(-4000),
+  });
   await waitForStatus(gw, uuid, (b) => b.session_status === 'DONE');
   t.equal(await gw.stop(), 0);
 }

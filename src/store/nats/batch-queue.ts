@@ -1,5 +1,6 @@
 import {
   AckPolicy,
+  headers,
   createInbox,
   DeliverPolicy,
   DirectMsgHeaders,
@@ -10,6 +11,7 @@ import {
   StorageType,
   type ConsumerConfig,
   type Msg,
+  type MsgHdrs,
   type MsgRequest,
   type StoredMsg,
   type StreamConfig,
@@ -62,6 +64,13 @@ interface CommitRecord {
 }
 
 const MAX_DELAY_MS = 30_000;
+/**
+ * Header of a commit message that carries its package's only batch as its data (the commit
+ * record, base64url JSON, is in the header then). A package of one batch up to this size
+ * costs one publish instead of two; packages written before this existed still work.
+ */
+const INLINE_COMMIT = 'Ingest-Commit';
+const INLINE_BATCH_BYTES = 256 * 1024;
 const NAME = /^[A-Za-z0-9_-]+$/;
 const PLAIN_TOKEN = /^[A-Za-z0-9_-]+$/;
 const JS_STREAM_NOT_FOUND = 10059;
@@ -157,8 +166,10 @@ export class NatsBatchQueue implements BatchQueue {
     const tail = packageTail(copy);
     const writer: NatsWriter = new NatsWriter(copy, {
       append: async (batch, n) => (await this.#publish(`${this.#stream}.b.${tail}`, batch, `${copy.package_id}:${n}`)).seq,
-      commit: async (rec) => {
-        await this.#publish(`${this.#stream}.c.${tail}`, Buffer.from(JSON.stringify(rec)), `${copy.package_id}:commit`);
+      commit: async (rec, inline) => {
+        const subject = `${this.#stream}.c.${tail}`;
+        if (!inline) await this.#publish(subject, Buffer.from(JSON.stringify(rec)), `${copy.package_id}:commit`);
+        else await this.#publish(subject, inline, `${copy.package_id}:commit`, () => inlineCommitHeaders(rec));
       },
       remove: () => this.#deleteMatching(`${this.#stream}.*.${tail}`),
       forget: () => this.#writers.delete(writer),
@@ -274,8 +285,16 @@ export class NatsBatchQueue implements BatchQueue {
   async #deliver(msg: Msg, handler: (pkg: CommittedPackage) => Promise<void>): Promise<void> {
     const info = parseAckSubject(msg.reply ?? '');
     let rec: CommitRecord;
+    /** The package's only batch, when the commit message carries it. */
+    let inline: Uint8Array | null = null;
     try {
-      rec = parseCommit(msg.data);
+      const header = msg.headers?.get(INLINE_COMMIT);
+      if (header) {
+        rec = parseCommit(Buffer.from(header, 'base64url'));
+        inline = msg.data;
+      } else {
+        rec = parseCommit(msg.data);
+      }
     } catch (err) {
       this.#onError(err, `drop unreadable commit message ${msg.subject}`);
       await this.#ack(msg);
@@ -293,9 +312,13 @@ export class NatsBatchQueue implements BatchQueue {
         bytes: rec.bytes,
         attempt: info.delivered,
         batches: () =>
-          this.#read(rec.batches, batchSubject, (err) => {
-            lost = err;
-          }),
+          inline
+            ? (async function* () {
+                yield inline;
+              })()
+            : this.#read(rec.batches, batchSubject, (err) => {
+                lost = err;
+              }),
       });
       ok = true;
     } catch {
@@ -379,8 +402,8 @@ export class NatsBatchQueue implements BatchQueue {
     return (await this.#getMessage({ seq })) !== null;
   }
 
-  #publish(subject: string, data: Uint8Array, msgID: string) {
-    return publishOnce(this.#ctx, subject, data, { msgID, stream: this.#stream, budgetMs: this.#retryMs });
+  #publish(subject: string, data: Uint8Array, msgID: string, hdrs?: () => MsgHdrs) {
+    return publishOnce(this.#ctx, subject, data, { msgID, stream: this.#stream, budgetMs: this.#retryMs, ...(hdrs ? { headers: hdrs } : {}) });
   }
 
   /**
@@ -531,7 +554,8 @@ class LostBatchError extends Error {
 interface WriterHooks {
   /** Publishes batch number `n`; resolves with its stream sequence. */
   append(batch: Uint8Array, n: number): Promise<number>;
-  commit(rec: CommitRecord): Promise<void>;
+  /** Publishes the commit; `inline` is the package's only batch, carried in the commit message itself. */
+  commit(rec: CommitRecord, inline?: Uint8Array): Promise<void>;
   /** Purges whatever the package has in the stream, batches and commit. */
   remove(): Promise<void>;
   forget(): void;
@@ -541,6 +565,11 @@ class NatsWriter implements PackageWriter {
   readonly meta: PackageMeta;
   readonly #hooks: WriterHooks;
   readonly #seqs: number[] = [];
+  /**
+   * The last batch appended, not yet published: if the package ends with no other, it goes
+   * inside the commit message (one publish, one round trip, for a small package).
+   */
+  #held: Uint8Array | null = null;
   /** Appends run one after another, in call order, even when the caller does not await. */
   #tail: Promise<void> = Promise.resolve();
   #done = false;
@@ -555,8 +584,8 @@ class NatsWriter implements PackageWriter {
   append(batch: Uint8Array): Promise<void> {
     const run = this.#tail.then(async () => {
       this.#live();
-      const seq = await this.#hooks.append(batch, this.#seqs.length);
-      this.#seqs.push(seq);
+      await this.#publishHeld();
+      this.#held = batch;
     });
     this.#tail = run.catch(() => {});
     return run;
@@ -567,13 +596,16 @@ class NatsWriter implements PackageWriter {
     this.#live();
     this.#done = true;
     try {
-      await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs] });
+      const inline = this.#seqs.length === 0 && this.#held !== null && this.#held.byteLength <= INLINE_BATCH_BYTES ? this.#held : null;
+      if (!inline) await this.#publishHeld();
+      await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs] }, inline ?? undefined);
       if (this.#dropped) throw new Error(`Package ${this.meta.package_id} was purged before its commit completed`);
     } catch (err) {
       // Not committed as far as the caller knows, so it must not be delivered either.
       await this.#hooks.remove().catch(() => {});
       throw err;
     } finally {
+      this.#held = null;
       this.#hooks.forget();
     }
   }
@@ -582,12 +614,20 @@ class NatsWriter implements PackageWriter {
     this.#done = true;
     this.drop();
     await this.#tail;
+    this.#held = null;
     await this.#hooks.remove();
   }
 
   drop(): void {
     this.#dropped = true;
     this.#hooks.forget();
+  }
+
+  async #publishHeld(): Promise<void> {
+    const held = this.#held;
+    if (!held) return;
+    this.#held = null;
+    this.#seqs.push(await this.#hooks.append(held, this.#seqs.length));
   }
 
   #live(): void {
@@ -781,4 +821,10 @@ function packageTail(meta: PackageMeta): string {
 function token(id: string): string {
   if (id === '') throw new Error('Invalid id: empty');
   return PLAIN_TOKEN.test(id) ? id : `=${Buffer.from(id, 'utf8').toString('hex')}`;
+}
+
+function inlineCommitHeaders(rec: CommitRecord): MsgHdrs {
+  const h = headers();
+  h.set(INLINE_COMMIT, Buffer.from(JSON.stringify(rec)).toString('base64url'));
+  return h;
 }
