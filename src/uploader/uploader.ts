@@ -63,8 +63,15 @@ export async function runUploader(
   log: Logger,
   observer?: UploaderObserver,
 ): Promise<QueueConsumer> {
-  const swept = await engines.sweepIncompleteUploads();
-  if (swept > 0) log.warn('aborted incomplete multipart uploads left by a crashed uploader', { count: swept });
+  // Housekeeping: a store that cannot list or abort multipart uploads (s3rver answers 501) still serves puts.
+  try {
+    const swept = await engines.sweepIncompleteUploads();
+    if (swept > 0) log.warn('aborted incomplete multipart uploads left by a crashed uploader', { count: swept });
+  } catch (err) {
+    log.warn('skipped the sweep of incomplete multipart uploads: the object store refused it (set an AbortIncompleteMultipartUpload lifecycle rule instead)', {
+      reason: err instanceof Error ? `${err.name}: ${err.message}` : String(err),
+    });
+  }
   return startUploader({
     queue: engines.queue,
     objects: engines.objects,

@@ -55,3 +55,23 @@ t.test('objects hold exactly the accepted rows; a 32 MiB package is a multipart 
   t.equal(ids.get('x'), undefined, 'nothing of the rejected package');
   t.same(await store.listIncompleteUploads(''), [], 'no incomplete multipart upload left');
 });
+
+t.test('an object store that cannot list multipart uploads (501): the sweep is skipped with one warning, the gateway serves', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  s3.refuse((r) => r.method === 'GET' && 'uploads' in r.query, { status: 501, code: 'NotImplemented', message: 'A header you provided implies functionality that is not implemented' });
+  const gw = await spawnGateway(t, distributed(nats.url, s3));
+  const warnings = gw
+    .output()
+    .split('\n')
+    .filter((l) => l.includes('"level":"warn"'));
+  t.equal(warnings.filter((l) => l.includes('skipped the sweep of incomplete multipart uploads')).length, 1, 'one warning');
+  t.match(warnings.join('\n'), /NotImplemented/);
+  t.notMatch(gw.output(), /Unhandled|at .*node_modules/, 'no raw stack');
+  const c = clientOf(gw);
+  const uuid = (await c.init()).body.upload_uuid;
+  t.equal((await c.ingest(uuid, 'products', products(3))).status, 200);
+  await waitForStatus(gw, uuid, (b) => b.upload_tasks_finished);
+  const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
+  t.teardown(() => store.close());
+  t.equal((await store.list('')).length, 1, 'the package is stored');
+});

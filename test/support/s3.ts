@@ -46,8 +46,8 @@ export interface S3Server extends S3Endpoint {
   dir: string;
   /** Every request served so far, in arrival order. */
   requests: RecordedRequest[];
-  /** Answers matching requests with 500 InternalError until the returned function is called. */
-  refuse(match: (r: RecordedRequest) => boolean): () => void;
+  /** Answers matching requests with an S3 error (default 500 InternalError) until the returned function is called. */
+  refuse(match: (r: RecordedRequest) => boolean, answer?: S3ErrorAnswer): () => void;
   stop(): Promise<void>;
 }
 
@@ -94,9 +94,18 @@ type S3rverClass = new (options: Record<string, unknown>) => S3rverInstance;
 
 const S3rver = createRequire(import.meta.url)('s3rver') as S3rverClass;
 
+/** An S3 error answer: HTTP status and the `<Code>` of the XML body. */
+export interface S3ErrorAnswer {
+  status: number;
+  code: string;
+  message: string;
+}
+
+const REFUSED: S3ErrorAnswer = { status: 500, code: 'InternalError', message: 'Refused by the test' };
+
 interface Recorder {
   requests: RecordedRequest[];
-  refused: Set<(r: RecordedRequest) => boolean>;
+  refused: Map<(r: RecordedRequest) => boolean, S3ErrorAnswer>;
 }
 
 async function runS3rver(
@@ -125,7 +134,7 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
   const bucket = opts.bucket ?? DEFAULT_BUCKET;
   const dir = await mkdtemp(join(tmpdir(), 's3rver-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const recording: Recorder = { requests: [], refused: new Set() };
+  const recording: Recorder = { requests: [], refused: new Map() };
   const { server, port } = await runS3rver(dir, 0, bucket, recording);
   let stopped = false;
   const stop = async (): Promise<void> => {
@@ -137,8 +146,8 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
     await closed;
   };
   t.teardown(stop);
-  const refuse = (match: (r: RecordedRequest) => boolean) => {
-    recording.refused.add(match);
+  const refuse = (match: (r: RecordedRequest) => boolean, answer = REFUSED) => {
+    recording.refused.set(match, answer);
     return () => void recording.refused.delete(match);
   };
   return { endpoint: `http://127.0.0.1:${port}`, bucket, ...CREDENTIALS, dir, requests: recording.requests, refuse, stop };
@@ -203,9 +212,7 @@ function recorder({ requests, refused }: Recorder): Middleware {
     for (const [k, v] of Object.entries(ctx.query)) query[k] = Array.isArray(v) ? (v[0] ?? '') : (v ?? '');
     const request = { method: ctx.method, key: pathKey(ctx.path).key, query };
     requests.push(request);
-    if ([...refused].some((match) => match(request))) {
-      return xmlError(ctx, 500, 'InternalError', 'Refused by the test', {});
-    }
+    for (const [match, answer] of refused) if (match(request)) return xmlError(ctx, answer.status, answer.code, answer.message, {});
     await next();
   };
 }
