@@ -16,6 +16,10 @@ export class FileObjectStore implements ObjectStore {
   readonly consumesChunksInTurn = true;
   readonly #root: string;
   readonly #tmp: string;
+  /** Per directory: its fsync under way, and the one the callers that came meanwhile share. */
+  readonly #dirSyncs = new Map<string, { running: Promise<void>; next: Promise<void> | null }>();
+  /** Directories known to exist (a put skips `mkdir` for them); bounded. */
+  readonly #made = new Set<string>();
   #closed = false;
 
   private constructor(dir: string) {
@@ -48,12 +52,17 @@ export class FileObjectStore implements ObjectStore {
         await fh.close();
       }
       // A concurrent deletePrefix may remove the freshly made directory: make it again.
+      const dir = dirname(path);
       for (let tries = 0; ; tries++) {
-        created ??= await mkdir(dirname(path), { recursive: true });
+        if (!this.#made.has(dir)) {
+          created ??= await mkdir(dir, { recursive: true });
+          this.#remember(dir);
+        }
         try {
           await rename(tmp, path);
           break;
         } catch (err) {
+          this.#made.delete(dir);
           if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || tries >= 3) throw err;
           created = undefined;
         }
@@ -64,10 +73,41 @@ export class FileObjectStore implements ObjectStore {
     }
     // The new entry, and the entries of any directories made for it, must reach the disk.
     for (let d = dirname(path); ; d = dirname(d)) {
-      await fsyncDir(d);
+      await this.#syncDir(d);
       if (!created || d === dirname(created) || d === this.#root) break;
     }
     return { key, size };
+  }
+
+  /**
+   * fsync of a directory, shared: puts into one directory (a session's packages of one
+   * entity) that finish while its fsync runs share the next one instead of each making its own.
+   */
+  #syncDir(dir: string): Promise<void> {
+    const current = this.#dirSyncs.get(dir);
+    if (current) return (current.next ??= current.running.then(() => this.#startDirSync(dir), () => this.#startDirSync(dir)));
+    return this.#startDirSync(dir);
+  }
+
+  #startDirSync(dir: string): Promise<void> {
+    const running = fsyncDir(dir);
+    const entry = { running, next: null as Promise<void> | null };
+    this.#dirSyncs.set(dir, entry);
+    void running.then(
+      () => this.#dirSyncDone(dir, entry),
+      () => this.#dirSyncDone(dir, entry),
+    );
+    return running;
+  }
+
+  #dirSyncDone(dir: string, entry: { next: Promise<void> | null }): void {
+    // A queued sync, when there is one, replaces this entry as it starts.
+    if (this.#dirSyncs.get(dir) === entry && entry.next === null) this.#dirSyncs.delete(dir);
+  }
+
+  #remember(dir: string): void {
+    if (this.#made.size >= 10_000) this.#made.clear();
+    this.#made.add(dir);
   }
 
   async get(key: string): Promise<AsyncIterable<Uint8Array> | null> {
@@ -126,6 +166,7 @@ export class FileObjectStore implements ObjectStore {
     }
     // Deepest first; a directory still holding other objects stays.
     for (const d of [...dirs].sort((a, b) => b.length - a.length)) {
+      this.#made.delete(d);
       await rmdir(d).catch(() => {});
     }
   }
