@@ -86,9 +86,8 @@ export interface PackageMeta {
 /** A package being written: batches stay invisible to consumers until `commit` resolves. */
 export interface PackageWriter {
   /**
-   * Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. The writer
-   * may keep a reference to `batch` until `commit` or `abort` resolves (a small package's
-   * last batch may travel with its commit): the caller must not reuse its memory before.
+   * Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. The caller
+   * may reuse the batch's memory once the promise settles.
    */
   append(batch: Uint8Array): Promise<void>;
   /** Makes the package durable and visible to consumers, with its totals. Resolves once durable. */

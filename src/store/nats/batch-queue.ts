@@ -585,7 +585,9 @@ class NatsWriter implements PackageWriter {
     const run = this.#tail.then(async () => {
       this.#live();
       await this.#publishHeld();
-      this.#held = batch;
+      // A small batch may travel with the commit: kept as a copy (the caller may reuse its memory once this resolves).
+      if (batch.byteLength <= INLINE_BATCH_BYTES) this.#held = Uint8Array.prototype.slice.call(batch);
+      else this.#seqs.push(await this.#hooks.append(batch, this.#seqs.length));
     });
     this.#tail = run.catch(() => {});
     return run;
@@ -596,7 +598,7 @@ class NatsWriter implements PackageWriter {
     this.#live();
     this.#done = true;
     try {
-      const inline = this.#seqs.length === 0 && this.#held !== null && this.#held.byteLength <= INLINE_BATCH_BYTES ? this.#held : null;
+      const inline = this.#seqs.length === 0 ? this.#held : null;
       if (!inline) await this.#publishHeld();
       await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs] }, inline ?? undefined);
       if (this.#dropped) throw new Error(`Package ${this.meta.package_id} was purged before its commit completed`);
