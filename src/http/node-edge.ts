@@ -39,12 +39,22 @@ export const nodeEdge: EdgeAdapter = {
     });
     /** Exchanges of a connection not yet answered: a refusal written then would be read as their answer. */
     const pending = new WeakMap<Duplex, number>();
+    /** Connections answered with `Connection: close`: what their parser reads after is never answered. */
+    const closed = new WeakSet<Duplex>();
     let closing = false;
 
     server.on('request', (req: IncomingMessage, res: ServerResponse) => {
       const socket = req.socket;
       pending.set(socket, (pending.get(socket) ?? 0) + 1);
-      const exchange = new NodeExchange(req, res, () => pending.set(socket, pending.get(socket)! - 1), () => closing);
+      const exchange = new NodeExchange(
+        req,
+        res,
+        (close) => {
+          pending.set(socket, pending.get(socket)! - 1);
+          if (close) closed.add(socket);
+        },
+        () => closing,
+      );
       const raw = req.rawHeaders;
       const fields: [string, string][] = [];
       for (let i = 0; i + 1 < raw.length; i += 2) fields.push([raw[i]!.toLowerCase(), raw[i + 1]!]);
@@ -64,6 +74,9 @@ export const nodeEdge: EdgeAdapter = {
     });
 
     server.on('clientError', (err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex) => {
+      // Bytes after a request answered with `Connection: close` (llhttp read on, as in a
+      // request whose Transfer-Encoding the core refused): the close is already on its way.
+      if (closed.has(socket)) return;
       // The connection is gone, or an answer now would be read as an earlier request's.
       if (err.code === 'ECONNRESET' || !socket.writable || (pending.get(socket) ?? 0) > 0) {
         socket.destroy();
@@ -96,6 +109,9 @@ export const nodeEdge: EdgeAdapter = {
 
 /** What llhttp's refusal means in the contract's terms. */
 function parserProblem(err: NodeJS.ErrnoException & { reason?: string }): ServiceError {
+  // llhttp files Content-Length beside Transfer-Encoding under a Content-Length code (which
+  // one depends on its version); only its reason names the conflict.
+  if (err.code?.endsWith('CONTENT_LENGTH') && err.reason?.includes('Transfer-Encoding')) return errors.conflictingFraming();
   switch (err.code) {
     case 'HPE_HEADER_OVERFLOW':
       return errors.headersTooLarge();
@@ -104,11 +120,8 @@ function parserProblem(err: NodeJS.ErrnoException & { reason?: string }): Servic
     case 'HPE_INVALID_TRANSFER_ENCODING':
       return errors.invalidTransferEncoding();
     case 'HPE_INVALID_CONTENT_LENGTH':
-      return errors.invalidContentLength();
     case 'HPE_UNEXPECTED_CONTENT_LENGTH':
-      // llhttp's one code for a repeated Content-Length and for one beside Transfer-Encoding;
-      // its reason tells them apart ("Duplicate Content-Length").
-      return err.reason?.startsWith('Duplicate') ? errors.invalidContentLength() : errors.conflictingFraming();
+      return errors.invalidContentLength();
     case 'HPE_INVALID_VERSION':
       return errors.httpVersionNotSupported();
     default:
@@ -132,7 +145,8 @@ class NodeExchange implements WireExchange {
   constructor(
     private readonly req: IncomingMessage,
     private readonly res: ServerResponse,
-    private readonly settled: () => void,
+    /** Answered (`close`: with `Connection: close`) or aborted. */
+    private readonly settled: (close: boolean) => void,
     private readonly closing: () => boolean,
   ) {
     // A client gone mid-body destroys the request with an error; the close below reports it.
@@ -140,7 +154,7 @@ class NodeExchange implements WireExchange {
     res.once('close', () => {
       if (this.#done) return;
       this.#done = true;
-      this.settled();
+      this.settled(true);
       this.#aborted?.();
     });
   }
@@ -165,12 +179,13 @@ class NodeExchange implements WireExchange {
   respond(reply: WireReply, close: boolean): void {
     if (this.#done) return;
     this.#done = true;
-    this.settled();
+    const closing = close || this.closing();
+    this.settled(closing);
     const body = typeof reply.body === 'string' ? Buffer.from(reply.body) : reply.body;
     const headers: string[] = [];
     for (const [k, v] of reply.headers) headers.push(k, v);
     headers.push('Content-Length', String(body.byteLength));
-    if (close || this.closing()) headers.push('Connection', 'close');
+    if (closing) headers.push('Connection', 'close');
     this.res.writeHead(reply.status, headers);
     this.res.end(body);
   }

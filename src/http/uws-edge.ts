@@ -77,12 +77,15 @@ class UwsExchange implements WireExchange {
   #paused = false;
   #bodyEnded = false;
   #aborted: (() => void) | undefined;
+  /** The connection closed: the response object must not be touched. */
+  #gone = false;
 
   constructor(
     private readonly res: UWS.HttpResponse,
     private readonly reading: Reading,
   ) {
     res.onAborted(() => {
+      this.#gone = true;
       if (this.#done) return;
       this.#done = true;
       this.reading.delete(this);
@@ -150,9 +153,13 @@ class UwsExchange implements WireExchange {
       for (const [k, v] of reply.headers) this.res.writeHeader(k, v);
       this.res.end(reply.body, close);
     };
-    // Inside the route callback uWS has corked the socket already.
-    if (this.#inCallback) write();
-    else this.res.cork(write);
+    if (!this.#inCallback) this.res.cork(write);
+    // Inside the route callback uWS has corked the socket already. But it goes on parsing the
+    // rest of that read once the callback returns, and a closing answer given now would let it
+    // serve a request smuggled behind an ambiguous head; given on the next turn, the response
+    // is pending when such a request comes, and uWS drops the connection instead.
+    else if (close) setImmediate(() => this.#gone || this.res.cork(write));
+    else write();
   }
 
   destroy(): void {

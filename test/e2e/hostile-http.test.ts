@@ -42,20 +42,27 @@ t.test('ambiguous framing: 400 and the connection closed; what was smuggled behi
   const invalidCoding = { detail: 'Invalid Transfer-Encoding header: only chunked is accepted' };
   const both = { detail: 'Content-Length and Transfer-Encoding together' };
   const chunked = (text: string) => `${text.length.toString(16)}\r\n${text}\r\n0\r\n\r\n`;
-  const cases: [string, string, unknown][] = [
+  const cases: [string, string, string, unknown][] = [
     // The issue's probe: framed by the first length, the rest ran as an authenticated request.
-    ['two different Content-Length', webhook(`Content-Length: 2\r\nContent-Length: ${2 + status.length}\r\n`, `{}${status}`), invalidLength],
-    ['two equal Content-Length', webhook('Content-Length: 2\r\nContent-Length: 2\r\n', `{}${status}`), invalidLength],
-    ['Content-Length: 2, 2', webhook('Content-Length: 2, 2\r\n', `{}${status}`), invalidLength],
-    ['Transfer-Encoding and Content-Length', webhook(`Transfer-Encoding: chunked\r\nContent-Length: 7\r\n`, `${chunked('{}')}${status}`), both],
+    ['two different Content-Length', `Content-Length: 2\r\nContent-Length: ${2 + status.length}\r\n`, '{}', invalidLength],
+    ['two equal Content-Length', 'Content-Length: 2\r\nContent-Length: 2\r\n', '{}', invalidLength],
+    ['Content-Length: 2, 2', 'Content-Length: 2, 2\r\n', '{}', invalidLength],
+    ['Transfer-Encoding and Content-Length', 'Transfer-Encoding: chunked\r\nContent-Length: 7\r\n', chunked('{}'), both],
     ...['xchunked', 'gzip', 'identity', 'chunked, identity', 'gzip, chunked', 'chunked, chunked'].map(
-      (coding): [string, string, unknown] => [`Transfer-Encoding: ${coding}`, webhook(`Transfer-Encoding: ${coding}\r\n`, `${chunked('{}')}${status}`), invalidCoding],
+      (coding): [string, string, string, unknown] => [`Transfer-Encoding: ${coding}`, `Transfer-Encoding: ${coding}\r\n`, chunked('{}'), invalidCoding],
     ),
-    ['Transfer-Encoding on two lines', webhook('Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n', `${chunked('{}')}${status}`), invalidCoding],
+    ['Transfer-Encoding on two lines', 'Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n', chunked('{}'), invalidCoding],
   ];
-  for (const [name, bytes, detail] of cases) {
-    const { answers } = await exchange(t, svc.url, bytes);
-    t.same(answers, [{ status: 400, body: detail }], `${name}: one answer, 400, then closed`);
+  // uWS's own parser gives up on these after the route callback, and closes without the answer.
+  const uwsDrops = new Set(['Content-Length: 2, 2', 'Transfer-Encoding and Content-Length']);
+  for (const [name, framing, body, detail] of cases) {
+    const alone = await exchange(t, svc.url, webhook(framing, body));
+    const dropped = svc.app.edge === 'uws' && uwsDrops.has(name);
+    t.same(alone.answers, dropped ? [] : [{ status: 400, body: detail }], `${name}: ${dropped ? 'dropped by uWS' : '400'}, then closed`);
+    const smuggling = await exchange(t, svc.url, webhook(framing, body + status));
+    t.same(smuggling.answers.filter((a) => a.status !== 400), [], `${name}, a request behind: never served`);
+    // uWS parses on past the head before the core can close: it drops the connection unanswered.
+    if (svc.app.edge === 'node') t.same(smuggling.answers, [{ status: 400, body: detail }], `${name}, a request behind: 400, then closed`);
   }
   const ok = await exchange(t, svc.url, webhook('Transfer-Encoding: chunked\r\nConnection: close\r\n', chunked('{"upload_uuid":"x","is_terminated":false}')));
   t.same(ok.answers.map((a) => a.status), [401], 'plain chunked is read (the unsigned webhook answers 401)');
