@@ -12,7 +12,7 @@
  * 5), --out DIR (bench/results). Writes `<out>/edges-<timestamp>.md` and prints it.
  * Where uWS does not load (Node 22, 24), only the node edge is measured.
  */
-import { fork } from 'node:child_process';
+import { fork, spawn } from 'node:child_process';
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -87,7 +87,10 @@ async function receiveRound(edge: EdgeName, body: Buffer): Promise<{ mbPerSec: n
 async function serviceRun(edge: EdgeName, scenario: string, dir: string): Promise<Report> {
   const out = join(dir, `${edge}-${scenario}`);
   const args = ['--peers', 'ingest', '--scenario', scenario, '--size', String(values.size), '--duration', String(values.duration), '--out', out];
-  const child = fork(new URL('./run.js', import.meta.url), args, { env: { ...process.env, BENCH_HTTP_ENGINE: edge }, stdio: ['ignore', 'ignore', 'inherit'] });
+  const child = spawn(process.execPath, [fileURLToPath(new URL('./run.js', import.meta.url)), ...args], {
+    env: { ...process.env, BENCH_HTTP_ENGINE: edge },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
   const code = await new Promise<number | null>((r) => child.once('exit', r));
   if (code !== 0) throw new Error(`bench run.js on ${edge} (${scenario}) exited with ${code}`);
   const json = (await readdir(out)).find((f) => f.endsWith('.json'));

@@ -23,9 +23,10 @@ export class EdgeUnavailableError extends Error {
   readonly code = 'HTTP_ENGINE_UNAVAILABLE';
 }
 
-export async function loadEdge(choice: EngineChoice): Promise<LoadedEdge> {
+/** `abi`: the Node ABI whose uWS binary to load (this Node's; another only in tests). */
+export async function loadEdge(choice: EngineChoice, abi = process.versions.modules): Promise<LoadedEdge> {
   if (choice === 'node') return { adapter: nodeEdge, reason: 'http.engine is node' };
-  const uws = loadUws();
+  const uws = loadUws(abi);
   if ('module' in uws) {
     const { uwsEdge } = await import('./uws-edge.js');
     return { adapter: uwsEdge(uws.module), reason: `http.engine is ${choice} and ${uws.binary} loaded` };
@@ -43,9 +44,9 @@ export function uwsLoads(): boolean {
   return 'module' in loadUws();
 }
 
-function loadUws(): { module: UwsModule; binary: string } | { why: string } {
+function loadUws(abi = process.versions.modules): { module: UwsModule; binary: string } | { why: string } {
   const require = createRequire(import.meta.url);
-  const binary = `uws_${process.platform}_${process.arch}_${process.versions.modules}.node`;
+  const binary = `uws_${process.platform}_${process.arch}_${abi}.node`;
   let path: string;
   try {
     path = join(dirname(require.resolve('uWebSockets.js')), '..', 'binaries', binary);
@@ -57,7 +58,7 @@ function loadUws(): { module: UwsModule; binary: string } | { why: string } {
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === 'MODULE_NOT_FOUND') {
-      return { why: `no binary for Node ${process.versions.node} (ABI ${process.versions.modules}) on ${process.platform}-${process.arch} in this build` };
+      return { why: `no binary for Node ${process.versions.node} (ABI ${abi}) on ${process.platform}-${process.arch} in this build` };
     }
     return { why: `${binary} did not load (${firstLine((err as Error).message)})` };
   }

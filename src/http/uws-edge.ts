@@ -127,7 +127,8 @@ class UwsExchange implements WireExchange {
   }
 
   resume(): void {
-    if (!this.#paused || this.#done) return;
+    // Once the body has ended the socket stays paused until the response (see `onData`).
+    if (!this.#paused || this.#done || this.#bodyEnded) return;
     this.#paused = false;
     this.res.resume();
     if (!this.#bodyEnded) this.reading.add(this);

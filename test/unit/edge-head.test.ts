@@ -5,6 +5,7 @@
  */
 import t from 'tap';
 import { addressList, clientAddress, ClientRegistry, hashToken, normaliseAddress } from '../../src/http/auth.js';
+import { loadEdge, uwsLoads } from '../../src/http/engine.js';
 import { checkHead, MAX_HEADER_FIELDS } from '../../src/http/request-head.js';
 import { isRatedPath, Router } from '../../src/http/router.js';
 import type { Route, WireHead } from '../../src/http/types.js';
@@ -96,4 +97,15 @@ t.test('Authorization: the token alone, or Bearer in any case', async (t) => {
   const registry = new ClientRegistry({ clients: [{ client_id: 'c', token_sha256: hashToken('tok'), allowed_ips: ['127.0.0.1'], min_date: '2020-01-01' }] });
   for (const value of ['tok', 'Bearer tok', 'bearer tok', 'BEARER  tok', 'Bearer\ttok', ' tok ']) t.match(registry.authenticate(value, 'c', '127.0.0.1'), { id: 'c' }, JSON.stringify(value));
   for (const value of ['Bearertok', 'Basic tok', 'Bearer', '']) t.throws(() => registry.authenticate(value, 'c', '127.0.0.1'), { code: 'AUTH_REQUIRED' }, JSON.stringify(value));
+});
+
+t.test('http.engine: node always; uws where its binary loads, else a clear refusal; auto falls back', async (t) => {
+  t.equal((await loadEdge('node')).adapter.name, 'node');
+  const auto = await loadEdge('auto');
+  t.equal(auto.adapter.name, uwsLoads() ? 'uws' : 'node', `auto: ${auto.reason}`);
+  // An ABI no build has a binary for (what Node 22 and 24 are to this uWS build).
+  await t.rejects(loadEdge('uws', '999'), { code: 'HTTP_ENGINE_UNAVAILABLE', message: /^http\.engine is uws, but uWebSockets\.js cannot load here: no binary for Node .* \(ABI 999\).*Set http\.engine \(HTTP_ENGINE\) to node or auto\.$/ });
+  const fallback = await loadEdge('auto', '999');
+  t.equal(fallback.adapter.name, 'node');
+  t.match(fallback.reason, /^http\.engine is auto and uWebSockets\.js cannot load here: no binary for Node/);
 });
