@@ -12,9 +12,10 @@
  * of more than 49 fields (it closes the connection after ~10 s); it frames a request by its
  * first `Content-Length` and reads any `Transfer-Encoding` as chunked (the core refuses both
  * from the header lines and closes the connection); and it closes a connection on which a
- * request arrives while the previous response is pending — so the socket is paused from
- * the body's end to the response, which holds a pipelined request back unless it came in the
- * same read as the body's last bytes.
+ * request arrives while the previous response is pending. Pausing the socket from the body's
+ * end to the response would hold such a request back, but a paused uWS socket does not see
+ * its client go away either: an ingest whose client vanished would then be committed and
+ * stored instead of dropped (drill 5), so pipelining stays a limit of this edge.
  */
 import { STATUS_CODES } from 'node:http';
 import type * as UWS from 'uWebSockets.js';
@@ -110,11 +111,6 @@ class UwsExchange implements WireExchange {
         this.reading.delete(this);
       }
       cb(new Uint8Array(ab), isLast);
-      // Hold the next request on this connection back until this one is answered.
-      if (isLast && !this.#done && !this.#paused) {
-        this.#paused = true;
-        this.res.pause();
-      }
     });
     if (!this.#paused) this.reading.add(this);
   }
@@ -127,8 +123,7 @@ class UwsExchange implements WireExchange {
   }
 
   resume(): void {
-    // Once the body has ended the socket stays paused until the response (see `onData`).
-    if (!this.#paused || this.#done || this.#bodyEnded) return;
+    if (!this.#paused || this.#done) return;
     this.#paused = false;
     this.res.resume();
     if (!this.#bodyEnded) this.reading.add(this);

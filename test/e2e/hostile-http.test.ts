@@ -8,11 +8,11 @@
  * - a credential or idempotency header sent twice is refused; the `Bearer` scheme is
  *   case-insensitive; `X-Forwarded-For` lines from a trusted proxy are merged, a malformed or
  *   zoned right-most entry refused;
- * - a request pipelined behind a body waits for that body's answer;
+ * - a request pipelined behind a body waits for that body's answer (node edge);
  * - a slow body is timed by the edge's body-rate window alone (408), on uWS too.
  * What the uWS build's parser never hands to JavaScript (HTTP/1.0, no `Host`, 49+ fields, a
- * request in the same read as the previous body's end) is tried on the node edge only: those
- * are that build's documented limits (docs/reliability.md, "Hostile input").
+ * request pipelined behind another) is tried on the node edge only: those are that build's
+ * documented limits (docs/reliability.md, "Hostile input").
  */
 import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
@@ -152,6 +152,9 @@ t.test('X-Forwarded-For from a trusted proxy: lines merged, a malformed right-mo
 
 t.test('a request pipelined behind a body waits for that body to be answered', async (t) => {
   const svc = await startInProcess(t, { limits: { requestsPerSecond: 0 } }, { validationWorker: FAULTY_WORKER });
+  // The uWS build drops a connection on which a request arrives before the previous answer;
+  // holding the socket paused would hide a client that went away (see uws-edge.ts).
+  if (svc.app.edge !== 'node') return;
   const c = clientOf(svc);
   const uuid = (await c.init()).body.upload_uuid as string;
   const channel = new BroadcastChannel(holdChannel());
@@ -163,7 +166,7 @@ t.test('a request pipelined behind a body waits for that body to be answered', a
   const next = head('GET', '/healthz', 'Connection: close\r\n');
 
   // The held row's task runs only after the whole body was read: the server is then answering
-  // the ingest when the next request arrives (uWS closed such a connection, unanswered).
+  // the ingest when the next request arrives.
   const raw = new RawClient(t, svc.url);
   const running = new Promise<void>((resolve) => (channel.onmessage = (e) => (e as MessageEvent).data === 'running' && resolve()));
   await raw.write(ingest([['p1', HOLD_MARKER], ['p2', 'Tea']]));
@@ -180,13 +183,11 @@ t.test('a request pipelined behind a body waits for that body to be answered', a
     'the ingest answered, then the pipelined request',
   );
 
-  if (svc.app.edge === 'node') {
-    // In the same write as the body's last bytes: the node edge answers both, in order.
-    const same = new RawClient(t, svc.url);
-    await same.write(ingest([['p3', 'Milk']]) + next);
-    await same.closedByServer();
-    t.same(parseResponses(same.text).map((r) => r.status), [200, 200], 'one write: both answered');
-  }
+  // In the same write as the body's last bytes.
+  const same = new RawClient(t, svc.url);
+  await same.write(ingest([['p3', 'Milk']]) + next);
+  await same.closedByServer();
+  t.same(parseResponses(same.text).map((r) => r.status), [200, 200], 'one write: both answered');
   const st = await waitForStatus(svc, uuid, (s) => s.upload_tasks_finished);
   t.same(st.entities, ['products']);
 });
