@@ -4,6 +4,7 @@
  * credential header's scheme.
  */
 import t from 'tap';
+import { loadConfig } from '../../src/config/config.js';
 import { addressList, clientAddress, ClientRegistry, hashToken, normaliseAddress } from '../../src/http/auth.js';
 import { loadEdge, uwsLoads } from '../../src/http/engine.js';
 import { checkHead, MAX_HEADER_FIELDS } from '../../src/http/request-head.js';
@@ -108,4 +109,13 @@ t.test('http.engine: node always; uws where its binary loads, else a clear refus
   const fallback = await loadEdge('auto', '999');
   t.equal(fallback.adapter.name, 'node');
   t.match(fallback.reason, /^http\.engine is auto and uWebSockets\.js cannot load here: no binary for Node/);
+});
+
+t.test('configuration: http.engine and the body-rate keys; the keys they replaced are named', async (t) => {
+  t.equal(loadConfig({}).http.engine, 'auto');
+  t.equal(loadConfig({ HTTP_ENGINE: 'node' }).http.engine, 'node');
+  t.throws(() => loadConfig({ HTTP_ENGINE: 'fast' }), /http\.engine/);
+  t.throws(() => loadConfig({}, { limits: { idleTimeoutMs: 1 } } as never), /limits\.idleTimeoutMs: unknown key \(replaced by limits\.bodyRateWindowMs\)/);
+  t.throws(() => loadConfig({}, { limits: { idleProgressBytes: 1 } } as never), /limits\.idleProgressBytes: unknown key \(replaced by limits\.minBodyBytesPerSecond/);
+  t.throws(() => loadConfig({}, { limits: { minBodyBytesPerSecond: 0 } }), /limits\.minBodyBytesPerSecond/);
 });
