@@ -27,9 +27,10 @@ const stderr = jsonLogger(process.stderr, { bench: 'service' });
 // Info lines (the emulator's) would only interleave with the driver's output.
 const logger: Logger = { info() {}, warn: stderr.warn, error: stderr.error };
 
-/** Bench settings applied only when the defaults know the key. */
+/** Bench settings applied only when the defaults know the key. `BENCH_HTTP_ENGINE` picks the HTTP edge (`bench/edges.ts`). */
 const WANTED: Record<string, Record<string, unknown>> = {
   limits: { requestsPerSecond: 0, concurrentPerClient: 0 },
+  ...(process.env.BENCH_HTTP_ENGINE ? { http: { engine: process.env.BENCH_HTTP_ENGINE } } : {}),
 };
 
 function knownOverrides(): { patch: Record<string, Record<string, unknown>>; applied: Record<string, unknown> } {

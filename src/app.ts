@@ -15,7 +15,8 @@ import { EmulatedConnector } from './connector/emulator.js';
 import { HttpConnector } from './connector/http-connector.js';
 import type { Connector } from './connector/types.js';
 import { addressList, ClientRegistry } from './http/auth.js';
-import { listen, uwsIsNative, type ResponseEvent, type Server } from './http/server.js';
+import { loadEdge } from './http/engine.js';
+import { listen, type EdgeName, type ResponseEvent, type Server } from './http/server.js';
 import { ValidationPool, type PoolLoad } from './ingest/pool.js';
 import { jsonLogger, type Logger } from './log.js';
 import { instrumentConnector, Metrics } from './observability/metrics.js';
@@ -27,13 +28,15 @@ import { SessionService } from './session/service.js';
 import { openEngines } from './store/engines.js';
 import { countRows, runUploader } from './uploader/uploader.js';
 
-/** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (see http/server.ts). */
+/** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (the uWS build binds without SO_REUSEADDR). */
 const LISTEN_RETRY_MS = 90_000;
 
 export interface App {
   readonly url: string;
   readonly port: number;
   readonly usesDemoClients: boolean;
+  /** Which HTTP edge serves (`http.engine`). */
+  readonly edge: EdgeName;
   /** The validation pool's current load (read-only counters: sinks open, tasks, threads). */
   ingestLoad(): PoolLoad;
   /**
@@ -59,10 +62,8 @@ export interface AppOptions {
 export async function startApp(config: Config, opts: AppOptions = {}): Promise<App> {
   const log = opts.logger ?? jsonLogger(undefined, {}, { level: config.log.level });
   const clock = opts.clock ?? Date.now;
-  if (!uwsIsNative()) {
-    if (process.env.NODE_ENV === 'production') throw new Error('uWebSockets.js native binary did not load; refusing to run the slow fallback in production');
-    log.warn('uWebSockets.js native binary did not load: running its slow pure-JS fallback');
-  }
+  const edge = await loadEdge(config.http.engine);
+  log.info('http edge', { engine: edge.adapter.name, reason: edge.reason });
   const usesDemoClients = config.clientsFile === null;
   const clients = ClientRegistry.fromFile(config.clientsFile ?? DEMO_CLIENTS_PATH);
   const trustedProxies = config.trustedProxies.length ? addressList(config.trustedProxies, 'trustedProxies') : null;
@@ -158,7 +159,6 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     const deps: ApiDeps = {
       service,
       clients,
-      trustedProxies,
       pool,
       queue,
       idempotency,
@@ -176,8 +176,10 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       config.health.readyTimeoutMs,
       log,
     );
-    const operatorRoutes = [...healthRoutes(readiness), ...(metrics ? [metricsRoute(metrics, config.metrics.token)] : [])];
+    metrics?.nameEdge(edge.adapter.name);
+    const operatorRoutes = [...healthRoutes(readiness, edge.adapter.name), ...(metrics ? [metricsRoute(metrics, config.metrics.token)] : [])];
     const server: Server = await listen({
+      edge: edge.adapter,
       host: config.host,
       port: config.port,
       routes: routes(deps, operatorRoutes),
@@ -195,7 +197,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       if (drained) log.info('in-flight requests finished', { waited_ms: Date.now() - t0 });
       else log.warn('in-flight requests cut at the end of the shutdown grace', { grace_ms: graceMs });
     });
-    return { url: publicUrl(), port: server.port, usesDemoClients, ingestLoad: () => pool.load, close };
+    return { url: publicUrl(), port: server.port, usesDemoClients, edge: server.edge, ingestLoad: () => pool.load, close };
   } catch (err) {
     await close();
     throw err;

@@ -1,8 +1,6 @@
 /** What every handler gets from the composition root, and the authentication step they share. */
-import type { BlockList } from 'node:net';
 import type { ValidationPool } from '../ingest/pool.js';
 import type { Client, ClientRegistry } from '../http/auth.js';
-import { clientAddress } from '../http/auth.js';
 import type { Request } from '../http/server.js';
 import type { IdempotentIngests } from '../session/idempotency.js';
 import type { PackageIngest } from '../session/ingest.js';
@@ -12,7 +10,6 @@ import type { BatchQueue } from '../store/ports.js';
 export interface ApiDeps {
   service: SessionService;
   clients: ClientRegistry;
-  trustedProxies: BlockList | null;
   pool: ValidationPool;
   queue: BatchQueue;
   /** `Idempotency-Key` records of ingest (retries answered once, stored once). */
@@ -25,8 +22,7 @@ export interface ApiDeps {
 
 /** The request's client, checked; also names it in the request's access log line. */
 export function authenticate(deps: ApiDeps, req: Request): Client {
-  const address = clientAddress(req.remoteAddress, req.headers.get('x-forwarded-for'), deps.trustedProxies);
-  const client = deps.clients.authenticate(req.headers.get('authorization'), req.headers.get('client-id'), address);
+  const client = deps.clients.authenticate(req.headers.get('authorization'), req.headers.get('client-id'), req.clientAddress);
   req.context.clientId = client.id;
   return client;
 }

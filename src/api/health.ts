@@ -3,11 +3,12 @@
  * is up and the back ends answer). Neither is authenticated nor rate-limited (the per-client
  * rate limit covers `/api/v1/` only); both are meant for orchestrators and load balancers.
  */
-import type { Route } from '../http/server.js';
+import type { EdgeName, Route } from '../http/server.js';
 import type { Readiness } from '../observability/readiness.js';
 import { json } from './context.js';
 
-export function healthRoutes(readiness: Readiness): Route[] {
+/** `edge`: which HTTP edge serves, named in the readiness body (`http_engine`). */
+export function healthRoutes(readiness: Readiness, edge: EdgeName): Route[] {
   return [
     { method: 'GET', pattern: '/healthz', body: 'buffered', handler: async () => json({ status: 'ok' }) },
     {
@@ -16,7 +17,7 @@ export function healthRoutes(readiness: Readiness): Route[] {
       body: 'buffered',
       handler: async () => {
         const { ready, checks } = await readiness.run();
-        return ready ? json({ status: 'ready', checks }) : json({ detail: 'Not ready', checks }, 503);
+        return ready ? json({ status: 'ready', checks, http_engine: edge }) : json({ detail: 'Not ready', checks, http_engine: edge }, 503);
       },
     },
   ];

@@ -1,4 +1,4 @@
-import type { BodyStream, Reply, Request, StreamingHandler } from '../http/server.js';
+import type { BodyStream, Reply, Request, StreamingHandler } from '../http/types.js';
 import type { IngestResult, IngestSink } from '../ingest/pool.js';
 import { parseIdempotencyKey } from '../session/idempotency.js';
 import { ClientGone, type IngestBody } from '../session/ingest.js';

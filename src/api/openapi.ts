@@ -168,12 +168,16 @@ interface ReadinessChecks {
 interface Ready {
   status: 'ready';
   checks: ReadinessChecks;
+  /** The HTTP edge serving (`http.engine`). */
+  http_engine: 'uws' | 'node';
 }
 
 /** `GET /readyz` 503: a check failed or did not answer in time. */
 interface NotReady {
   detail: 'Not ready';
   checks: ReadinessChecks;
+  /** The HTTP edge serving (`http.engine`). */
+  http_engine: 'uws' | 'node';
 }
 
 /** This document. */

@@ -24,13 +24,18 @@ export interface Config {
   clientsFile: null | (string & tags.MinLength<1>);
   /** Peers whose `X-Forwarded-For` is believed (CIDR or single addresses). */
   trustedProxies: string[];
+  http: {
+    /** The HTTP edge: `auto` (uWS where its native binary loads, else node), `uws` (stop if it cannot load), `node`. */
+    engine: 'auto' | 'uws' | 'node';
+  };
   limits: {
     ingestBodyBytes: PositiveInt;
     otherBodyBytes: PositiveInt;
     requestTimeoutMs: PositiveInt;
-    /** A request body that advances less than `idleProgressBytes` in this time: 408 (slow-loris). */
-    idleTimeoutMs: PositiveInt;
-    idleProgressBytes: PositiveInt;
+    /** The window of the minimum body rate: a body that brings less than `minBodyBytesPerSecond` × this in one window: 408. */
+    bodyRateWindowMs: PositiveInt;
+    /** The minimum body rate while the edge waits for body bytes (a trickle is cut after one window). */
+    minBodyBytesPerSecond: PositiveInt;
     /** Per client IP, average rate of `/api/v1/` requests (fractions allowed); 0 = no rate limit. */
     requestsPerSecond: number & tags.Minimum<0>;
     /** Per client IP, `/api/v1/` requests a rested client may send at once. */
@@ -149,6 +154,7 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   DATA_DIR: { path: ['dataDir'], type: 'string' },
   CLIENTS_FILE: { path: ['clientsFile'], type: 'string' },
   TRUSTED_PROXIES: { path: ['trustedProxies'], type: 'list' },
+  HTTP_ENGINE: { path: ['http', 'engine'], type: 'string' },
   INGEST_WORKERS: { path: ['ingest', 'workers'], type: 'int' },
   INGEST_WORKER_NICE: { path: ['ingest', 'workerNice'], type: 'int' },
   INGEST_MAX_QUEUE: { path: ['ingest', 'maxQueue'], type: 'int' },
@@ -175,6 +181,12 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   METRICS_TOKEN: { path: ['metrics', 'token'], type: 'string' },
   UPLOADER_METRICS_PORT: { path: ['metrics', 'uploaderPort'], type: 'int' },
   READY_TIMEOUT_MS: { path: ['health', 'readyTimeoutMs'], type: 'int' },
+};
+
+/** Keys that are gone, and what replaced them (named in the error). */
+const REPLACED: Record<string, string> = {
+  'limits.idleTimeoutMs': 'limits.bodyRateWindowMs',
+  'limits.idleProgressBytes': 'limits.minBodyBytesPerSecond (bytes per second)',
 };
 
 export const DEFAULT_CONFIG_PATH = fileURLToPath(new URL('../../../config/default.json', import.meta.url));
@@ -275,7 +287,9 @@ function merge(base: Record<string, unknown>, patch: unknown, at: string[]): Rec
   for (const [key, value] of Object.entries(patch)) {
     if (value === undefined) continue;
     if (!(key in base)) {
-      throw new ConfigError(`Invalid configuration:\n  ${[...at, key].join('.')}: unknown key`);
+      const name = [...at, key].join('.');
+      const replacement = REPLACED[name];
+      throw new ConfigError(`Invalid configuration:\n  ${name}: unknown key${replacement ? ` (replaced by ${replacement})` : ''}`);
     }
     const current = base[key];
     out[key] =

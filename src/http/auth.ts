@@ -31,6 +31,7 @@ interface LoadedClient extends Client {
 }
 
 const validateClientsFile = typia.createValidate<ClientsFile>();
+const BEARER = /^bearer[ \t]+/i;
 
 export function hashToken(token: string): string {
   return createHash('sha256').update(token, 'utf8').digest('hex');
@@ -41,7 +42,7 @@ export function addressList(entries: readonly string[], what: string): BlockList
   const list = new BlockList();
   for (const entry of entries) {
     const [addr, bits, ...rest] = entry.split('/');
-    const family = isIP(addr ?? '');
+    const family = plainIp(addr ?? '');
     const prefix = bits === undefined ? (family === 6 ? 128 : 32) : Number(bits);
     if (!family || rest.length || !Number.isInteger(prefix) || prefix < 0 || prefix > (family === 6 ? 128 : 32)) {
       throw new Error(`${what}: not an IP address or CIDR: ${JSON.stringify(entry)}`);
@@ -51,8 +52,13 @@ export function addressList(entries: readonly string[], what: string): BlockList
   return list;
 }
 
+/** The address family (4 or 6) of a plain IP address; 0 for anything else, an IPv6 zone id (`fe80::1%eth0`) included. */
+function plainIp(address: string): 0 | 4 | 6 {
+  return address.includes('%') ? 0 : (isIP(address) as 0 | 4 | 6);
+}
+
 export function addressAllowed(list: BlockList, address: string): boolean {
-  const family = isIP(address);
+  const family = plainIp(address);
   return family !== 0 && list.check(address, family === 6 ? 'ipv6' : 'ipv4');
 }
 
@@ -104,7 +110,8 @@ export class ClientRegistry {
    * token) and then confirmed with a constant-time comparison.
    */
   authenticate(authorization: string | undefined, clientId: string | undefined, address: string): Client {
-    const token = authorization?.startsWith('Bearer ') ? authorization.slice(7).trim() : authorization?.trim();
+    // The scheme is case-insensitive (RFC 9110 §11.1); the token alone is accepted too.
+    const token = authorization?.replace(BEARER, '').trim();
     if (!token) throw errors.authRequired();
     const presented = createHash('sha256').update(token, 'utf8').digest();
     const client = this.byHash.get(presented.toString('hex'));
@@ -118,15 +125,33 @@ export class ClientRegistry {
 
 /**
  * The client's address: the socket peer, or — when the peer is a trusted proxy — the
- * right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
+ * right-most `X-Forwarded-For` entry that is not itself a trusted proxy. `forwardedFor` is
+ * every line of the header joined with `,` (RFC 9110 §5.3). An entry read on the way that is
+ * not a plain IP address throws INVALID_FORWARDED_FOR: the proxies the service trusts wrote
+ * it, and falling back to the proxy's own address would pool every client behind it.
  */
 export function clientAddress(remote: string, forwardedFor: string | undefined, trusted: BlockList | null): string {
-  if (!trusted || !forwardedFor || !addressAllowed(trusted, remote)) return remote;
-  const hops = forwardedFor.split(',').map((s) => s.trim()).filter(Boolean);
+  if (!trusted || forwardedFor === undefined || !addressAllowed(trusted, remote)) return remote;
+  const hops = forwardedFor.split(',').map((s) => s.trim());
   for (let i = hops.length - 1; i >= 0; i--) {
     const hop = hops[i]!;
-    if (!isIP(hop)) return remote;
+    if (!plainIp(hop)) throw errors.invalidForwardedFor();
     if (!addressAllowed(trusted, hop)) return hop;
   }
-  return hops[0] ?? remote;
+  return hops[0]!;
+}
+
+/**
+ * An IPv4-mapped IPv6 peer address (`::ffff:a.b.c.d`, or uWS's `0000:…:ffff:7f00:0001`) as
+ * plain IPv4; any other address as given.
+ */
+export function normaliseAddress(text: string): string {
+  const mapped = /^(?:0{1,4}:){5}ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/i.exec(text);
+  if (mapped) {
+    const hi = parseInt(mapped[1]!, 16);
+    const lo = parseInt(mapped[2]!, 16);
+    return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+  }
+  const dotted = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(text);
+  return dotted ? dotted[1]! : text;
 }

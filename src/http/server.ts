@@ -1,189 +1,81 @@
 /**
- * The HTTP edge on uWebSockets.js: routing, body limits, timeouts, and turning handler
- * results and thrown errors into responses. Handlers never see uWS objects.
- *
- * uWS lifetimes (uWS index.d.ts, ultimate-express): `onAborted` is attached first, every
- * header is read synchronously in the route callback, chunks are copied before they are
- * kept, and every write after an await happens inside `cork`.
+ * The edge core: everything of HTTP that does not depend on the server library, so the two
+ * adapters (`uws-edge.ts`, `node-edge.ts`) answer alike — head checks, routing, body limits,
+ * per-client admission, timeouts, body back-pressure, error bodies and the access-log event.
+ * Handlers never see an adapter's objects; the port's types are in `types.ts`.
  */
 import { randomUUID } from 'node:crypto';
-import type { BlockList } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import uWS from 'uWebSockets.js';
 import { errors, isServiceError, ServiceError } from '../errors.js';
 import { clientAddress } from './auth.js';
-import { ClientLimiter, type ClientLimits, type ClientSlot } from './client-limiter.js';
+import { ClientLimiter, type ClientSlot } from './client-limiter.js';
+import { checkHead } from './request-head.js';
+import { isRatedPath, Router } from './router.js';
+import type {
+  BodySink,
+  BodyStream,
+  BufferedHandler,
+  Reply,
+  Request,
+  Server,
+  ServerOptions,
+  StreamingHandler,
+  WireExchange,
+  WireHandlers,
+  WireHead,
+  WireReply,
+} from './types.js';
 
-export interface Request {
-  readonly method: string;
-  readonly path: string;
-  readonly query: string;
-  /** Lower-cased header names. */
-  readonly headers: ReadonlyMap<string, string>;
-  /** The peer address as seen on the socket. */
-  readonly remoteAddress: string;
-  /** The client's address after the trusted-proxy rule of `clientAddress` (what the per-client limits count). */
-  readonly clientAddress: string;
-  readonly params: Readonly<Record<string, string>>;
-  readonly id: number;
-  /**
-   * The request id: the client's `X-Request-Id` when it is sane (1 to 128 of
-   * `[A-Za-z0-9._:/+=-]`), else a fresh UUID. Echoed as the `X-Request-Id` response header.
-   */
-  readonly requestId: string;
-  /** What handlers learn about the request for the access log (the authenticated client). */
-  readonly context: RequestContext;
-}
-
-export interface RequestContext {
-  clientId?: string;
-}
-
-/** One answered (or abandoned) request, reported once, after its response was written. */
-export interface ResponseEvent {
-  readonly req: Request;
-  /** The matched route's pattern (never the raw path); null when no route matched. */
-  readonly route: string | null;
-  /** The status sent; 'aborted' when the client went away before the response. */
-  readonly status: number | 'aborted';
-  /** From the headers to the response. */
-  readonly durationMs: number;
-}
-
-export interface Reply {
-  status: number;
-  body: unknown;
-  headers?: Record<string, string>;
-  /** Default: JSON-serialise `body`. `raw` sends a string or bytes as given. */
-  raw?: { contentType: string };
-}
-
-/** Where a streaming route sends body chunks. The server pauses the socket while `write` returns false. */
-export interface BodySink {
-  write(chunk: Uint8Array): boolean;
-  onDrain(cb: () => void): void;
-  /** The body ended (true) or will never end: the client went away, or a limit was hit (false). */
-  finish(complete: boolean): void;
-}
-
-export interface BodyStream {
-  /** Starts delivering the body (chunks that arrived earlier first). Call once. */
-  pipe(sink: BodySink): void;
-  /** Discards the body; the connection is closed after the response. */
-  discard(): void;
-}
-
-export type BufferedHandler = (req: Request, body: Buffer) => Promise<Reply>;
-export type StreamingHandler = (req: Request, body: BodyStream, signal: AbortSignal) => Promise<Reply>;
-
-export type Route =
-  | { method: string; pattern: string; body: 'buffered'; handler: BufferedHandler }
-  | { method: string; pattern: string; body: 'streaming'; handler: StreamingHandler };
-
-export interface ServerLimits extends ClientLimits {
-  /** Body limit of streaming (ingest) routes (413). */
-  ingestBodyBytes: number;
-  /** Body limit of every other request (413). */
-  otherBodyBytes: number;
-  /** A request not answered by then: 408, connection closed. */
-  requestTimeoutMs: number;
-  /**
-   * While the server waits for body bytes (not while it paused the socket itself), the body
-   * must advance `idleProgressBytes` or end within every `idleTimeoutMs`; else 408 and the
-   * connection is closed. A trickle of a byte a second is no progress (slow-loris).
-   */
-  idleTimeoutMs: number;
-  idleProgressBytes: number;
-}
-
-export interface ServerOptions {
-  host: string;
-  port: number;
-  routes: Route[];
-  limits: ServerLimits;
-  /** Peers whose `X-Forwarded-For` is believed when naming the client the per-client limits count. */
-  trustedProxies?: BlockList | null;
-  /** How long to keep retrying a fixed port that is still taken (0: fail at once). */
-  listenRetryMs?: number;
-  /** Called with errors that become 500s; never with client errors. */
-  onInternalError: (err: unknown, req: Request) => void;
-  /** Called once per request when it is answered or aborted (metrics, access log). */
-  onResponse?: (event: ResponseEvent) => void;
-}
-
-export interface Server {
-  readonly port: number;
-  /** Closes the listen socket; requests in flight go on against whatever they use. */
-  close(): void;
-  /**
-   * A graceful stop: closes the listen socket (new connections are refused), lets every request
-   * in flight finish, its handler included, and answers each with `Connection: close`; a
-   * request that arrives meanwhile on an open keep-alive connection is served the same way (this
-   * uWS build cannot close idle connections). Resolves true once none is left; at `graceMs`,
-   * closes the connections of those still running (their handlers see the abort) and resolves
-   * false.
-   */
-  drain(graceMs: number): Promise<boolean>;
-}
-
-interface CompiledRoute {
-  method: string;
-  segments: string[];
-  route: Route;
-  bodyLimit: number;
-}
-
-const STATUS_TEXT: Record<number, string> = {
-  200: 'OK', 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found',
-  405: 'Method Not Allowed', 408: 'Request Timeout', 409: 'Conflict', 413: 'Payload Too Large',
-  415: 'Unsupported Media Type', 422: 'Unprocessable Entity', 500: 'Internal Server Error',
-  502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout',
-};
-
-/** Requests under this prefix take a token of the per-client rate limit (the spec's Limits table). */
-const RATED_PREFIX = '/api/v1/';
+export type {
+  BodySink,
+  BodyStream,
+  BufferedHandler,
+  EdgeName,
+  Reply,
+  Request,
+  RequestContext,
+  ResponseEvent,
+  Route,
+  Server,
+  ServerLimits,
+  ServerOptions,
+  StreamingHandler,
+} from './types.js';
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:/+=-]{1,128}$/;
 const noResponseObserver = (): void => {};
 
-/** True when the native uWS binary loaded (the package silently falls back to a slow JS server). */
-export function uwsIsNative(): boolean {
-  return Function.prototype.toString.call(uWS.App).includes('[native code]');
-}
-
 export async function listen(opts: ServerOptions): Promise<Server> {
-  const compiled: CompiledRoute[] = opts.routes.map((route) => ({
-    method: route.method,
-    segments: route.pattern.split('/').filter(Boolean),
-    route,
-    bodyLimit: route.body === 'streaming' ? opts.limits.ingestBodyBytes : opts.limits.otherBodyBytes,
-  }));
+  const router = new Router(opts.routes, opts.limits);
   const limiter = new ClientLimiter(opts.limits);
   const trusted = opts.trustedProxies ?? null;
   let nextId = 1;
   const observe = opts.onResponse ?? noResponseObserver;
   const inflight = new Inflight();
-  const app = uWS.App();
 
-  app.any('/*', (res, uwsReq) => {
+  const onRequest = (head: WireHead, wire: WireExchange): void => {
     const startedAt = performance.now();
-    const method = uwsReq.getCaseSensitiveMethod().toUpperCase();
-    const url = uwsReq.getUrl();
-    const query = uwsReq.getQuery() ?? '';
-    const headers = new Map<string, string>();
-    uwsReq.forEach((k, v) => headers.set(k, v));
-    const remoteAddress = normaliseAddress(Buffer.from(res.getRemoteAddressAsText()).toString());
-    const address = clientAddress(remoteAddress, headers.get('x-forwarded-for'), trusted);
-
-    const match = matchRoute(compiled, method, url);
+    const method = head.method.toUpperCase();
+    const checked = checkHead(head);
+    const { headers, hasBody } = checked;
+    let problem = checked.problem;
+    let address = head.remoteAddress;
+    if (!problem) {
+      try {
+        address = clientAddress(head.remoteAddress, headers.get('x-forwarded-for'), trusted);
+      } catch (err) {
+        problem = isServiceError(err) ? err : errors.invalidForwardedFor();
+      }
+    }
+    const match = router.match(method, head.path);
     const incomingId = headers.get('x-request-id');
     const requestId = incomingId !== undefined && SANE_REQUEST_ID.test(incomingId) ? incomingId : randomUUID();
     const req: Request = {
       method,
-      path: url,
-      query,
+      path: head.path,
+      query: head.query,
       headers,
-      remoteAddress,
+      remoteAddress: head.remoteAddress,
       clientAddress: address,
       params: match.params,
       id: nextId++,
@@ -192,20 +84,24 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     };
     const pattern = match.route?.route.pattern ?? null;
     const answerNow = (err: ServiceError, closeConnection: boolean): void => {
-      respondNow(res, err, closeConnection || inflight.draining, requestId);
+      wire.respond(wireReply(replyFor(err), requestId), closeConnection || inflight.draining);
       observe({ req, route: pattern, status: err.statusCode, durationMs: performance.now() - startedAt });
     };
 
-    // Check 1 of DECISIONS.md, answered inside this callback (no Exchange, no timers): body too
-    // large by Content-Length, then the per-client limits. An unread body closes the connection.
-    const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
-    const declared = headers.get('content-length');
-    if (declared !== undefined && (!/^\d+$/.test(declared) || Number(declared) > limit)) {
-      answerNow(/^\d+$/.test(declared) ? errors.bodyTooLarge() : errors.invalidContentLength(), true);
+    // A head that could be read two ways, or that the service refuses whatever its route:
+    // answered and the connection closed (what follows on it cannot be trusted).
+    if (problem) {
+      answerNow(problem, true);
       return;
     }
-    const hasBody = declared !== undefined ? Number(declared) > 0 : headers.has('transfer-encoding');
-    const slot = limiter.admit(address, url.startsWith(RATED_PREFIX));
+    // Check 1 of DECISIONS.md, answered before any body byte is read: body too large by
+    // Content-Length, then the per-client limits. An unread body closes the connection.
+    const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
+    if (checked.contentLength !== null && checked.contentLength > limit) {
+      answerNow(errors.bodyTooLarge(), true);
+      return;
+    }
+    const slot = limiter.admit(address, isRatedPath(head.path));
     if (typeof slot === 'number') {
       answerNow(errors.rateLimited(slot), hasBody);
       return;
@@ -216,7 +112,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       return;
     }
     const exchange = new Exchange(
-      res,
+      wire,
       opts,
       req,
       hasBody,
@@ -228,31 +124,34 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     const route = match.route.route;
     if (route.body === 'buffered') exchange.runBuffered(route.handler, limit);
     else exchange.runStreaming(route.handler, limit);
-  });
-
-  const bind = () =>
-    new Promise<uWS.us_listen_socket | false>((resolve) => app.listen(opts.host, opts.port, (socket) => resolve(socket)));
-  // This uWS build binds without SO_REUSEADDR: after a restart the port stays taken while the
-  // previous process's closed connections sit in TIME_WAIT (up to 60 s on Linux). Wait it out.
-  const deadline = Date.now() + (opts.port === 0 ? 0 : (opts.listenRetryMs ?? 0));
-  let socket = await bind();
-  while (!socket && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 250));
-    socket = await bind();
-  }
-  if (!socket) throw new Error(`Cannot listen on ${opts.host}:${opts.port}`);
-  const listenSocket = socket;
-  let listening = true;
-  const close = (): void => {
-    // Closing a listen socket twice is a use after free in uSockets.
-    if (listening) uWS.us_listen_socket_close(listenSocket);
-    listening = false;
   };
+
+  /** A head the adapter's parser refused: answered in the contract's shape, logged like any other. */
+  const onRefused = (problem: ServiceError, remoteAddress: string): WireReply => {
+    const requestId = randomUUID();
+    const req: Request = { method: '-', path: '', query: '', headers: new Map(), remoteAddress, clientAddress: remoteAddress, params: {}, id: nextId++, requestId, context: {} };
+    observe({ req, route: null, status: problem.statusCode, durationMs: 0 });
+    return wireReply(replyFor(problem), requestId);
+  };
+  const handlers: WireHandlers = { request: onRequest, refused: onRefused };
+
+  // An address still taken (a previous process's connections in TIME_WAIT, where the library
+  // binds without SO_REUSEADDR) is waited out for `listenRetryMs`.
+  const deadline = Date.now() + (opts.port === 0 ? 0 : (opts.listenRetryMs ?? 0));
+  let listener = await opts.edge.listen(opts.host, opts.port, handlers);
+  while (!listener && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 250));
+    listener = await opts.edge.listen(opts.host, opts.port, handlers);
+  }
+  if (!listener) throw new Error(`Cannot listen on ${opts.host}:${opts.port}`);
+  const bound = listener;
   return {
-    port: uWS.us_socket_local_port(listenSocket),
-    close,
+    port: bound.port,
+    edge: opts.edge.name,
+    close: () => bound.close(),
     drain: (graceMs) => {
-      close();
+      inflight.draining = true;
+      bound.close();
       return inflight.drain(graceMs);
     },
   };
@@ -261,12 +160,8 @@ export async function listen(opts: ServerOptions): Promise<Server> {
 /** The exchanges not yet done (answered or aborted, and their handler settled), for `drain`. */
 class Inflight {
   readonly #live = new Set<Exchange>();
-  #draining = false;
+  draining = false;
   #idle: (() => void) | undefined;
-
-  get draining(): boolean {
-    return this.#draining;
-  }
 
   add(e: Exchange): void {
     this.#live.add(e);
@@ -278,7 +173,7 @@ class Inflight {
   }
 
   drain(graceMs: number): Promise<boolean> {
-    this.#draining = true;
+    this.draining = true;
     return new Promise((resolve) => {
       const timer = setTimeout(() => {
         this.#idle = undefined;
@@ -296,21 +191,22 @@ class Inflight {
 }
 
 /**
- * One request/response pair: owns the uWS response until it is ended or aborted, and the
+ * One request/response pair: owns the wire exchange until it is answered or aborted, and the
  * client's in-flight slot until then.
  *
  * Timers: `requestTimeoutMs` runs from the headers to the response, whatever the handler is
- * doing. The idle timer runs only while the server waits for body bytes. uWS's own timers
- * (this build: 10 s, checked every 4 s) close a socket whose headers do not complete, and one
- * whose unpaused body delivers less than 160 KiB per 10 s, without a response; a paused
- * socket has no uWS timer (see `runStreaming`).
+ * doing. The body-rate window runs only while the edge waits for body bytes (not while it
+ * paused the socket itself): each `bodyRateWindowMs` must bring `minBodyBytesPerSecond` ×
+ * the window, or 408 and the connection is closed. The adapters keep their libraries' own
+ * timers from cutting a body first (see each adapter).
  */
 class Exchange {
   private finished = false;
   private readonly abort = new AbortController();
   private readonly timer: NodeJS.Timeout;
-  private idle: NodeJS.Timeout | undefined;
-  private idleBytes = 0;
+  private window: NodeJS.Timeout | undefined;
+  private windowBytes = 0;
+  private readonly windowNeeds: number;
   private slot: ClientSlot | undefined;
   private sink: BodySink | undefined;
   private early: Uint8Array[] = [];
@@ -322,7 +218,7 @@ class Exchange {
   private released = false;
 
   constructor(
-    private readonly res: uWS.HttpResponse,
+    private readonly wire: WireExchange,
     private readonly opts: ServerOptions,
     readonly req: Request,
     private readonly hasBody: boolean,
@@ -332,7 +228,7 @@ class Exchange {
     private readonly inflight: Inflight,
   ) {
     inflight.add(this);
-    res.onAborted(() => {
+    wire.onAborted(() => {
       const answered = this.finished;
       this.finished = true;
       this.teardown(false);
@@ -342,21 +238,22 @@ class Exchange {
     this.slot = slot;
     this.timer = setTimeout(() => this.fail(errors.requestTimeout(), true), opts.limits.requestTimeoutMs);
     this.timer.unref();
+    this.windowNeeds = Math.max(1, (opts.limits.minBodyBytesPerSecond * opts.limits.bodyRateWindowMs) / 1000);
   }
 
   runBuffered(handler: BufferedHandler, limit: number): void {
     const chunks: Buffer[] = [];
     this.watchBody();
-    this.res.onData((ab, isLast) => {
+    this.wire.onData((chunk, isLast) => {
       if (this.finished) return;
-      this.received += ab.byteLength;
+      this.received += chunk.byteLength;
       if (this.received > limit) {
         this.fail(errors.bodyTooLarge(), true);
         return;
       }
-      if (ab.byteLength > 0) {
-        chunks.push(copy(ab));
-        this.progress(ab.byteLength);
+      if (chunk.byteLength > 0) {
+        chunks.push(copy(chunk));
+        this.progress(chunk.byteLength);
       }
       if (isLast) {
         this.bodyDone = true;
@@ -368,32 +265,26 @@ class Exchange {
 
   runStreaming(handler: StreamingHandler, limit: number): void {
     // Nothing is read until the handler has done its checks and asks for the body.
-    this.res.pause();
+    this.wire.pause();
     this.paused = true;
-    // uWS arms its 10 s body timer when this callback returns, paused or not, and would close
-    // a request whose checks take longer. A pause from outside the callback disarms it; the
-    // request timeout still covers the wait.
-    setImmediate(() => {
-      if (this.paused && !this.finished) this.res.pause();
-    });
-    this.res.onData((ab, isLast) => {
+    this.wire.onData((chunk, isLast) => {
       if (this.finished && !this.discarding) return;
-      this.received += ab.byteLength;
+      this.received += chunk.byteLength;
       if (this.received > limit) {
         this.fail(errors.bodyTooLarge(), true);
         return;
       }
-      this.progress(ab.byteLength);
+      this.progress(chunk.byteLength);
       if (isLast) {
         this.bodyDone = true;
         this.unwatchBody();
       }
       if (this.discarding) return;
       if (!this.sink) {
-        if (ab.byteLength > 0) this.early.push(copy(ab));
+        if (chunk.byteLength > 0) this.early.push(copy(chunk));
         return;
       }
-      if (ab.byteLength > 0 && !this.sink.write(new Uint8Array(ab))) this.pause();
+      if (chunk.byteLength > 0 && !this.sink.write(chunk)) this.pause();
       if (isLast) this.sink.finish(true);
     });
     const body: BodyStream = {
@@ -453,41 +344,32 @@ class Exchange {
 
   private send(reply: Reply, closeConnection: boolean): void {
     if (this.finished) return;
-    reply = this.serialised(reply);
+    const wire = this.serialised(reply);
     this.finished = true;
-    this.res.cork(() => {
-      // A paused socket stays paused after the response; the next request on it would hang.
-      if (this.paused) {
-        this.paused = false;
-        this.res.resume();
-      }
-      writeReply(this.res, reply, closeConnection || this.inflight.draining, this.req.requestId);
-    });
+    this.paused = false;
+    this.wire.respond(wire, closeConnection || this.inflight.draining);
     this.teardown(true);
     this.observed(reply.status);
     this.release();
   }
 
   /**
-   * The reply with its JSON body already written out. A body `JSON.stringify` cannot write
-   * (an echoed client value nested deeper than its stack allows) would throw inside `cork`,
-   * past every handler, and end the process: it answers 500 instead.
+   * The reply ready for the wire. A body `JSON.stringify` cannot write (an echoed client value
+   * nested deeper than its stack allows) would throw past every handler and end the process:
+   * it answers 500 instead.
    */
-  private serialised(reply: Reply): Reply {
-    if (reply.raw !== undefined) return reply;
-    const json = { contentType: 'application/json' };
+  private serialised(reply: Reply): WireReply {
     try {
-      return { ...reply, body: JSON.stringify(reply.body ?? null), raw: json };
+      return wireReply(reply, this.req.requestId);
     } catch (err) {
       this.opts.onInternalError(err, this.req);
-      const failure = replyFor(errors.internal(err));
-      return { ...failure, body: JSON.stringify(failure.body), raw: json };
+      return wireReply(replyFor(errors.internal(err)), this.req.requestId);
     }
   }
 
   /** The end of a graceful stop's patience: closes the connection (`onAborted` runs). */
   cut(): void {
-    if (!this.finished) this.res.close();
+    if (!this.finished) this.wire.destroy();
   }
 
   /** Done for `drain` once answered (or aborted) and the handler has settled. */
@@ -512,117 +394,68 @@ class Exchange {
     this.early = [];
   }
 
-  /** Starts the idle timer: the server now waits for body bytes. */
+  /** Starts a body-rate window: the edge now waits for body bytes. */
   private watchBody(): void {
-    if (!this.hasBody || this.bodyDone || this.finished || this.idle) return;
-    this.idleBytes = 0;
-    this.idle = setTimeout(() => this.fail(errors.requestTimeout(), true), this.opts.limits.idleTimeoutMs);
-    this.idle.unref();
+    if (!this.hasBody || this.bodyDone || this.finished || this.window) return;
+    this.windowBytes = 0;
+    this.window = setTimeout(() => this.windowEnded(), this.opts.limits.bodyRateWindowMs);
+    this.window.unref();
+  }
+
+  private windowEnded(): void {
+    if (this.windowBytes < this.windowNeeds) {
+      this.window = undefined;
+      this.fail(errors.requestTimeout(), true);
+      return;
+    }
+    this.windowBytes = 0;
+    this.window?.refresh();
   }
 
   private unwatchBody(): void {
-    if (this.idle) {
-      clearTimeout(this.idle);
-      this.idle = undefined;
+    if (this.window) {
+      clearTimeout(this.window);
+      this.window = undefined;
     }
   }
 
-  /** Counts body bytes; every `idleProgressBytes` of them re-arm the idle timer. */
   private progress(bytes: number): void {
-    if (!this.idle) return;
-    this.idleBytes += bytes;
-    if (this.idleBytes >= this.opts.limits.idleProgressBytes) {
-      this.idleBytes = 0;
-      this.idle.refresh();
-    }
+    this.windowBytes += bytes;
   }
 
   private pause(): void {
     if (!this.paused && !this.finished) {
       this.paused = true;
       this.unwatchBody();
-      this.res.pause();
+      this.wire.pause();
     }
   }
 
   private resume(): void {
     if (this.paused && !this.finished) {
       this.paused = false;
-      this.res.resume();
+      this.wire.resume();
       this.watchBody();
     }
   }
 }
 
-/** Answers inside the route callback, where uWS has corked the socket already. */
-function respondNow(res: uWS.HttpResponse, err: ServiceError, closeConnection: boolean, requestId: string): void {
-  writeReply(res, replyFor(err), closeConnection, requestId);
-}
-
-function writeReply(res: uWS.HttpResponse, reply: Reply, closeConnection: boolean, requestId: string): void {
+function wireReply(reply: Reply, requestId: string): WireReply {
   const body = reply.raw !== undefined ? (reply.body as string | Uint8Array) : JSON.stringify(reply.body ?? null);
-  res.writeStatus(`${reply.status} ${STATUS_TEXT[reply.status] ?? ''}`.trimEnd());
-  res.writeHeader('Content-Type', reply.raw?.contentType ?? 'application/json');
-  res.writeHeader('X-Request-Id', requestId);
-  for (const [k, v] of Object.entries(reply.headers ?? {})) res.writeHeader(k, v);
-  res.end(body, closeConnection);
+  const headers: [string, string][] = [
+    ['Content-Type', reply.raw?.contentType ?? 'application/json'],
+    ['X-Request-Id', requestId],
+  ];
+  for (const [k, v] of Object.entries(reply.headers ?? {})) headers.push([k, v]);
+  return { status: reply.status, headers, body };
 }
 
 function replyFor(err: ServiceError): Reply {
   return { status: err.statusCode, body: err.body, headers: { ...err.headers } };
 }
 
-function copy(ab: ArrayBuffer): Buffer {
-  const out = Buffer.allocUnsafe(ab.byteLength);
-  out.set(new Uint8Array(ab));
+function copy(chunk: Uint8Array): Buffer {
+  const out = Buffer.allocUnsafe(chunk.byteLength);
+  out.set(chunk);
   return out;
-}
-
-function matchRoute(
-  routes: CompiledRoute[],
-  method: string,
-  url: string,
-): { route?: CompiledRoute; params: Record<string, string>; methodMismatch: boolean } {
-  const parts = url.split('/').filter(Boolean);
-  let methodMismatch = false;
-  for (const candidate of routes) {
-    const params = matchSegments(candidate.segments, parts);
-    if (!params) continue;
-    if (candidate.method === method) return { route: candidate, params, methodMismatch: false };
-    methodMismatch = true;
-  }
-  return { params: {}, methodMismatch };
-}
-
-function matchSegments(pattern: string[], parts: string[]): Record<string, string> | null {
-  if (pattern.length !== parts.length) return null;
-  const params: Record<string, string> = {};
-  for (let i = 0; i < pattern.length; i++) {
-    const p = pattern[i]!;
-    const part = parts[i]!;
-    if (p.startsWith(':')) {
-      let value: string;
-      try {
-        value = decodeURIComponent(part);
-      } catch {
-        return null;
-      }
-      params[p.slice(1)] = value;
-    } else if (p !== part) {
-      return null;
-    }
-  }
-  return params;
-}
-
-/** uWS gives IPv6-mapped IPv4 as `0000:...:ffff:7f00:0001` or `::ffff:a.b.c.d`; answer plain IPv4 for those. */
-export function normaliseAddress(text: string): string {
-  const mapped = /^(?:0{1,4}:){5}ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/i.exec(text);
-  if (mapped) {
-    const hi = parseInt(mapped[1]!, 16);
-    const lo = parseInt(mapped[2]!, 16);
-    return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
-  }
-  const dotted = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(text);
-  return dotted ? dotted[1]! : text;
 }

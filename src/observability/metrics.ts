@@ -123,6 +123,11 @@ export class Metrics {
     this.#latency.observe(labels, durationMs / 1000);
   }
 
+  /** `ingest_http_engine_info{engine}` 1: which HTTP edge serves. */
+  nameEdge(engine: string): void {
+    new Gauge({ name: 'ingest_http_engine_info', help: 'The HTTP edge serving (label engine: uws or node); always 1', labelNames: ['engine'], registers: [this.registry] }).set({ engine }, 1);
+  }
+
   connectorCall(operation: ConnectorOperation, outcome: ConnectorOutcome, durationMs: number): void {
     this.#connectorCalls.inc({ operation, outcome });
     this.#connectorLatency.observe({ operation }, durationMs / 1000);

@@ -9,7 +9,7 @@ import { startApp } from '../../src/app.js';
 import { redactConfig } from '../../src/cli/admin.js';
 import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { jsonLogger } from '../../src/log.js';
-import { API, call, clientOf, DEMO, products, tempDir, waitForStatus, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
+import { API, call, clientOf, DEMO, edgeConfig, HTTP_ENGINE, products, tempDir, waitForStatus, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
 import { startNats } from '../support/nats.js';
 import { distributed, spawnUploader } from '../support/processes.js';
 import { startS3 } from '../support/s3.js';
@@ -32,6 +32,7 @@ async function startLogged(t: Teardown, overrides: DeepPartial<Config> = {}) {
       ingest: { workers: 2 },
       connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
       health: { readyTimeoutMs: 1000 },
+      ...edgeConfig(),
       ...overrides,
     },
   );
@@ -85,6 +86,7 @@ t.test('metrics move after a session; access log lines carry a request id and ne
   t.equal(sample(after, 'ingest_http_requests_total', { method: 'POST', route: INGEST_ROUTE, status: '422' }), 1);
   t.equal(sample(after, 'ingest_http_request_duration_seconds_count', ingested), 1, 'and timed');
   t.notOk(after.includes(uuid), 'no raw path (upload uuid) in any label');
+  t.equal(sample(after, 'ingest_http_engine_info', { engine: svc.app.edge }), 1, 'the edge that serves is named');
   t.equal(sample(after, 'ingest_rows_validated_total') - sample(before, 'ingest_rows_validated_total'), 7, 'rows of the accepted package');
   t.ok(sample(after, 'ingest_bytes_validated_total') > 0);
   t.equal(sample(after, 'ingest_packages_total', { outcome: 'accepted' }), 1);
@@ -133,7 +135,8 @@ t.test('/healthz and /readyz on the embedded engines; both outside the rate limi
     t.same([health.status, health.body], [200, { status: 'ok' }]);
   }
   const ready = await call(svc.url, 'GET', '/readyz', { client: null });
-  t.same([ready.status, ready.body], [200, { status: 'ready', checks: { workers: 'ok', storage: 'ok' } }]);
+  t.same([ready.status, ready.body], [200, { status: 'ready', checks: { workers: 'ok', storage: 'ok' }, http_engine: svc.app.edge }], 'ready, on the edge that serves');
+  if (HTTP_ENGINE === 'node' || HTTP_ENGINE === 'uws') t.equal(svc.app.edge, HTTP_ENGINE, 'the edge asked for');
   t.equal((await call(svc.url, 'GET', `${API}/entities`)).status, 200, 'the one /api/v1/ request of the burst');
   t.equal((await call(svc.url, 'GET', `${API}/entities`)).status, 503, 'the API is rate-limited');
   t.equal((await call(svc.url, 'GET', '/healthz', { client: null })).status, 200, 'the probes are not');
@@ -172,7 +175,7 @@ t.test('readiness over NATS and S3: ready, then 503 once NATS is stopped; the up
   const uploaderUrl = `http://127.0.0.1:${/metrics on port (\d+)/.exec(uploader.output())![1]}`;
 
   const ready = await call(svc.url, 'GET', '/readyz', { client: null });
-  t.same([ready.status, ready.body], [200, { status: 'ready', checks: { workers: 'ok', nats: 'ok', s3: 'ok' } }]);
+  t.same([ready.status, ready.body], [200, { status: 'ready', checks: { workers: 'ok', nats: 'ok', s3: 'ok' }, http_engine: svc.app.edge }]);
   const uploaderReady = await call(uploaderUrl, 'GET', '/readyz', { client: null });
   t.same([uploaderReady.status, uploaderReady.body], [200, { status: 'ready', checks: { nats: 'ok', s3: 'ok' } }]);
 

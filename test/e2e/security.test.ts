@@ -18,7 +18,7 @@ import { signWebhook } from '../../src/connector/webhook.js';
 import { ClientRegistry } from '../../src/http/auth.js';
 import { listen } from '../../src/http/server.js';
 import { jsonLogger } from '../../src/log.js';
-import { API, call, clientOf, DEMO, DEMO2, fakeConnector, products, startService, waitForStatus, WEBHOOK_SECRET, yesterday, type Answer } from '../support/harness.js';
+import { API, call, clientOf, DEMO, DEMO2, fakeConnector, products, startService, testEdge, waitForStatus, WEBHOOK_SECRET, yesterday, type Answer } from '../support/harness.js';
 import { CRASH_MARKER, FAULTY_WORKER } from '../support/faulty-worker.js';
 import { startInProcess } from '../support/in-process.js';
 
@@ -352,10 +352,11 @@ t.test('a reply the server cannot serialise answers 500; the process lives on', 
   let cursor = deep;
   for (let i = 0; i < 200_000; i++) cursor = (cursor[0] = []) as unknown[];
   const server = await listen({
+    edge: await testEdge(),
     host: '127.0.0.1',
     port: 0,
     routes: [{ method: 'GET', pattern: '/deep', body: 'buffered', handler: async () => ({ status: 422, body: { detail: deep } }) }],
-    limits: { ingestBodyBytes: 1024, otherBodyBytes: 1024, requestTimeoutMs: 5_000, idleTimeoutMs: 5_000, idleProgressBytes: 1, requestsPerSecond: 0, burst: 1, concurrentPerClient: 0, trackedClients: 10 },
+    limits: { ingestBodyBytes: 1024, otherBodyBytes: 1024, requestTimeoutMs: 5_000, bodyRateWindowMs: 5_000, minBodyBytesPerSecond: 1, requestsPerSecond: 0, burst: 1, concurrentPerClient: 0, trackedClients: 10 },
     onInternalError: (err) => errors.push(err),
   });
   t.teardown(() => server.close());

@@ -11,6 +11,8 @@ import { request } from 'undici';
 import { startApp, type App } from '../../src/app.js';
 import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { signWebhook } from '../../src/connector/webhook.js';
+import { loadEdge } from '../../src/http/engine.js';
+import type { EdgeAdapter } from '../../src/http/types.js';
 import { silentLogger } from '../../src/log.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
@@ -51,6 +53,27 @@ export async function tempDir(t: Teardown, name = 'ingest-'): Promise<string> {
  */
 export const BACKEND = process.env.TEST_BACKEND === 'nats-s3' ? 'nats-s3' : 'embedded';
 
+/**
+ * `TEST_HTTP_ENGINE=node` (or `uws`) runs the same suites on that HTTP edge; unset, the
+ * configuration's default (`auto`) chooses.
+ */
+export const HTTP_ENGINE = ((): Config['http']['engine'] | null => {
+  const engine = process.env.TEST_HTTP_ENGINE;
+  if (engine === undefined || engine === '') return null;
+  if (engine !== 'node' && engine !== 'uws' && engine !== 'auto') throw new Error(`TEST_HTTP_ENGINE: expected node, uws or auto, got ${engine}`);
+  return engine;
+})();
+
+/** The configuration every started service gets: the HTTP edge of `TEST_HTTP_ENGINE`. */
+export function edgeConfig(): DeepPartial<Config> {
+  return HTTP_ENGINE === null ? {} : { http: { engine: HTTP_ENGINE } };
+}
+
+/** The edge adapter the tests' own servers (`listen` directly) run on. */
+export async function testEdge(): Promise<EdgeAdapter> {
+  return (await loadEdge(HTTP_ENGINE ?? 'auto')).adapter;
+}
+
 export async function backendConfig(t: Teardown): Promise<DeepPartial<Config>> {
   if (BACKEND === 'embedded') return {};
   const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
@@ -73,6 +96,7 @@ export async function startService(
       dataDir,
       ingest: { workers: 2 },
       connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
+      ...edgeConfig(),
     },
     await backendConfig(t),
   );

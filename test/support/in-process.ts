@@ -13,7 +13,7 @@ import { loadConfig, type Config, type DeepPartial } from '../../src/config/conf
 import { silentLogger, type Logger } from '../../src/log.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { StoredObject } from '../../src/store/ports.js';
-import { tempDir, WEBHOOK_SECRET } from './harness.js';
+import { edgeConfig, tempDir, WEBHOOK_SECRET } from './harness.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;
@@ -40,6 +40,7 @@ export async function startInProcess(t: Teardown, overrides: DeepPartial<Config>
         dataDir,
         ingest: { workers: 2 },
         connector: { emulatorDelayMs: 50, webhookSecret: WEBHOOK_SECRET },
+        ...edgeConfig(),
       },
       overrides as Record<string, unknown>,
     ) as DeepPartial<Config>,

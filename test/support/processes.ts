@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { DeepPartial, Config } from '../../src/config/config.js';
 import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
-import { tempDir, WEBHOOK_SECRET } from './harness.js';
+import { edgeConfig, tempDir, WEBHOOK_SECRET } from './harness.js';
 import type { S3Endpoint } from './s3.js';
 
 interface Teardown {
@@ -45,7 +45,7 @@ export function distributed(natsUrl: string, s3: S3Endpoint): DeepPartial<Config
 async function launch(t: Teardown, script: string, config: DeepPartial<Config>, ready: RegExp): Promise<{ proc: Proc; match: RegExpMatchArray }> {
   const dir = await tempDir(t, 'ingest-proc-');
   const configFile = join(dir, 'config.json');
-  await writeFile(configFile, JSON.stringify({ port: 0, dataDir: join(dir, 'data'), ...config }));
+  await writeFile(configFile, JSON.stringify({ port: 0, dataDir: join(dir, 'data'), ...edgeConfig(), ...config }));
   const child = spawn(process.execPath, [script], {
     env: { PATH: process.env.PATH, CONFIG_FILE: configFile },
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -1,15 +1,19 @@
 /**
  * The deployment files, checked without a Docker engine: docker-compose.yml parses (with the
  * `yaml` package tap itself depends on) and every service's environment passes the
- * configuration validation; the Dockerfile keeps its shape; the README's configuration
+ * configuration validation; the Dockerfile keeps its shape; docs/operations.md's configuration
  * table names every key of config/default.json.
  */
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
 import YAML from 'yaml';
 import { loadConfig } from '../../src/config/config.js';
 
+/** Maintained Node majors the image may use (docs/operations.md; CI runs the suite on each). Node 20, past its end of life, still runs the service. */
+const SUPPORTED_NODE_MAJORS = [22, 24];
+/** `process.versions.modules` of each, which names a uWS binary. */
+const NODE_ABI: Record<number, number> = { 20: 115, 22: 127, 24: 137 };
 const root = (name: string) => fileURLToPath(new URL(`../../../${name}`, import.meta.url));
 const read = (name: string) => readFileSync(root(name), 'utf8');
 
@@ -74,6 +78,23 @@ t.test('Dockerfile: multi-stage, non-root, healthcheck on /healthz, both command
   t.match(text, /^HEALTHCHECK .*\n.*\/healthz/m);
   t.match(text, /^CMD \["node", "dist\/src\/main\.js"\]$/m);
   t.match(text, /node dist\/src\/uploader\/main\.js/);
+});
+
+t.test('Dockerfile: a supported Node, and an HTTP edge that loads on it', async (t) => {
+  const text = read('Dockerfile');
+  const images = [...text.matchAll(/^FROM (node:(\d+)[\w.-]*)/gm)].map((m) => ({ image: m[1]!, major: Number(m[2]) }));
+  t.equal(images.length, 2, 'both stages on a node image');
+  t.equal(images[0]!.image, images[1]!.image, 'built and run on the same Node');
+  t.ok(SUPPORTED_NODE_MAJORS.includes(images[1]!.major), `Node ${images[1]!.major} is supported (${SUPPORTED_NODE_MAJORS.join(', ')})`);
+  const engine = /^ENV .*\bHTTP_ENGINE=(\w+)/m.exec(text)?.[1];
+  t.ok(engine === 'node' || engine === 'uws', `the image names its edge (HTTP_ENGINE=${engine})`);
+  t.equal(loadConfig({ HTTP_ENGINE: engine }).http.engine, engine, 'a valid http.engine');
+  if (engine === 'uws') {
+    const abi = NODE_ABI[images[1]!.major];
+    t.ok(abi !== undefined && existsSync(root(`node_modules/uWebSockets.js/binaries/uws_linux_x64_${abi}.node`)), `a uWS binary for Node ${images[1]!.major}`);
+  } else {
+    t.match(text, /rm -rf node_modules\/uWebSockets\.js\/binaries/, 'the uWS binaries it cannot load are not shipped');
+  }
 });
 
 t.test('docs/operations.md: the configuration table has a row for every key of config/default.json', async (t) => {

@@ -76,7 +76,7 @@ t.test('every schema keyword `type` names a JSON Schema type', async (t) => {
 });
 
 /** The router's whole table as app.ts builds it (handlers are never called here). */
-const operatorRoutes = (withMetrics: boolean) => [...healthRoutes({} as any), ...(withMetrics ? [metricsRoute({} as any, null)] : [])];
+const operatorRoutes = (withMetrics: boolean) => [...healthRoutes({} as any, 'node'), ...(withMetrics ? [metricsRoute({} as any, null)] : [])];
 const routeKeys = (table: { method: string; pattern: string }[]) => table.map((r) => `${r.method.toLowerCase()} ${openApiPath(r.pattern)}`);
 
 t.test('every route of the router is documented, and nothing else', async (t) => {
