@@ -1,16 +1,16 @@
 /**
  * Real `nats-server` processes for tests: loopback only, free ports, JetStream on, a fresh
  * store directory per server, teardown registered as soon as each resource exists. The
- * machine's own NATS (4222) is never touched. The binary is `NATS_SERVER_BIN`, else
- * `nats-server` on PATH or in /usr/sbin, /usr/local/bin.
+ * machine's own NATS (4222) is never touched. The binary is found as `prerequisites.ts`
+ * says (`NATS_SERVER_BIN`, else `nats-server` on PATH or in /usr/sbin, /usr/local/bin).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
-import { delimiter, join } from 'node:path';
+import { join } from 'node:path';
 import { connect } from 'nats';
+import { installHint, natsServerPath } from './prerequisites.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;
@@ -223,11 +223,7 @@ async function freePorts(n: number): Promise<number[]> {
 }
 
 function natsServerBin(): string {
-  const fromEnv = process.env.NATS_SERVER_BIN;
-  if (fromEnv) return fromEnv;
-  const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/local/bin', '/usr/bin'];
-  for (const dir of dirs) {
-    if (dir && existsSync(join(dir, 'nats-server'))) return join(dir, 'nats-server');
-  }
-  throw new Error('nats-server not found: install it (Debian: apt-get install nats-server) or set NATS_SERVER_BIN');
+  const path = natsServerPath();
+  if (path === null) throw new Error(installHint(['nats-server']));
+  return path;
 }
