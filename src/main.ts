@@ -7,7 +7,14 @@ import { jsonLogger } from './log.js';
 const config = loadConfigOrExit();
 
 const log = jsonLogger(undefined, {}, { level: config.log.level });
-const app = await startApp(config, { logger: log });
+const app = await startApp(config, { logger: log }).catch((err: unknown) => {
+  // A taken or unusable address is the operator's to fix: one line, no stack trace.
+  if ((err as { code?: unknown }).code === 'LISTEN_FAILED') {
+    process.stderr.write(`${(err as Error).message}\n`);
+    process.exit(1);
+  }
+  throw err;
+});
 process.stdout.write(`Batch ingest gateway listening on ${app.url}\n`);
 process.stdout.write(`OpenAPI: ${app.url}/openapi.json\n`);
 process.stdout.write(`API docs: ${app.url}/docs\n`);

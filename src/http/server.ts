@@ -105,6 +105,8 @@ export interface ServerOptions {
   trustedProxies?: BlockList | null;
   /** How long to keep retrying a fixed port that is still taken (0: fail at once). */
   listenRetryMs?: number;
+  /** Told once, when the first bind failed and the retries begin (with how long they may take). */
+  onListenRetry?: (retryMs: number) => void;
   /** Called with errors that become 500s; never with client errors. */
   onInternalError: (err: unknown, req: Request) => void;
   /** Called once per request when it is answered or aborted (metrics, access log). */
@@ -236,6 +238,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   // previous process's closed connections sit in TIME_WAIT (up to 60 s on Linux). Wait it out.
   const deadline = Date.now() + (opts.port === 0 ? 0 : (opts.listenRetryMs ?? 0));
   let socket = await bind();
+  if (!socket && Date.now() < deadline) opts.onListenRetry?.(deadline - Date.now());
   while (!socket && Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, 250));
     socket = await bind();
