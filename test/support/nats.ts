@@ -95,9 +95,13 @@ class Node implements NatsServer {
     const proc = spawn(natsServerBin(), ['-c', this.#config], { stdio: ['ignore', 'pipe', 'pipe'] });
     this.#proc = proc;
     this.#log = [];
+    let sawReady: () => void = () => {};
+    const readyLine = new Promise<true>((resolve) => (sawReady = () => resolve(true)));
     const keep = (chunk: Buffer): void => {
-      this.#log.push(...chunk.toString('utf8').split('\n').filter(Boolean));
+      const text = chunk.toString('utf8');
+      this.#log.push(...text.split('\n').filter(Boolean));
       if (this.#log.length > 200) this.#log.splice(0, this.#log.length - 200);
+      if (text.includes('Server is ready')) sawReady();
     };
     proc.stdout!.on('data', keep);
     proc.stderr!.on('data', keep);
@@ -111,10 +115,10 @@ class Node implements NatsServer {
       process.removeListener('exit', orphaned);
       if (this.#proc === proc) this.#proc = null;
     });
-    const ready = await Promise.race([
-      waitFor(() => this.#log.some((l) => l.includes('Server is ready')), READY_TIMEOUT_MS),
-      this.#exited.then(() => false),
-    ]);
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), READY_TIMEOUT_MS)));
+    const ready = await Promise.race([readyLine, this.#exited.then(() => false), late]);
+    clearTimeout(timer);
     if (!ready) {
       await this.kill();
       throw new Error(`nats-server ${this.name} did not start:\n${this.#log.slice(-20).join('\n')}`);
@@ -193,15 +197,6 @@ async function waitForJetStream(urls: string[]): Promise<void> {
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
   }
-}
-
-async function waitFor(cond: () => boolean, timeoutMs: number): Promise<boolean> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) return false;
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-  return true;
 }
 
 /** Ports the OS just handed out on loopback; all held at once so they differ, then released. */

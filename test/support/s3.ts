@@ -46,6 +46,8 @@ export interface S3Server extends S3Endpoint {
   dir: string;
   /** Every request served so far, in arrival order. */
   requests: RecordedRequest[];
+  /** The first request that matches, as soon as it arrives (at once if one already did). */
+  seen(match: (r: RecordedRequest) => boolean): Promise<RecordedRequest>;
   /** Answers matching requests with 500 InternalError until the returned function is called. */
   refuse(match: (r: RecordedRequest) => boolean): () => void;
   stop(): Promise<void>;
@@ -97,6 +99,8 @@ const S3rver = createRequire(import.meta.url)('s3rver') as S3rverClass;
 interface Recorder {
   requests: RecordedRequest[];
   refused: Set<(r: RecordedRequest) => boolean>;
+  /** Told of every request as it arrives. */
+  watchers: Set<(r: RecordedRequest) => void>;
 }
 
 async function runS3rver(
@@ -125,7 +129,7 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
   const bucket = opts.bucket ?? DEFAULT_BUCKET;
   const dir = await mkdtemp(join(tmpdir(), 's3rver-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const recording: Recorder = { requests: [], refused: new Set() };
+  const recording: Recorder = { requests: [], refused: new Set(), watchers: new Set() };
   const { server, port } = await runS3rver(dir, 0, bucket, recording);
   let stopped = false;
   const stop = async (): Promise<void> => {
@@ -141,7 +145,18 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
     recording.refused.add(match);
     return () => void recording.refused.delete(match);
   };
-  return { endpoint: `http://127.0.0.1:${port}`, bucket, ...CREDENTIALS, dir, requests: recording.requests, refuse, stop };
+  const seen = (match: (r: RecordedRequest) => boolean) =>
+    new Promise<RecordedRequest>((resolve) => {
+      const earlier = recording.requests.find(match);
+      if (earlier) return resolve(earlier);
+      const watcher = (r: RecordedRequest) => {
+        if (!match(r)) return;
+        recording.watchers.delete(watcher);
+        resolve(r);
+      };
+      recording.watchers.add(watcher);
+    });
+  return { endpoint: `http://127.0.0.1:${port}`, bucket, ...CREDENTIALS, dir, requests: recording.requests, seen, refuse, stop };
 }
 
 /** s3rver in a child process, so that a test can take object storage away and bring it back. */
@@ -197,12 +212,13 @@ export async function startS3Process(t: Teardown, opts: { bucket?: string } = {}
   return handle;
 }
 
-function recorder({ requests, refused }: Recorder): Middleware {
+function recorder({ requests, refused, watchers }: Recorder): Middleware {
   return async (ctx, next) => {
     const query: Record<string, string> = {};
     for (const [k, v] of Object.entries(ctx.query)) query[k] = Array.isArray(v) ? (v[0] ?? '') : (v ?? '');
     const request = { method: ctx.method, key: pathKey(ctx.path).key, query };
     requests.push(request);
+    for (const watcher of [...watchers]) watcher(request);
     if ([...refused].some((match) => match(request))) {
       return xmlError(ctx, 500, 'InternalError', 'Refused by the test', {});
     }
