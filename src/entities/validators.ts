@@ -1,6 +1,6 @@
 /**
  * Validation of an ingest body against an entity of the catalog, in the check order of
- * DECISIONS.md (the first failing check answers):
+ * docs/api.md, Ingest payload (the first failing check answers):
  *
  * 1. not JSON: `Invalid JSON format.` (the caller parses; see `INVALID_JSON`)
  * 1b. a repeated top-level `columns` or `data` key: `repeatedKey`, `duplicateKeyMessage`

@@ -142,7 +142,7 @@ const STATUS_TEXT: Record<number, string> = {
   502: 'Bad Gateway', 503: 'Service Unavailable', 504: 'Gateway Timeout',
 };
 
-/** Requests under this prefix take a token of the per-client rate limit (the spec's Limits table). */
+/** Requests under this prefix take a token of the per-client rate limit (docs/api.md, Limits). */
 const RATED_PREFIX = '/api/v1/';
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:/+=-]{1,128}$/;
@@ -198,7 +198,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       observe({ req, route: pattern, status: err.statusCode, durationMs: performance.now() - startedAt });
     };
 
-    // Check 1 of DECISIONS.md, answered inside this callback (no Exchange, no timers): body too
+    // Check 1 of docs/api.md (Check order), answered inside this callback (no Exchange, no timers): body too
     // large by Content-Length, then the per-client limits. An unread body closes the connection.
     const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
     const declared = headers.get('content-length');
