@@ -245,7 +245,7 @@ const REPLAYED: Json = {
   schema: { type: 'string', const: 'true' },
 };
 
-/** The ingest retry key (rules: session/idempotency.ts and the README's Idempotent retries). */
+/** The ingest retry key (rules: session/idempotency.ts and docs/api.md, Idempotent retries). */
 const IDEMPOTENCY_KEY: Json = {
   name: 'Idempotency-Key',
   in: 'header',

@@ -121,7 +121,7 @@ export interface Config {
     /** Deadline of each readiness check (NATS, S3, storage) behind `GET /readyz`. */
     readyTimeoutMs: PositiveInt;
   };
-  /** `Idempotency-Key` on ingest (README: Idempotent retries). */
+  /** `Idempotency-Key` on ingest (docs/api.md, Idempotent retries). */
   idempotency: {
     /** How long a finished request's answer is replayed; afterwards the key is free again. */
     ttlMs: PositiveInt;

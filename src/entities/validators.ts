@@ -35,7 +35,7 @@ const DATA_TEXT = 'data';
  * Step 1b, on text that passed step 1 (it is JSON): the first member of the top-level
  * object whose key, escapes decoded, is `columns` or `data` and was already a key of an
  * earlier member, in body order. `JSON.parse` would silently keep the last one; the
- * service refuses the body instead (README, API decisions), so that an answer never
+ * service refuses the body instead (docs/api.md, API decisions), so that an answer never
  * depends on which of two values a reader keeps. Other repeated keys are not reported;
  * keys of nested objects never count; a body that is not an object has none.
  *
