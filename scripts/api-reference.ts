@@ -33,14 +33,17 @@ const anchor = (heading: string): string =>
 
 const schemaLink = (name: string): string => `[\`${name}\`](#${anchor(name)})`;
 
+const alternatives = (types: string[]): string => [...types].sort().join(' \\| ');
+
 /** A schema as a short type expression, linking named schemas to their section. */
 function typeOf(schema: Json | undefined): string {
   if (!schema) return 'any';
   if (schema.$ref) return schemaLink(refName(schema.$ref));
   if (schema.const !== undefined) return `\`${JSON.stringify(schema.const)}\``;
-  if (schema.enum) return (schema.enum as unknown[]).map((v) => `\`${JSON.stringify(v)}\``).join(' \\| ');
+  // Alternatives sorted: typia emits a union's members in no fixed order from build to build.
+  if (schema.enum) return alternatives((schema.enum as unknown[]).map((v) => `\`${JSON.stringify(v)}\``));
   for (const key of ['anyOf', 'oneOf'] as const) {
-    if (schema[key]) return (schema[key] as Json[]).map(typeOf).join(' \\| ');
+    if (schema[key]) return alternatives((schema[key] as Json[]).map(typeOf));
   }
   if (schema.type === 'array') return `array of ${typeOf(schema.items)}`;
   if (Array.isArray(schema.type)) return (schema.type as string[]).join(' \\| ');
