@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 /**
- * The two programs the suite needs beside Node: `nats-server` (the NATS contract, e2e and
- * drill suites start their own) and Chromium (`test/e2e/docs-page.test.ts`). Where each is
+ * The programs the suite needs beside Node: `nats-server` (the NATS contract, e2e and drill
+ * suites start their own), Chromium (`test/e2e/docs-page.test.ts`) and curl (the README's
+ * walk-through, `test/e2e/readme.test.ts`). Where each is
  * looked for is decided here, once, for the tests and for `npm test`, which runs this file
  * first (`pretest`): a missing one is installed from Debian with apt-get when the user is
  * root, else the run stops with one line naming the package and the command.
@@ -14,8 +15,8 @@ import { fileURLToPath } from 'node:url';
 interface Prerequisite {
   /** The Debian package that provides it. */
   readonly debian: string;
-  /** The variable that names the binary instead. */
-  readonly env: string;
+  /** The variable that names the binary instead, if there is one. */
+  readonly env?: string;
   /** The binary, or null when it is not on this machine. */
   find(): string | null;
 }
@@ -29,12 +30,16 @@ const executable = (path: string): boolean => {
   }
 };
 
-/** `NATS_SERVER_BIN`, else `nats-server` on PATH or in the directories Debian and installers use. */
-export function natsServerPath(env: NodeJS.ProcessEnv = process.env): string | null {
-  if (env.NATS_SERVER_BIN) return env.NATS_SERVER_BIN;
+/** `name` on PATH or in the directories Debian and installers use. */
+function onPath(name: string, env: NodeJS.ProcessEnv): string | null {
   const dirs = [...(env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/local/bin', '/usr/bin'];
-  for (const dir of dirs) if (dir && executable(join(dir, 'nats-server'))) return join(dir, 'nats-server');
+  for (const dir of dirs) if (dir && executable(join(dir, name))) return join(dir, name);
   return null;
+}
+
+/** `NATS_SERVER_BIN`, else `nats-server` on PATH or in the usual directories. */
+export function natsServerPath(env: NodeJS.ProcessEnv = process.env): string | null {
+  return env.NATS_SERVER_BIN || onPath('nats-server', env);
 }
 
 /** `CHROMIUM_PATH`, else Debian's `/usr/bin/chromium`; null when that file is not there. */
@@ -46,15 +51,16 @@ export function chromiumPath(env: NodeJS.ProcessEnv = process.env): string | nul
 export const PREREQUISITES: Readonly<Record<string, Prerequisite>> = {
   'nats-server': { debian: 'nats-server', env: 'NATS_SERVER_BIN', find: () => natsServerPath() },
   chromium: { debian: 'chromium', env: 'CHROMIUM_PATH', find: () => chromiumPath() },
+  curl: { debian: 'curl', find: () => onPath('curl', process.env) },
 };
 
 /** The line a user reads when something is missing and this process cannot install it. */
 export function installHint(missing: readonly string[]): string {
   const packages = missing.map((name) => PREREQUISITES[name]!.debian).join(' ');
-  const vars = missing.map((name) => PREREQUISITES[name]!.env).join(' / ');
+  const vars = missing.flatMap((name) => PREREQUISITES[name]!.env ?? []);
   return (
     `npm test needs ${missing.join(' and ')} (Debian package${missing.length > 1 ? 's' : ''} ${packages}): ` +
-    `install with \`sudo apt-get install -y ${packages}\`, or set ${vars} to the binary`
+    `install with \`sudo apt-get install -y ${packages}\`${vars.length ? `, or set ${vars.join(' / ')} to the binary` : ''}`
   );
 }
 
