@@ -103,9 +103,9 @@ function operationSection(doc: Json, method: string, path: string, op: Json): st
   const title = `${method.toUpperCase()} ${path}`;
   const out = [`### ${title}`, '', `**${op.summary}** (\`${op.operationId}\`)`, ''];
   if (op.description) out.push(op.description, '');
-  const security = (op.security ?? doc.security) as Json[];
-  const schemes = security.flatMap((s) => Object.keys(s));
-  out.push(`Authentication: ${schemes.length ? schemes.map((s) => `\`${s}\``).join(' + ') : 'none'}.`, '');
+  // Each entry of `security` is one way to pass, its schemes all needed; `{}` passes with none.
+  const ways = ((op.security ?? doc.security) as Json[]).map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none');
+  out.push(`Authentication: ${ways.length ? ways.join(', or ') : 'none'}.`, '');
   const params = ((op.parameters ?? []) as Json[]).map((p) => parameter(doc, p));
   if (params.length) {
     out.push('| parameter | in | required | type | notes |', '|---|---|---|---|---|');
