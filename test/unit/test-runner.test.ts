@@ -1,10 +1,14 @@
 /**
  * The test command itself: tap as package.json configures it, on two throwaway files in a
  * temp project. A file that crashes (a V8 fatal error aborts the process) must fail the
- * run, and no test process may get a TypeScript hook: the suite runs compiled JavaScript,
- * and tap's TypeScript loader once crashed a file (`v8::Module::IsGraphAsync`) in the first
- * run after `npm ci`, before tap had rebuilt its plugin set (`npm test`'s pretest runs
- * `tap build` for that).
+ * run. No test process may get a TypeScript hook: the suite runs compiled JavaScript, and
+ * tap's TypeScript loader was loaded in the first run after `npm ci`, before tap had
+ * rebuilt its plugin set (`npm test`'s pretest runs `tap build` for that). And test
+ * processes run without `require()` of ES modules: piscina loads the validation worker with
+ * `require()` first, and Node 20's `require(esm)` under tap's own require hook (processinfo,
+ * through pirates) now and then kills the process with a V8 fatal error
+ * (`v8::Module::IsGraphAsync`, `ToLocalChecked Empty MaybeLocal` in `loadESMFromCJS`);
+ * without it piscina falls back to `import()`.
  */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
@@ -58,6 +62,7 @@ t.test('test processes get no TypeScript hook', async (t) => {
   t.ok(execArgv, 'the test process reported its flags');
   const flags = JSON.parse(execArgv ?? '[]') as string[];
   t.same(typescriptHooks(flags), [], `a fresh run's test process: ${flags.join(' ')}`);
+  t.ok(flags.includes('--no-experimental-require-module'), 'and no require() of ES modules');
 });
 
 t.test('a test file that crashes fails the run', async (t) => {
