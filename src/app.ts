@@ -5,6 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { mkdir } from 'node:fs/promises';
+import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { routes } from './api/routes.js';
 import type { ApiDeps } from './api/context.js';
@@ -30,6 +31,12 @@ import { countRows, runUploader } from './uploader/uploader.js';
 
 /** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (the uWS build binds without SO_REUSEADDR). */
 const LISTEN_RETRY_MS = 90_000;
+
+/** The gateway could not bind its address; the message is one line a person can act on. */
+export class ListenError extends Error {
+  override readonly name = 'ListenError';
+  readonly code = 'LISTEN_FAILED';
+}
 
 export interface App {
   readonly url: string;
@@ -57,6 +64,8 @@ export interface AppOptions {
    * module that wraps the real one, e.g. to instrument or fault-inject it.
    */
   validationWorker?: string;
+  /** How long a taken port is retried before start fails (default 90 s). */
+  listenRetryMs?: number;
 }
 
 export async function startApp(config: Config, opts: AppOptions = {}): Promise<App> {
@@ -178,6 +187,9 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     );
     metrics?.nameEdge(edge.adapter.name);
     const operatorRoutes = [...healthRoutes(readiness, edge.adapter.name), ...(metrics ? [metricsRoute(metrics, config.metrics.token)] : [])];
+    const address = `${config.host}:${config.port}`;
+    const retryUntil = Date.now() + (opts.listenRetryMs ?? LISTEN_RETRY_MS);
+    await waitForAddress(config.host, config.port, retryUntil, log);
     const server: Server = await listen({
       edge: edge.adapter,
       host: config.host,
@@ -185,9 +197,13 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       routes: routes(deps, operatorRoutes),
       limits: config.limits,
       trustedProxies,
-      listenRetryMs: LISTEN_RETRY_MS,
+      listenRetryMs: Math.max(0, retryUntil - Date.now()),
+      onListenRetry: (retryMs) =>
+        log.warn('bind failed although no process listens (closed connections of a previous run in TIME_WAIT?): retrying', { address, retry_ms: retryMs }),
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.requestId }),
       onResponse: responseObserver(log, metrics, new Set(operatorRoutes.map((r) => r.pattern))),
+    }).catch((err: unknown) => {
+      throw new ListenError(`Cannot listen on ${address}: the bind still fails after ${Math.round((opts.listenRetryMs ?? LISTEN_RETRY_MS) / 1000)} s`, { cause: err });
     });
     boundPort = server.port;
     closers.push(async () => {
@@ -202,6 +218,43 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     await close();
     throw err;
   }
+}
+
+/**
+ * Waits, until `retryUntil`, for no other process to listen on `host:port`, and fails with one
+ * clear line when the address cannot be had. Asked of node:net, which binds with SO_REUSEADDR
+ * and without SO_REUSEPORT, unlike this uWS build (the reverse): its bind fails on a live
+ * listener, a second gateway included (whose SO_REUSEPORT would let uWS share the port with
+ * it unnoticed), and not on the TIME_WAIT leftovers of a previous run, which `listen` waits out.
+ */
+async function waitForAddress(host: string, port: number, retryUntil: number, log: Logger): Promise<void> {
+  if (port === 0) return;
+  const address = `${host}:${port}`;
+  let err = await bindError(host, port);
+  if (err?.code === 'EADDRINUSE') {
+    log.warn('port in use by another process: retrying the bind', { address, retry_ms: Math.max(0, retryUntil - Date.now()) });
+    // No event tells when another process lets go of a port: ask again every half second.
+    while (err?.code === 'EADDRINUSE' && Date.now() < retryUntil) {
+      await new Promise((r) => setTimeout(r, Math.min(500, Math.max(0, retryUntil - Date.now()))));
+      err = await bindError(host, port);
+    }
+  }
+  if (!err) return;
+  const why: Record<string, string> = {
+    EADDRINUSE: 'the port is in use by another process; stop it, or set PORT to a free port',
+    EACCES: 'permission denied (ports below 1024 need privileges); set PORT to 1024 or above',
+    EADDRNOTAVAIL: "the address is not one of this machine's; set HOST",
+  };
+  throw new ListenError(`Cannot listen on ${address}: ${why[err.code ?? ''] ?? err.message}`, { cause: err });
+}
+
+/** The error node:net's bind of `host:port` meets, or null when the address is free. */
+function bindError(host: string, port: number): Promise<NodeJS.ErrnoException | null> {
+  return new Promise((resolve) => {
+    const probe = createServer();
+    probe.once('error', (err: NodeJS.ErrnoException) => resolve(err));
+    probe.listen({ host, port, exclusive: true }, () => probe.close(() => resolve(null)));
+  });
 }
 
 /**

@@ -7,13 +7,15 @@ import { jsonLogger } from './log.js';
 const config = loadConfigOrExit();
 
 const log = jsonLogger(undefined, {}, { level: config.log.level });
-const app = await startApp(config, { logger: log }).catch((err: unknown) => {
-  // `http.engine` names an edge this machine cannot run: one line, no stack.
-  if ((err as { code?: unknown }).code === 'HTTP_ENGINE_UNAVAILABLE') {
-    process.stderr.write(`${(err as Error).message}\n`);
-    process.exit(2);
-  }
-  throw err;
+const app = await startApp(config, { logger: log }).catch((err: unknown): never => {
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = err instanceof Error ? err.message : String(err);
+  // An edge this machine cannot run, or a taken or unusable address, is the operator's to fix:
+  // its message says how. Anything else is logged whole (one JSON line, with its cause), then
+  // named in one line.
+  if (code !== 'HTTP_ENGINE_UNAVAILABLE' && code !== 'LISTEN_FAILED') log.error('start failed', { err });
+  process.stderr.write(`${code === 'HTTP_ENGINE_UNAVAILABLE' || code === 'LISTEN_FAILED' ? message : `Cannot start: ${message}`}\n`);
+  process.exit(code === 'HTTP_ENGINE_UNAVAILABLE' ? 2 : 1);
 });
 process.stdout.write(`Batch ingest gateway listening on ${app.url}\n`);
 process.stdout.write(`OpenAPI: ${app.url}/openapi.json\n`);

@@ -1,6 +1,6 @@
 /**
  * Piscina worker of the ingest pool: one entry for the three task kinds of
- * `src/ingest/tasks.ts`. Bad input is answered with data, never thrown (STYLE.md); a throw
+ * `src/ingest/tasks.ts`. Bad input is answered with data, never thrown; a throw
  * here is a bug and reaches the main thread as a failed task.
  */
 import { Buffer, isUtf8 } from 'node:buffer';

@@ -1,5 +1,5 @@
 /**
- * Peer 1, the design card's pipeline taken literally: the request streamed through
+ * Peer 1, the pipeline the first design named, taken literally: the request streamed through
  * stream-json's `parser()` → `pick({filter: 'data'})` → `streamArray()` on the main thread,
  * each row validated with the service's `compileRowCheck` as it comes out.
  *

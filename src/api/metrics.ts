@@ -1,7 +1,7 @@
 /**
  * `GET /metrics`: the Prometheus exposition of the service's own registry. Unauthenticated
  * unless `metrics.token` is set, then `Authorization: Bearer <token>` or 401. Either way,
- * keep it off the public listener (see the README runbook).
+ * keep it off the public listener (see docs/operations.md, Runbook).
  */
 import { errors } from '../errors.js';
 import type { Route } from '../http/server.js';

@@ -1,5 +1,5 @@
 /**
- * The router's table: every endpoint of the spec plus the service's own. Specific paths first.
+ * The router's table: every endpoint of docs/api.md (Endpoints). Specific paths first.
  * `operator` are the routes the composition root adds (health, readiness, metrics); they go
  * into the table last, and `/openapi.json` documents exactly the table.
  */

@@ -1,6 +1,6 @@
 /**
  * The start-upload body `{date_from, date_to}`, validated as Pydantic v2 would (the 422
- * arrays of DECISIONS.md): field errors first, all of them; the cross-field rules only
+ * arrays of docs/api.md, Check order): field errors first, all of them; the cross-field rules only
  * once both dates parsed.
  */
 import type { tags } from 'typia';

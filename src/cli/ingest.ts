@@ -12,7 +12,7 @@ import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { IngestClient, CLIENT_VERSION } from '../client/client.js';
 import { resolveCredentials, SessionMemory, UsageError, type Credentials } from '../client/cli-config.js';
 import { ApiError, ClientError, describeDetail, isApiError, isClientError } from '../client/errors.js';
-import { fmtInt, PushProgress, type ProgressMode } from '../client/progress.js';
+import { fmtCount, PushProgress, type ProgressMode } from '../client/progress.js';
 import { push, type PushSummary } from '../client/push.js';
 import { withRetry, type RetryPolicy } from '../client/retry.js';
 import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from '../client/sources.js';
@@ -51,8 +51,10 @@ Commands:
       [--retries 6]        retries of a package on 408/502/503/504, timeouts, network errors
       [--gzip]             compress packages on the wire
       [--keep-going]       send the remaining packages after one failed
-  status [UUID] [--watch] [--interval 2]
-                           The session's status; --watch prints each change until DONE
+  status [UUID] [--watch [--until STATE]] [--interval 2]
+                           The session's status; --watch prints each change until the
+                           session is DONE, or --until startable (can_start_upload),
+                           UPLOADING or STARTED; bounded by --wait-timeout
   start [UUID] --from YYYY-MM-DD [--to YYYY-MM-DD] [--wait]
                            Waits until can_start_upload, then starts the Connector
                            (--to defaults to yesterday, UTC); --wait: until DONE
@@ -122,7 +124,10 @@ const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positional
       'keep-going': { type: 'boolean' },
     },
   },
-  status: { positionals: 1, options: { upload: { type: 'string' }, watch: { type: 'boolean' }, interval: { type: 'string' } } },
+  status: {
+    positionals: 1,
+    options: { upload: { type: 'string' }, watch: { type: 'boolean' }, until: { type: 'string' }, interval: { type: 'string' } },
+  },
   start: {
     positionals: 1,
     options: { upload: { type: 'string' }, from: { type: 'string' }, to: { type: 'string' }, wait: { type: 'boolean' }, interval: { type: 'string' } },
@@ -202,8 +207,12 @@ class Cli {
     if (given) return given;
     const creds = await this.creds();
     const remembered = await this.memory.get(creds.url, creds.clientId);
-    if (!remembered) throw new UsageError('no upload uuid: pass one, or run `ingest init` or `ingest push` first');
-    return remembered;
+    if (remembered) return remembered;
+    // Nothing is remembered for these credentials, which is also what a wrong client id or
+    // URL looks like: ask the service first, so that its answer (401, unreachable) is the error.
+    const client = await this.client();
+    await this.call(() => client.entities(callOpts(this)));
+    throw new UsageError(`no upload uuid remembered for client ${creds.clientId} at ${creds.url}: pass one, or run \`ingest init\` or \`ingest push\` first`);
   }
 
   async remember(uuid: string | null): Promise<void> {
@@ -374,9 +383,10 @@ async function pushCommand(cli: Cli): Promise<number> {
   const result = { ...summary, ok: exit === EXIT.OK };
   const seconds = summary.elapsed_ms / 1000;
   const lines = [
-    `${exit === EXIT.OK ? 'pushed' : 'push incomplete:'} ${fmtInt(summary.rows_accepted)} rows of ${summary.entity} in ${summary.packages_accepted} packages` +
+    `${exit === EXIT.OK ? 'pushed' : 'push incomplete:'} ${fmtCount(summary.rows_accepted, 'row')} of ${summary.entity} in ${fmtCount(summary.packages_accepted, 'package')}` +
       ` (${(summary.bytes_accepted / 1e6).toFixed(1)} MB, ${seconds.toFixed(1)} s, ${(summary.bytes_accepted / 1e6 / Math.max(seconds, 0.001)).toFixed(1)} MB/s` +
-      `${summary.retries ? `, ${summary.retries} retries` : ''}${summary.packages_replayed ? `, ${summary.packages_replayed} packages already stored` : ''}) into upload ${summary.upload_uuid}`,
+      `${summary.retries ? `, ${fmtCount(summary.retries, 'retry', 'retries')}` : ''}` +
+      `${summary.packages_replayed ? `, ${fmtCount(summary.packages_replayed, 'package')} already stored` : ''}) into upload ${summary.upload_uuid}`,
   ];
   for (const f of summary.failures) {
     lines.push(`  package ${f.package} (file records ${f.first_record}–${f.first_record + f.rows - 1}) failed: ${f.status ?? f.code} ${f.message}${f.record !== undefined ? ` (file record ${f.record})` : ''}`);
@@ -450,7 +460,19 @@ async function initCommand(cli: Cli): Promise<number> {
   throw initConflict(init);
 }
 
+/** The states `status --watch --until` can wait for. */
+const UNTIL: Record<string, (s: StatusView) => boolean> = {
+  DONE: (s) => s.session_status === 'DONE',
+  UPLOADING: (s) => s.session_status === 'UPLOADING',
+  STARTED: (s) => s.session_status === 'STARTED',
+  startable: (s) => s.can_start_upload,
+};
+
 async function statusCommand(cli: Cli): Promise<number> {
+  const untilName = str(cli.values.until) ?? 'DONE';
+  const until = UNTIL[untilName];
+  if (!until) throw new UsageError(`--until: expected ${Object.keys(UNTIL).join(', ')}, got ${JSON.stringify(untilName)}`);
+  if (cli.values.until !== undefined && !cli.values.watch) throw new UsageError('--until goes with --watch');
   const client = await cli.client();
   const uuid = await cli.uploadUuid();
   if (!cli.values.watch) {
@@ -464,7 +486,7 @@ async function statusCommand(cli: Cli): Promise<number> {
     const key = JSON.stringify(status);
     if (key !== last) cli.print(status, `${new Date().toISOString()} ${describeStatus(status)}`);
     last = key;
-    return status.session_status === 'DONE';
+    return until(status);
   });
   return EXIT.OK;
 }

@@ -47,7 +47,7 @@ export class PushProgress {
         this.#packages++;
         if (this.mode === 'plain') {
           const how = event.replayed ? 'already stored' : 'accepted';
-          this.#line(`package ${event.index} ${how}: ${fmtInt(event.rows)} rows (${fmtInt(this.#rows)} rows, ${this.#stats()})`);
+          this.#line(`package ${event.index} ${how}: ${fmtCount(event.rows, 'row')} (${fmtCount(this.#rows, 'row')}, ${this.#stats()})`);
         }
         return;
       case 'retry': {
@@ -86,8 +86,8 @@ export class PushProgress {
 
   #draw(): void {
     const fraction = this.totalBytes > 0 ? Math.min(1, this.#sourceBytes / this.totalBytes) : 0;
-    let tail = `${String(Math.floor(fraction * 100)).padStart(3)}% ${fmtInt(this.#rows)} rows · ${this.#stats()}`;
-    if (this.#retries) tail += ` · ${this.#retries} retries`;
+    let tail = `${String(Math.floor(fraction * 100)).padStart(3)}% ${fmtCount(this.#rows, 'row')} · ${this.#stats()}`;
+    if (this.#retries) tail += ` · ${fmtCount(this.#retries, 'retry', 'retries')}`;
     if (this.#failed) tail += ` · ${this.#failed} failed`;
     const columns = this.out.columns || 120; // 0 on a pty with no size
     // The bar takes what the label and the figures leave, 10 to 24 cells; a narrow terminal cuts the label.
@@ -113,6 +113,11 @@ export class PushProgress {
 
 export function fmtInt(n: number): string {
   return n.toLocaleString('en-US');
+}
+
+/** `1 row`, `2 rows`, `1,000 packages`: a count and its noun, singular for exactly one. */
+export function fmtCount(n: number, noun: string, plural = `${noun}s`): string {
+  return `${fmtInt(n)} ${n === 1 ? noun : plural}`;
 }
 
 function fmtMB(bytes: number): string {

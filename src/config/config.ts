@@ -1,6 +1,6 @@
 /**
  * Configuration: `config/default.json`, then an optional file named by `CONFIG_FILE`, then
- * the environment names of DECISIONS.md. Validated once (typia) with errors that name the
+ * the environment names of docs/operations.md (Configuration). Validated once (typia) with errors that name the
  * bad key, then frozen and passed down; nothing else reads `process.env`.
  */
 import { readFileSync } from 'node:fs';
@@ -130,7 +130,7 @@ export interface Config {
     /** Deadline of each readiness check (NATS, S3, storage) behind `GET /readyz`. */
     readyTimeoutMs: PositiveInt;
   };
-  /** `Idempotency-Key` on ingest (README: Idempotent retries). */
+  /** `Idempotency-Key` on ingest (docs/api.md, Idempotent retries). */
   idempotency: {
     /** How long a finished request's answer is replayed; afterwards the key is free again. */
     ttlMs: PositiveInt;
@@ -146,7 +146,7 @@ export class ConfigError extends Error {
   readonly code = 'CONFIG_INVALID';
 }
 
-/** Environment names (DECISIONS.md plus our own) and the key each overrides. */
+/** Environment names (docs/operations.md, Configuration) and the key each overrides. */
 const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'list' }> = {
   HOST: { path: ['host'], type: 'string' },
   PORT: { path: ['port'], type: 'int' },

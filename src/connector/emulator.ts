@@ -79,7 +79,7 @@ interface Scheduled {
 type Log = EmulatedConnectorOptions['log'];
 
 /**
- * The embedded Connector (DECISIONS.md, "With `CONNECTOR_URL` unset"). `start` counts the
+ * The embedded Connector (docs/api.md, The Connector: "Without `CONNECTOR_URL`"). `start` counts the
  * rows of every listed object and answers at once; after `delayMs` the workflow completes
  * with `succeeded` (`Processed N rows`), or `failed` when a count differs from the request
  * or an object is missing. Only one workflow per `upload_uuid` runs at a time; a finished

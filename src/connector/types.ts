@@ -6,7 +6,7 @@
  * `ServiceError` from `errors.ts`, ready to be answered as is.
  */
 
-/** Body of `POST {CONNECTOR_URL}/workflows` (DECISIONS.md, "The Connector"). */
+/** Body of `POST {CONNECTOR_URL}/workflows` (docs/api.md, "The Connector"). */
 export interface WorkflowStart {
   upload_uuid: string;
   client_id: string;
@@ -69,7 +69,7 @@ export interface Connector {
 }
 
 /**
- * Body of the completion webhook (DECISIONS.md, "The completion webhook"). Only
+ * Body of the completion webhook (docs/api.md, "The completion webhook"). Only
  * `upload_uuid` and `is_terminated` are required; unknown fields are ignored.
  */
 export interface WebhookPayload {

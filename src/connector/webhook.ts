@@ -4,7 +4,7 @@ import type { ValidationIssue } from '../errors.js';
 import type { WebhookPayload } from './types.js';
 
 /**
- * The completion webhook's signature (DECISIONS.md, "The completion webhook"):
+ * The completion webhook's signature (docs/api.md, "The completion webhook"):
  * `X-Connector-Signature: sha256=<hex HMAC-SHA256(secret, timestamp + "." + raw body)>`,
  * `X-Connector-Timestamp: <unix seconds>`. The same scheme as Stripe's and Slack's: the
  * timestamp is signed with the body so a captured request cannot be replayed later.

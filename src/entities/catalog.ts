@@ -1,5 +1,5 @@
 /**
- * The entity catalog of DECISIONS.md: names, columns, types, required flags, parents.
+ * The entity catalog of docs/api.md (Entities): names, columns, types, required flags, parents.
  * The main thread uses it for routing (unknown entity) and `GET /entities`; the validation
  * workers use it with the typia checkers of `validators.ts`.
  */

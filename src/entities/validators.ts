@@ -1,6 +1,6 @@
 /**
  * Validation of an ingest body against an entity of the catalog, in the check order of
- * DECISIONS.md (the first failing check answers):
+ * docs/api.md, Ingest payload (the first failing check answers):
  *
  * 1. not JSON: `Invalid JSON format.` (the caller parses; see `INVALID_JSON`)
  * 1b. a repeated top-level `columns` or `data` key: `repeatedKey`, `duplicateKeyMessage`
@@ -35,7 +35,7 @@ const DATA_TEXT = 'data';
  * Step 1b, on text that passed step 1 (it is JSON): the first member of the top-level
  * object whose key, escapes decoded, is `columns` or `data` and was already a key of an
  * earlier member, in body order. `JSON.parse` would silently keep the last one; the
- * service refuses the body instead (README, API decisions), so that an answer never
+ * service refuses the body instead (docs/api.md, API decisions), so that an answer never
  * depends on which of two values a reader keeps. Other repeated keys are not reported;
  * keys of nested objects never count; a body that is not an object has none.
  *

@@ -1,6 +1,6 @@
 /**
  * Client authentication: tokens at rest only as SHA-256, compared in constant time; the
- * check order of DECISIONS.md (token, Client-Id, token-to-client, source IP).
+ * check order of docs/api.md (token, Client-Id, token-to-client, source IP).
  */
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';

@@ -1,5 +1,5 @@
 /**
- * Per-client-IP admission at the edge (check 1 of DECISIONS.md, before authentication): a
+ * Per-client-IP admission at the edge (check 1 of docs/api.md, Check order: before authentication): a
  * token bucket over `/api/v1/` requests and a cap on the requests a client has in flight.
  *
  * Requests in flight stand in for "connections": this uWS build has no connection hook on

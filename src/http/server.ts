@@ -139,6 +139,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   // binds without SO_REUSEADDR) is waited out for `listenRetryMs`.
   const deadline = Date.now() + (opts.port === 0 ? 0 : (opts.listenRetryMs ?? 0));
   let listener = await opts.edge.listen(opts.host, opts.port, handlers);
+  if (!listener && Date.now() < deadline) opts.onListenRetry?.(deadline - Date.now());
   while (!listener && Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, 250));
     listener = await opts.edge.listen(opts.host, opts.port, handlers);

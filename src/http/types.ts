@@ -112,6 +112,8 @@ export interface ServerOptions {
   trustedProxies?: BlockList | null;
   /** How long to keep retrying a fixed port that is still taken (0: fail at once). */
   listenRetryMs?: number;
+  /** Told once, when the first bind failed and the retries begin (with how long they may take). */
+  onListenRetry?: (retryMs: number) => void;
   /** Called with errors that become 500s; never with client errors. */
   onInternalError: (err: unknown, req: Request) => void;
   /** Called once per request when it is answered or aborted (metrics, access log). */

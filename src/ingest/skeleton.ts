@@ -2,7 +2,7 @@
  * The body without `data`'s elements: the head (through `data`'s `[`), one placeholder
  * element, `]`, and the tail (everything after `data`'s `]`). Its parse answers what the
  * rows cannot: is the body outside `data` JSON, and does it repeat a top-level `columns` or
- * `data` key (refused: README, API decisions). Every top-level key of the body is in it,
+ * `data` key (refused: docs/api.md, API decisions). Every top-level key of the body is in it,
  * in body order, so `repeatedKey` finds the same key here as on the whole body. The main
  * thread runs it when the text is small, a worker when not.
  */

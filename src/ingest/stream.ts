@@ -35,7 +35,7 @@ import { SENTINEL, SENTINEL_JSON, checkSkeleton, type SkeletonFacts } from './sk
 import { Mode, type BodyResult, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
 import type { IngestOptions, IngestResult, IngestSink } from './pool.js';
 
-/** Counters of the pool, cheap to keep: tests and the README's tuning notes read them. */
+/** Counters of the pool, cheap to keep: tests and the tuning notes of docs/operations.md read them. */
 export interface IngestStats {
   /** Row tasks run, continuations included. */
   pieces: number;

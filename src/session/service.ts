@@ -72,7 +72,7 @@ export interface ClientRef {
 const MAX_CAS_ATTEMPTS = 32;
 /** Sessions whose last written summary is kept in memory. */
 const CACHED_SESSIONS = 10_000;
-/** An upload uuid as `initialize` makes them (random UUID v4, lowercase). */
+/** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
 const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
 /** After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at most 100 ms. */

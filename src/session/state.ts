@@ -1,7 +1,7 @@
 /**
  * The session state machine as pure functions: (summary, event) → next summary, or the
- * error the client gets. Covers every row of the spec's transition table plus the decided
- * ones (delete, workflow failure). Nothing here does I/O or reads the clock: the service
+ * error the client gets. Covers every row of the transition table of docs/api.md plus the
+ * decided ones (delete, workflow failure). Nothing here does I/O or reads the clock: the service
  * passes `now` in.
  *
  * A session is a small summary plus a package ledger (store/ports.ts `PackageLedger`). The
@@ -292,7 +292,7 @@ export interface StartInput {
   now: number;
 }
 
-/** start-upload, in the documented check order. On success the session is STARTED before the Connector is called. */
+/** start-upload, in the check order of docs/api.md. On success the session is STARTED before the Connector is called. */
 export function decideStart(r: SessionRecord, input: StartInput): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
@@ -373,7 +373,7 @@ export interface StatusView {
   last_workflow?: WorkflowOutcome;
 }
 
-/** The status body; flags as documented (docs/api.md), from real state only. */
+/** The status body; flags as docs/api.md (Session rules) defines them, from real state only. */
 export function statusView(r: SessionRecord, pendingBatches: number, now: number): StatusView {
   const finished = liveInFlight(r, now) === 0 && pendingBatches === 0;
   return {

@@ -124,16 +124,16 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     const { q } = await setup(t);
     // Sizes that shrink and grow, so a shared buffer would show any stale or cut bytes.
     const batches = ['["s","x"]\n', `${'["long","y"]\n'.repeat(40)}`, '["m","zz"]\n["n","zz"]\n', '["t","x"]\n'];
-    let read: string[] = [];
+    let delivered!: (read: string[]) => void;
+    const firstDelivery = new Promise<string[]>((resolve) => (delivered = resolve));
     const consumer = q.consume(async (pkg) => {
-      read = [];
+      const read: string[] = [];
       for await (const b of pkg.batches({ reuse: true })) read.push(Buffer.from(b).toString('utf8'));
+      delivered(read);
     });
     t.teardown(() => consumer.stop());
     await commit(q, meta('u1', 'pkg-r'), batches);
-    const deadline = Date.now() + 10_000;
-    while (read.length < batches.length && Date.now() < deadline) await new Promise((r) => setTimeout(r, 5));
-    t.same(read, batches);
+    t.same(await firstDelivery, batches);
   });
 
   t.test(`${name}: abort leaves nothing`, async (t) => {

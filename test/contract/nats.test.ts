@@ -296,7 +296,15 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   const stream = unique('LOST');
   t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
   const errors: string[] = [];
-  const q = await openQueue(t, h, { ...queueOpts(stream), onError: (_err, what) => errors.push(what) });
+  let dropped!: () => void;
+  const drop = new Promise<void>((resolve) => (dropped = resolve));
+  const q = await openQueue(t, h, {
+    ...queueOpts(stream),
+    onError: (_err, what) => {
+      errors.push(what);
+      if (what.startsWith('drop package')) dropped();
+    },
+  });
   // Two batches: a package of one small batch travels inside its commit message.
   await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n'), Buffer.from('["p1b"]\n')]);
   // A message delete, not a filtered purge: nats-server 2.9 moves the consumer past everything on those.
@@ -308,9 +316,8 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
     for await (const _ of pkg.batches());
   });
   t.teardown(() => consumer.stop());
-  const deadline = Date.now() + 10_000;
-  while ((await q.pending('u1')) > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-  await consumer.stop();
+  await drop;
+  await consumer.stop(); // waits for the package in hand, whose ack follows the report
   t.equal(await q.pending('u1'), 0, 'dropped');
   t.equal(attempts, 1, 'once');
   t.match(errors, [/drop package p1 of session u1: its batches are gone/]);

@@ -1,7 +1,7 @@
 /**
  * Drill 3: the Connector down (nothing listens), crashing mid-request (connection reset), slow
  * past `connector.timeoutMs`, and answering 500; then back. Each fault answers the client as
- * DECISIONS.md says (502 `Failed to connect to Connector service`, or the Connector's own 5xx
+ * docs/api.md says (502 `Failed to connect to Connector service`, or the Connector's own 5xx
  * and detail), the session comes out exactly as it went in (while the call runs it is STARTED,
  * so ingests and other starts answer 409), a slow Connector's late 200 and late completion
  * webhook change nothing, and once the Connector is back a start succeeds and the session

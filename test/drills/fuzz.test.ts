@@ -10,7 +10,7 @@
  * signed and unsigned webhooks; session ids of the client, of another client, unknown and
  * malformed — against an in-process service with the rate limits off.
  *
- * Every answer must be a status the spec names (never 500: nothing here is an internal
+ * Every answer must be a status docs/api.md names (never 500: nothing here is an internal
  * error), JSON in the contract's shape (`{detail: string | object | array}`, the flat
  * initialize 409, or an endpoint's success body), and the service must end alive, serving,
  * with no internal error logged and RSS within a bound.
@@ -351,7 +351,7 @@ t.test(`drill 7: ${TOTAL} malformed requests over every endpoint`, async (t) => 
       problems.push(`${why}: ${req.method} ${req.target.slice(0, 120)} [${head}] body ${JSON.stringify(req.body.subarray(0, 120).toString('latin1'))} → ${res?.status} ${res?.body.subarray(0, 300).toString()}`);
     }
   };
-  /** Statuses the spec (and the README's decisions) name; 500 is not among them: nothing here is an internal error. */
+  /** Statuses docs/api.md names; 500 is not among them: nothing here is an internal error. */
   const ALLOWED = new Set([200, 400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 502, 503]);
   const check = (req: Generated, res: Parsed | null) => {
     const key = `${req.endpoint} ${res ? res.status : 'closed'}`;

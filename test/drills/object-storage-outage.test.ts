@@ -33,12 +33,17 @@ async function drill(t: Test, mode: 'kill' | 'pause') {
   let n = 0;
   let firstDuring: () => void = () => {};
   const acceptedDuring = new Promise<void>((resolve) => (firstDuring = resolve));
+  let nextDuring: () => void = () => {};
+  const acceptedNext = () => new Promise<void>((resolve) => (nextDuring = resolve));
   const send = async (tag: string) => {
     const k = n++;
     const res = await c.ingest(uuid, 'products', drillPackage(tag, k, ROWS));
     if (res.status === 200) {
       accepted.add(`${tag}/${k}`);
-      if (tag === 'during') firstDuring();
+      if (tag === 'during') {
+        firstDuring();
+        nextDuring();
+      }
     } else {
       failed.push([res.status, res.body]);
     }
@@ -67,7 +72,7 @@ async function drill(t: Test, mode: 'kill' | 'pause') {
     const start = await c.start(uuid, dates);
     startChecks++;
     if (start.status !== 409 || start.body?.detail !== 'Upload tasks are still in progress') problems.push(`start: ${start.status} ${start.text}`);
-    await new Promise((r) => setTimeout(r, 250));
+    await acceptedNext(); // asked again once the session took in one more package without S3
   }
   stop = true;
   await Promise.all(senders);

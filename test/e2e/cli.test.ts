@@ -254,3 +254,37 @@ t.test('503 answers are retried after their Retry-After, with the same key, and 
   t.equal(ids.length, n, 'every row stored');
   t.equal(new Set(ids).size, n, 'none twice');
 });
+
+t.test('status without a remembered session names the real cause; --watch --until ends; counts read right', async (t) => {
+  const svc = await startService(t);
+  const cli = await cliRunner(t, svc);
+  const dir = await tempDir(t, 'cli-walk-');
+
+  const stranger = await cli.run(['status'], { env: { INGEST_CLIENT_ID: 'nobody' } });
+  t.equal(stranger.code, 1, 'a wrong client id: the service refuses');
+  t.match(stranger.stderr, /^ingest: 401 User not authenticated$/m);
+  t.notMatch(stranger.stderr, /no upload uuid/);
+  const closed = await cli.run(['status', '--json'], { env: { INGEST_URL: 'http://127.0.0.1:9' } });
+  t.equal(closed.code, 1, 'the service unreachable');
+  t.match(closed.json, { error: { code: 'NETWORK', message: /ECONNREFUSED/ } });
+  const fresh = await cli.run(['status']);
+  t.equal(fresh.code, 2, 'reachable and authenticated, but no session remembered');
+  t.match(fresh.stderr, /no upload uuid remembered for client demo at http:\/\/127\.0\.0\.1:\d+: pass one/);
+  t.equal((await cli.run(['status', 'u', '--until', 'DONE'])).code, 2, '--until goes with --watch');
+  t.equal((await cli.run(['status', 'u', '--watch', '--until', 'later'])).code, 2, 'an unknown --until');
+
+  const one = join(dir, 'one.csv');
+  await writeFile(one, 'catalog_id,name\nc1,Drinks\n');
+  const pushed = await cli.run(['push', one, '--entity', 'catalogs', '--new']);
+  t.equal(pushed.code, 0, 'exits 0', { stderr: pushed.stderr });
+  t.match(pushed.stdout, /^pushed 1 row of catalogs in 1 package \(/);
+  t.match(pushed.stderr, /package 0 accepted: 1 row \(1 row, /);
+
+  // Before start a session never becomes DONE: --until startable is the wait that ends.
+  const watched = await cli.run(['status', '--watch', '--until', 'startable', '--interval', '0.2', '--json']);
+  t.equal(watched.code, 0, 'ends once can_start_upload', { stderr: watched.stderr });
+  const lines = watched.stdout.trim().split('\n').map((l) => JSON.parse(l) as { can_start_upload: boolean });
+  t.equal(lines.at(-1)?.can_start_upload, true, 'the last line is the startable status');
+  const bounded = await cli.run(['status', '--watch', '--interval', '0.2', '--wait-timeout', '0.5']);
+  t.equal(bounded.code, 5, 'waiting for DONE before start ends at --wait-timeout');
+});

@@ -1,4 +1,4 @@
-/** start-upload and terminate against a scripted fake Connector: the error mapping of DECISIONS.md. */
+/** start-upload and terminate against a scripted fake Connector: the error mapping of docs/api.md, The Connector. */
 import t from 'tap';
 import { clientOf, fakeConnector, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
 

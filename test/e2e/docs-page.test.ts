@@ -5,15 +5,15 @@
  *
  * `DOCS_SCREENSHOT_DIR=<dir>` keeps the screenshots (else they go to a temp dir that is removed).
  */
-import { existsSync } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { chromium, type Page } from 'playwright-core';
 import t from 'tap';
 import { openApiDocument } from '../../src/api/openapi.js';
 import { startService, tempDir } from '../support/harness.js';
+import { chromiumPath, installHint } from '../support/prerequisites.js';
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+const CHROMIUM = chromiumPath();
 const ARGS = [
   '--headless',
   '--no-sandbox',
@@ -44,11 +44,8 @@ const operations = Object.entries(doc.paths as Json).flatMap(([path, item]) =>
 const opblock = (page: Page, tag: string, operationId: string) => page.locator(`#operations-${tag}-${operationId}`);
 
 t.test('the docs page in headless Chromium', async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.fail(
-      `Chromium not found at ${CHROMIUM}. Install Debian's chromium (apt-get install chromium; .ci/run does), ` +
-        'or set CHROMIUM_PATH to a Chromium binary.',
-    );
+  if (CHROMIUM === null) {
+    t.fail(installHint(['chromium'])); // `npm test` installs it first where it can
     return;
   }
   const svc = await startService(t, { metrics: { enabled: true } }); // every operation of openapi.ts is served

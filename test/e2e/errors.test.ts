@@ -1,4 +1,4 @@
-/** Every status code and message of the spec's endpoint and error tables, in the decided check order. */
+/** Every status code and message of docs/api.md (Status codes and messages), in the decided check order. */
 import { createHash } from 'node:crypto';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -9,7 +9,7 @@ import { API, call, clientOf, DEMO, products, startService, tempDir, waitForStat
 
 const sha = (s: string) => createHash('sha256').update(s).digest('hex');
 
-t.test('authentication, in the check order of DECISIONS.md', async (t) => {
+t.test('authentication, in the check order of docs/api.md', async (t) => {
   const dir = await tempDir(t);
   const clientsFile = join(dir, 'clients.json');
   await writeFile(

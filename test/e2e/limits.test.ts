@@ -1,5 +1,5 @@
 /**
- * The spec's Limits table at the edge, over real HTTP on loopback: the per-client-IP token
+ * The Limits of docs/api.md at the edge, over real HTTP on loopback: the per-client-IP token
  * bucket and in-flight cap (503 + Retry-After, before authentication), the idle-body and
  * request timeouts (408, connection closed), and 413 on chunked bodies without reading on.
  * Limits are made small per test; raw sockets are used where the exact bytes matter.
@@ -28,7 +28,7 @@ t.test('rate limit: a burst beyond the bucket answers 503 with Retry-After, befo
   }
 
   const anonymous = await call(svc.url, 'GET', `${API}/entities`, { client: null });
-  t.equal(anonymous.status, 503, 'checked before authentication (check 1 of DECISIONS.md)');
+  t.equal(anonymous.status, 503, 'checked before authentication (check 1 of docs/api.md, Check order)');
   const unknown = await call(svc.url, 'GET', '/api/v1/nowhere');
   t.equal(unknown.status, 503, 'every /api/v1/ path is rated, even one that does not exist');
   const doc = await call(svc.url, 'GET', '/openapi.json', { client: null });

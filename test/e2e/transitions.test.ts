@@ -1,4 +1,4 @@
-/** Every row of the spec's state table (plus delete and workflow failure), over real HTTP. */
+/** Every row of the state table of docs/api.md (plus delete and workflow failure), over real HTTP. */
 import t from 'tap';
 import { API, call, clientOf, DEMO, fakeConnector, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
 

@@ -24,11 +24,11 @@ t.test('an uploader killed mid-multipart: after restart the package is stored ex
   t.equal((await c.status(uuid)).body.upload_tasks_finished, false, 'queued, no uploader yet');
 
   const first = await spawnUploader(t, config);
-  const deadline = Date.now() + 60_000;
-  while (!s3.requests.some((r) => r.method === 'PUT' && r.query.partNumber !== undefined)) {
-    if (Date.now() > deadline) throw new Error(`no part upload seen:\n${first.output()}`);
-    await new Promise((r) => setTimeout(r, 2));
-  }
+  let noPart: NodeJS.Timeout | undefined;
+  await Promise.race([
+    s3.seen((r) => r.method === 'PUT' && r.query.partNumber !== undefined),
+    new Promise((_, reject) => (noPart = setTimeout(() => reject(new Error(`no part upload within 60 s:\n${first.output()}`)), 60_000))),
+  ]).finally(() => clearTimeout(noPart));
   await first.kill();
 
   const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });

@@ -1,16 +1,16 @@
 /**
  * Real `nats-server` processes for tests: loopback only, free ports, JetStream on, a fresh
  * store directory per server, teardown registered as soon as each resource exists. The
- * machine's own NATS (4222) is never touched. The binary is `NATS_SERVER_BIN`, else
- * `nats-server` on PATH or in /usr/sbin, /usr/local/bin.
+ * machine's own NATS (4222) is never touched. The binary is found as `prerequisites.ts`
+ * says (`NATS_SERVER_BIN`, else `nats-server` on PATH or in /usr/sbin, /usr/local/bin).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
-import { delimiter, join } from 'node:path';
+import { join } from 'node:path';
 import { connect } from 'nats';
+import { installHint, natsServerPath } from './prerequisites.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;
@@ -95,9 +95,13 @@ class Node implements NatsServer {
     const proc = spawn(natsServerBin(), ['-c', this.#config], { stdio: ['ignore', 'pipe', 'pipe'] });
     this.#proc = proc;
     this.#log = [];
+    let sawReady: () => void = () => {};
+    const readyLine = new Promise<true>((resolve) => (sawReady = () => resolve(true)));
     const keep = (chunk: Buffer): void => {
-      this.#log.push(...chunk.toString('utf8').split('\n').filter(Boolean));
+      const text = chunk.toString('utf8');
+      this.#log.push(...text.split('\n').filter(Boolean));
       if (this.#log.length > 200) this.#log.splice(0, this.#log.length - 200);
+      if (text.includes('Server is ready')) sawReady();
     };
     proc.stdout!.on('data', keep);
     proc.stderr!.on('data', keep);
@@ -111,10 +115,10 @@ class Node implements NatsServer {
       process.removeListener('exit', orphaned);
       if (this.#proc === proc) this.#proc = null;
     });
-    const ready = await Promise.race([
-      waitFor(() => this.#log.some((l) => l.includes('Server is ready')), READY_TIMEOUT_MS),
-      this.#exited.then(() => false),
-    ]);
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), READY_TIMEOUT_MS)));
+    const ready = await Promise.race([readyLine, this.#exited.then(() => false), late]);
+    clearTimeout(timer);
     if (!ready) {
       await this.kill();
       throw new Error(`nats-server ${this.name} did not start:\n${this.#log.slice(-20).join('\n')}`);
@@ -195,15 +199,6 @@ async function waitForJetStream(urls: string[]): Promise<void> {
   }
 }
 
-async function waitFor(cond: () => boolean, timeoutMs: number): Promise<boolean> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) return false;
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-  return true;
-}
-
 /** Ports the OS just handed out on loopback; all held at once so they differ, then released. */
 async function freePorts(n: number): Promise<number[]> {
   const servers = await Promise.all(
@@ -223,11 +218,7 @@ async function freePorts(n: number): Promise<number[]> {
 }
 
 function natsServerBin(): string {
-  const fromEnv = process.env.NATS_SERVER_BIN;
-  if (fromEnv) return fromEnv;
-  const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/local/bin', '/usr/bin'];
-  for (const dir of dirs) {
-    if (dir && existsSync(join(dir, 'nats-server'))) return join(dir, 'nats-server');
-  }
-  throw new Error('nats-server not found: install it (Debian: apt-get install nats-server) or set NATS_SERVER_BIN');
+  const path = natsServerPath();
+  if (path === null) throw new Error(installHint(['nats-server']));
+  return path;
 }

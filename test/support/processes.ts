@@ -81,7 +81,7 @@ async function launch(t: Teardown, script: string, config: DeepPartial<Config>, 
     });
     void exited.then((code) => {
       clearTimeout(timer);
-      reject(new Error(`${script} exited with ${code}:\n${out}`));
+      reject(new Error(`${script} exited with ${code ?? `signal ${child.signalCode}`}:\n${out}`));
     });
   });
   return { proc, match };

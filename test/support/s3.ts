@@ -46,6 +46,8 @@ export interface S3Server extends S3Endpoint {
   dir: string;
   /** Every request served so far, in arrival order. */
   requests: RecordedRequest[];
+  /** The first request that matches, as soon as it arrives (at once if one already did). */
+  seen(match: (r: RecordedRequest) => boolean): Promise<RecordedRequest>;
   /** Answers matching requests with an S3 error (default 500 InternalError) until the returned function is called. */
   refuse(match: (r: RecordedRequest) => boolean, answer?: S3ErrorAnswer): () => void;
   stop(): Promise<void>;
@@ -106,6 +108,8 @@ const REFUSED: S3ErrorAnswer = { status: 500, code: 'InternalError', message: 'R
 interface Recorder {
   requests: RecordedRequest[];
   refused: Map<(r: RecordedRequest) => boolean, S3ErrorAnswer>;
+  /** Told of every request as it arrives. */
+  watchers: Set<(r: RecordedRequest) => void>;
 }
 
 async function runS3rver(
@@ -134,7 +138,7 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
   const bucket = opts.bucket ?? DEFAULT_BUCKET;
   const dir = await mkdtemp(join(tmpdir(), 's3rver-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const recording: Recorder = { requests: [], refused: new Map() };
+  const recording: Recorder = { requests: [], refused: new Map(), watchers: new Set() };
   const { server, port } = await runS3rver(dir, 0, bucket, recording);
   let stopped = false;
   const stop = async (): Promise<void> => {
@@ -150,7 +154,18 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
     recording.refused.set(match, answer);
     return () => void recording.refused.delete(match);
   };
-  return { endpoint: `http://127.0.0.1:${port}`, bucket, ...CREDENTIALS, dir, requests: recording.requests, refuse, stop };
+  const seen = (match: (r: RecordedRequest) => boolean) =>
+    new Promise<RecordedRequest>((resolve) => {
+      const earlier = recording.requests.find(match);
+      if (earlier) return resolve(earlier);
+      const watcher = (r: RecordedRequest) => {
+        if (!match(r)) return;
+        recording.watchers.delete(watcher);
+        resolve(r);
+      };
+      recording.watchers.add(watcher);
+    });
+  return { endpoint: `http://127.0.0.1:${port}`, bucket, ...CREDENTIALS, dir, requests: recording.requests, seen, refuse, stop };
 }
 
 /** s3rver in a child process, so that a test can take object storage away and bring it back. */
@@ -206,12 +221,13 @@ export async function startS3Process(t: Teardown, opts: { bucket?: string } = {}
   return handle;
 }
 
-function recorder({ requests, refused }: Recorder): Middleware {
+function recorder({ requests, refused, watchers }: Recorder): Middleware {
   return async (ctx, next) => {
     const query: Record<string, string> = {};
     for (const [k, v] of Object.entries(ctx.query)) query[k] = Array.isArray(v) ? (v[0] ?? '') : (v ?? '');
     const request = { method: ctx.method, key: pathKey(ctx.path).key, query };
     requests.push(request);
+    for (const watcher of [...watchers]) watcher(request);
     for (const [match, answer] of refused) if (match(request)) return xmlError(ctx, answer.status, answer.code, answer.message, {});
     await next();
   };

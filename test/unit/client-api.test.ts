@@ -144,8 +144,9 @@ t.test('initialize: a 409 is a result naming the existing session', async (t) =>
 });
 
 t.test('transport failures: timeout, refused connection, non-JSON 2xx, abort', async (t) => {
+  let statusArrived: () => void = () => {};
   const srv = await fake(t, (s, res) => {
-    if (s.url.endsWith('/status')) return; // never answers
+    if (s.url.endsWith('/status')) return statusArrived(); // never answers
     res.writeHead(200, { 'content-type': 'text/html' }).end('<html>proxy</html>');
   });
   const c = client(t, srv.url, { timeoutMs: 300 });
@@ -156,8 +157,10 @@ t.test('transport failures: timeout, refused connection, non-JSON 2xx, abort', a
   t.match(await failure(c.entities()), { code: 'INVALID_RESPONSE', status: 200 });
 
   const controller = new AbortController();
+  const arrived = new Promise<void>((resolve) => (statusArrived = resolve));
   const pending = failure(c.status('u', { signal: controller.signal, timeoutMs: 10_000 }));
-  setTimeout(() => controller.abort(), 50);
+  await arrived; // aborted while the request is in the server's hands
+  controller.abort();
   t.match(await pending, { code: 'ABORTED' });
 
   const dead = await new Promise<string>((resolve) => {

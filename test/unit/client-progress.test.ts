@@ -1,7 +1,7 @@
 /** Push progress for people: a bar redrawn in place on a terminal, plain lines elsewhere, nothing with --quiet. */
 import t from 'tap';
 import { ApiError } from '../../src/client/errors.js';
-import { fmtDuration, PushProgress } from '../../src/client/progress.js';
+import { fmtCount, fmtDuration, PushProgress } from '../../src/client/progress.js';
 
 function sink() {
   const out = { text: '', columns: 200, write: (s: string) => (out.text += s) };
@@ -48,6 +48,16 @@ t.test('bar: redrawn in place; other lines above it; a fresh line at the end', a
   q.onEvent({ type: 'failed', index: 0, failure });
   q.finish();
   t.equal(quiet.text, '');
+});
+
+t.test('counts: the singular for exactly one', async (t) => {
+  t.same([0, 1, 2, 1234].map((n) => fmtCount(n, 'row')), ['0 rows', '1 row', '2 rows', '1,234 rows']);
+  t.equal(fmtCount(1, 'retry', 'retries'), '1 retry');
+  t.equal(fmtCount(3, 'retry', 'retries'), '3 retries');
+  const out = sink();
+  const p = new PushProgress(out, 'plain', 'f.csv', 10, () => 0);
+  p.onEvent({ type: 'accepted', index: 0, rows: 1, bytes: 10, sourceBytes: 10, replayed: false });
+  t.match(out.text, /^package 0 accepted: 1 row \(1 row, /);
 });
 
 t.test('durations', async (t) => {

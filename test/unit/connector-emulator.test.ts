@@ -1,9 +1,10 @@
+import { on } from 'node:events';
+import { watch } from 'node:fs';
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import t from 'tap';
 import { EmulatedConnector, type EmulatedConnectorOptions } from '../../src/connector/emulator.js';
 import type { WebhookPayload, WorkflowStart } from '../../src/connector/types.js';
@@ -302,16 +303,27 @@ async function tempDir(t: Test): Promise<string> {
 }
 
 /**
- * The saved workflows once `until` holds (default: none left), or after 2 s. The receiver
- * sees a webhook before the emulator sees its answer, and a close in between would abort it.
+ * The saved workflows once `until` holds (default: none left), or as they are after 5 s. The
+ * receiver sees a webhook before the emulator sees its answer, and a close in between would
+ * abort it: each write of the state file (a rename into its directory) is the event to read at.
  */
 async function settledWorkflows(file: string, until = (w: Saved) => w.length === 0): Promise<Saved> {
-  const deadline = Date.now() + 2000;
-  for (;;) {
-    const { workflows } = await readState(file);
-    if (until(workflows) || Date.now() > deadline) return workflows;
-    await sleep(10);
+  const watcher = watch(dirname(file)); // before the first read: no write can slip between
+  const changes = on(watcher, 'change', { signal: AbortSignal.timeout(5000) });
+  let workflows: Saved = [];
+  try {
+    ({ workflows } = await readState(file));
+    if (until(workflows)) return workflows;
+    for await (const _ of changes) {
+      ({ workflows } = await readState(file));
+      if (until(workflows)) return workflows;
+    }
+  } catch (err) {
+    if ((err as Error).name !== 'AbortError') throw err;
+  } finally {
+    watcher.close();
   }
+  return workflows;
 }
 
 t.test('a started workflow survives close and reopen: the completion webhook still arrives at its due time', async (t) => {
@@ -355,7 +367,11 @@ t.test('a workflow that fell due while closed completes soon after reopen', asyn
   const first = await emulator(t, store(), { stateFile, delayMs: 50 });
   await first.start(startRequest(hook.url));
   await first.close();
-  await sleep(150);
+  // Its due time passes while it is closed: moved into the past in the saved state.
+  const saved = await readState(stateFile);
+  t.equal(saved.workflows.length, 1);
+  for (const wf of saved.workflows) wf.due_at = Date.now() - 1000;
+  await writeFile(stateFile, JSON.stringify(saved));
   t.equal(hook.count(), 0, 'nothing sent while closed');
 
   const opened = Date.now();

@@ -1,8 +1,8 @@
 /**
  * The deployment files, checked without a Docker engine: docker-compose.yml parses (with the
  * `yaml` package tap itself depends on) and every service's environment passes the
- * configuration validation; the Dockerfile keeps its shape; docs/operations.md's configuration
- * table names every key of config/default.json.
+ * configuration validation; the Dockerfile keeps its shape; the configuration table of
+ * docs/operations.md names every key of config/default.json.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';

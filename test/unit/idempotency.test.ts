@@ -183,18 +183,36 @@ t.test('single instance (embedded): a claim of a previous process is taken over 
 
 t.test('a running attempt renews its lease', async (t) => {
   const r = await rig(t);
-  const live = { now: 0 };
-  const ledger = r.ledger({ leaseMs: 60, clock: () => Date.now() + live.now });
-  run(t, await ledger.claim(client, 'k', fp, 'p-1'));
   const key = idempotencyKey('acme', 'k');
+  // The store, telling of each write of the claim once it is done: a renewal is one.
+  let written: () => void = () => {};
+  const store = r.sessions;
+  const sessions: SessionStore = {
+    get: (k) => store.get(k),
+    create: (k, value) => store.create(k, value),
+    delete: (k, revision) => store.delete(k, revision),
+    close: () => store.close(),
+    update: async (k, value, revision) => {
+      const next = await store.update(k, value, revision);
+      if (k === key) written();
+      return next;
+    },
+  };
+  // The renewal timer is unref'd: the deadline's timer keeps the process up meanwhile.
+  const nextWrite = () =>
+    new Promise<void>((resolve, reject) => {
+      const deadline = setTimeout(() => reject(new Error('no renewal within 5 s')), 5000);
+      written = () => {
+        clearTimeout(deadline);
+        resolve();
+      };
+    });
+  const ledger = r.ledger({ sessions, leaseMs: 60, clock: () => Date.now() });
+  run(t, await ledger.claim(client, 'k', fp, 'p-1'));
   const first = (await r.sessions.get<any>(key))!;
-  // Bounded wait for two renewals (every leaseMs / 3).
-  const deadline = Date.now() + 5000;
-  let cur = first;
-  while (cur.revision < first.revision + 2 && Date.now() < deadline) {
-    await new Promise((resolve) => setTimeout(resolve, 10));
-    cur = (await r.sessions.get<any>(key))!;
-  }
+  await nextWrite(); // two renewals (every leaseMs / 3)
+  await nextWrite();
+  const cur = (await r.sessions.get<any>(key))!;
   t.ok(cur.revision >= first.revision + 2, 'renewed');
   t.ok(cur.value.lease_until > first.value.lease_until, 'the lease moved forward');
 });

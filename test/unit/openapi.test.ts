@@ -279,7 +279,7 @@ t.test('ingest lists the catalog; the webhook is signed, not client-authenticate
   t.same(doc.paths['/metrics'].get.security, [{}, { MetricsToken: [] }], '/metrics: a bearer token only when configured');
 });
 
-t.test('status and the error statuses the spec names', async (t) => {
+t.test('status and the error statuses docs/api.md names', async (t) => {
   t.same(schemaOf('get', '/{upload_uuid}/status', '200'), { $ref: '#/components/schemas/StatusView' });
   t.same(schemas.StatusView.required, [
     'upload_uuid',

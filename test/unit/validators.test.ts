@@ -121,7 +121,7 @@ t.test('catalog order takes the tuple path and agrees with the column-by-column 
   };
   for (const e of ENTITIES) {
     const order = e.columns.map((c) => c.name);
-    // A copy of the spec is not the catalog's object, so it never gets the tuple path.
+    // A copy of the entity is not the catalog's object, so it never gets the tuple path.
     const fast = compileRowCheck(e, order);
     const slow = compileRowCheck({ ...e }, order);
     const base = e.columns.map((c) => sample[c.type]);

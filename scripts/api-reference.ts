@@ -1,0 +1,178 @@
+#!/usr/bin/env node
+/**
+ * Renders docs/api-reference.md from the OpenAPI document the service serves
+ * (`openApiDocument()` of src/api/openapi.ts, every operation it may route), so the
+ * reference in the repository cannot drift from `GET /openapi.json`:
+ * `test/unit/api-reference.test.ts` fails while the committed file differs from this
+ * rendering. `npm run docs:api` writes it anew.
+ */
+import { realpathSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { openApiDocument } from '../src/api/openapi.js';
+
+type Json = Record<string, any>;
+
+/** The file this script writes, relative to the repository root. */
+export const API_REFERENCE = 'docs/api-reference.md';
+
+const METHODS = ['get', 'post', 'put', 'patch', 'delete'] as const;
+
+/** Markdown table cells: no line breaks, no bare pipes. */
+const cell = (text: string): string => text.replace(/\|/g, '\\|').replace(/\n+/g, '<br>');
+
+const refName = (ref: string): string => ref.slice(ref.lastIndexOf('/') + 1);
+
+/** The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as dashes. */
+const anchor = (heading: string): string =>
+  heading
+    .toLowerCase()
+    .replace(/[^a-z0-9 _-]/g, '')
+    .replace(/ /g, '-');
+
+const schemaLink = (name: string): string => `[\`${name}\`](#${anchor(name)})`;
+
+const alternatives = (types: string[]): string => [...types].sort().join(' \\| ');
+
+/** A schema as a short type expression, linking named schemas to their section. */
+function typeOf(schema: Json | undefined): string {
+  if (!schema) return 'any';
+  if (schema.$ref) return schemaLink(refName(schema.$ref));
+  if (schema.const !== undefined) return `\`${JSON.stringify(schema.const)}\``;
+  // Alternatives sorted: typia emits a union's members in no fixed order from build to build.
+  if (schema.enum) return alternatives((schema.enum as unknown[]).map((v) => `\`${JSON.stringify(v)}\``));
+  for (const key of ['anyOf', 'oneOf'] as const) {
+    if (schema[key]) return alternatives((schema[key] as Json[]).map(typeOf));
+  }
+  if (schema.type === 'array') return `array of ${typeOf(schema.items)}`;
+  if (Array.isArray(schema.type)) return (schema.type as string[]).join(' \\| ');
+  if (schema.type === 'object' && !schema.properties) return 'object';
+  return schema.type ?? 'any';
+}
+
+/** Facts a type expression leaves out: bounds, formats, defaults. */
+function constraints(schema: Json): string[] {
+  const facts: string[] = [];
+  const say = (key: string, text: (v: any) => string) => schema[key] !== undefined && facts.push(text(schema[key]));
+  say('format', (v) => `format ${v}`);
+  say('pattern', (v) => `pattern \`${v}\``);
+  say('minimum', (v) => `≥ ${v}`);
+  say('maximum', (v) => `≤ ${v}`);
+  say('minLength', (v) => `at least ${v} character${v === 1 ? '' : 's'}`);
+  say('maxLength', (v) => `at most ${v} characters`);
+  say('minItems', (v) => `at least ${v} item${v === 1 ? '' : 's'}`);
+  say('default', (v) => `default \`${JSON.stringify(v)}\``);
+  return facts;
+}
+
+function describe(schema: Json): string {
+  const facts = constraints(schema);
+  return [schema.description ?? '', facts.length ? `(${facts.join('; ')})` : ''].filter(Boolean).join(' ');
+}
+
+function schemaSection(name: string, schema: Json): string[] {
+  const out = [`### ${name}`, ''];
+  if (schema.description) out.push(schema.description, '');
+  if (schema.type === 'object' && schema.properties) {
+    const required = new Set<string>(schema.required ?? []);
+    out.push('| field | type | required | notes |', '|---|---|---|---|');
+    for (const [field, prop] of Object.entries(schema.properties as Json)) {
+      out.push(`| \`${field}\` | ${typeOf(prop)} | ${required.has(field) ? 'yes' : 'no'} | ${cell(describe(prop))} |`);
+    }
+    if (schema.additionalProperties) out.push(`| *any other* | ${typeOf(schema.additionalProperties)} | no | |`);
+  } else if (schema.type === 'object' && schema.additionalProperties) {
+    out.push(`An object; each value is ${typeOf(schema.additionalProperties)}.`);
+  } else {
+    out.push(`${typeOf(schema)}${constraints(schema).length ? ` (${constraints(schema).join('; ')})` : ''}`);
+  }
+  out.push('');
+  return out;
+}
+
+/** A parameter object, with `$ref`s into components resolved. */
+function parameter(doc: Json, p: Json): Json {
+  return p.$ref ? doc.components.parameters[refName(p.$ref)] : p;
+}
+
+function response(doc: Json, r: Json): Json {
+  return r.$ref ? doc.components.responses[refName(r.$ref)] : r;
+}
+
+function operationSection(doc: Json, method: string, path: string, op: Json): string[] {
+  const title = `${method.toUpperCase()} ${path}`;
+  const out = [`### ${title}`, '', `**${op.summary}** (\`${op.operationId}\`)`, ''];
+  if (op.description) out.push(op.description, '');
+  // Each entry of `security` is one way to pass, its schemes all needed; `{}` passes with none.
+  const ways = ((op.security ?? doc.security) as Json[]).map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none');
+  out.push(`Authentication: ${ways.length ? ways.join(', or ') : 'none'}.`, '');
+  const params = ((op.parameters ?? []) as Json[]).map((p) => parameter(doc, p));
+  if (params.length) {
+    out.push('| parameter | in | required | type | notes |', '|---|---|---|---|---|');
+    for (const p of params) out.push(`| \`${p.name}\` | ${p.in} | ${p.required ? 'yes' : 'no'} | ${typeOf(p.schema)} | ${cell(describe({ ...p.schema, description: p.description }))} |`);
+    out.push('');
+  }
+  const body = op.requestBody?.content?.['application/json'];
+  if (body) {
+    out.push(`Request body (\`application/json\`${op.requestBody.required ? ', required' : ''}): ${typeOf(body.schema)}.`, '');
+    const examples: [string, unknown][] = body.example !== undefined ? [['Example', body.example]] : Object.values((body.examples ?? {}) as Json).map((e: Json) => [e.summary, e.value]);
+    for (const [label, value] of examples) out.push(`${label}:`, '', '```json', JSON.stringify(value), '```', '');
+  }
+  out.push('| status | body | meaning |', '|---|---|---|');
+  for (const [status, raw] of Object.entries(op.responses as Json)) {
+    const r = response(doc, raw);
+    const content = Object.entries((r.content ?? {}) as Json);
+    const bodies = content.map(([type, c]) => (type === 'application/json' ? typeOf(c.schema) : `\`${type}\``)).join(', ') || '—';
+    const headers = Object.keys((r.headers ?? {}) as Json);
+    const meaning = `${r.description}${headers.length ? `\nHeaders: ${headers.map((h) => `\`${h}\``).join(', ')}.` : ''}`;
+    out.push(`| ${status} | ${bodies} | ${cell(meaning)} |`);
+  }
+  out.push('');
+  return out;
+}
+
+/** The whole page, from an OpenAPI 3.1 document as `openApiDocument()` builds it. */
+export function renderApiReference(doc: Json = openApiDocument() as Json): string {
+  const operations = Object.entries(doc.paths as Json).flatMap(([path, item]) =>
+    METHODS.filter((m) => (item as Json)[m]).map((method) => ({ path, method, op: (item as Json)[method] as Json })),
+  );
+  const out = [
+    '# API reference',
+    '',
+    `<!-- Generated by scripts/api-reference.ts from the OpenAPI document the service serves; do not edit. Run \`npm run docs:api\` after changing src/api/openapi.ts. -->`,
+    '',
+    `${doc.info.title}, version ${doc.info.version}: every operation of \`GET /openapi.json\`, rendered. The rules behind it (the check order, the session states, the Connector and the webhook, the decisions where the interface was silent) are in [api.md](api.md).`,
+    '',
+    doc.info.description,
+    '',
+    '## Authentication',
+    '',
+    '| scheme | how |',
+    '|---|---|',
+    ...Object.entries(doc.components.securitySchemes as Json).map(
+      ([name, s]) => `| \`${name}\` | ${cell(s.type === 'apiKey' ? `header \`${s.name}\`: ${s.description}` : `HTTP ${s.scheme}: ${s.description}`)} |`,
+    ),
+    '',
+    '## Operations',
+    '',
+  ];
+  const byTag = (doc.tags as Json[]).map((tag) => ({ tag, ops: operations.filter((o) => (o.op.tags ?? [])[0] === tag.name) }));
+  for (const { tag, ops } of byTag) {
+    if (!ops.length) continue;
+    out.push(`**${tag.name}**: ${tag.description}`, '');
+    for (const o of ops) out.push(`- [\`${o.method.toUpperCase()} ${o.path}\`](#${anchor(`${o.method} ${o.path}`)}): ${o.op.summary}`);
+    out.push('');
+  }
+  for (const { ops } of byTag) for (const o of ops) out.push(...operationSection(doc, o.method, o.path, o.op));
+  out.push('## Schemas', '');
+  for (const [name, schema] of Object.entries(doc.components.schemas as Json)) out.push(...schemaSection(name, schema as Json));
+  return `${out.join('\n').replace(/\n{3,}/g, '\n\n').trimEnd()}\n`;
+}
+
+// Run as a script (`npm run docs:api`): writes the page into the repository.
+if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+  const file = join(root, API_REFERENCE);
+  await writeFile(file, renderApiReference());
+  process.stdout.write(`wrote ${API_REFERENCE}\n`);
+}
