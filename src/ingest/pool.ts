@@ -60,6 +60,12 @@ export interface ValidationPoolOptions {
    * work, and the workers take the rest of the CPU.
    */
   workerNice?: number;
+  /**
+   * Rows are checked and encoded by the byte-level scanner generated from the entity's
+   * schema, with `JSON.parse` + typia for what it declines (default true). false: by
+   * `JSON.parse` + typia only, the reference path (tests and the bench compare the two).
+   */
+  rowScanner?: boolean;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -120,7 +126,7 @@ export class ValidationPool {
   readonly #maxDecompressedBytes: number;
   readonly #headBytes: number;
   readonly #cancelAfterMs: number;
-  readonly #stats: IngestStats = { pieces: 0, continuations: 0, oneShots: 0, skeletonTasks: 0 };
+  readonly #stats: IngestStats = { pieces: 0, continuations: 0, scanned: 0, oneShots: 0, skeletonTasks: 0 };
   readonly #totals: IngestTotals = { accepted: 0, rejected: 0, failed: 0, rows: 0, bodyBytes: 0, encodedBytes: 0 };
   #busyMs = 0;
   // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
@@ -144,6 +150,7 @@ export class ValidationPool {
       headBytes = HEAD_BYTES,
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       workerNice = 0,
+      rowScanner = true,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -168,8 +175,9 @@ export class ValidationPool {
     this.#capacity = threads + maxQueue;
     // Room past the target for the rest of the row the cut waits for.
     this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
-    this.#maxFree = 2 * this.#poolPieces + 8;
-    const workerData: WorkerData = { nice: workerNice };
+    // A running task holds two: its piece and the buffer its lines go to.
+    this.#maxFree = 4 * this.#poolPieces + 8;
+    const workerData: WorkerData = { nice: workerNice, rowScanner };
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads, workerData });
     this.#pool.on('error', onError);
   }
