@@ -102,6 +102,8 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       piecesPerRequest: config.ingest.piecesPerRequest,
       poolPieces: config.ingest.poolPieces,
       maxDecompressedBytes: config.ingest.maxDecompressedBytes,
+      memoryBudgetBytes: config.ingest.memoryBudgetBytes,
+      maxHeldBytes: config.limits.ingestBodyBytes,
       ...(opts.validationWorker === undefined ? {} : { filename: opts.validationWorker }),
       onError: (err) => log.error('validation worker failed outside a task', { err }),
     });

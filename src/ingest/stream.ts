@@ -23,6 +23,10 @@
  *   others wait for it, with the rest checked as far as the answer needs.
  * - Back-pressure: at most `piecesPerRequest` pieces are in flight (dispatched and not yet
  *   taken and appended); past that `write` returns false until they drain.
+ * - Memory: what the sink must hold whole (the body of a layout it does not stream, the
+ *   bytes after `data`, an element longer than a piece, in its cutter buffer or in the
+ *   parts of a carry) is reserved from the process's budget as it grows (`memory.ts`):
+ *   past the request's bound the answer is 413, past the process's 503.
  * - Batches are appended to the writer in row order as pieces are taken, as views of the
  *   buffer the worker wrote the lines to, which goes back to the pool once they are stored;
  *   the writer is opened with the first batch and aborted on any failure; the caller commits.
@@ -33,6 +37,7 @@ import { ROW_ERRORS_MAX, errors, isServiceError, type RowError, type ServiceErro
 import type { PackageWriter } from '../store/ports.js';
 import { PieceCutter, type Buffers } from './cutter.js';
 import { HeadScanner } from './head.js';
+import type { MemoryAccount } from './memory.js';
 import { SENTINEL, SENTINEL_JSON, checkSkeleton, type SkeletonFacts } from './skeleton.js';
 import { Mode, type BodyResult, type Lines, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
 import type { IngestOptions, IngestResult, IngestSink } from './pool.js';
@@ -56,6 +61,8 @@ export interface Engine {
   /** Runs a task when the pool has room for it (priority: before waiting pieces), transferring `transfer`. */
   run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R>;
   readonly buffers: Buffers;
+  /** What the sink holds whole (see `memory.ts`); released by `release()`. */
+  readonly memory: MemoryAccount;
   readonly stats: IngestStats;
   readonly pieceBytes: number;
   readonly piecesPerRequest: number;
@@ -100,6 +107,13 @@ export class StreamingIngest implements IngestSink {
   #phase: Phase = 'head';
   #received = 0;
   #tooLarge = false;
+  /** The process's memory budget refused what the sink had to hold: 503. */
+  #noMemory = false;
+  /** Bytes held whole, by kind (see `#hold`). */
+  #wholeBytes = 0;
+  #tailBytes = 0;
+  #carryBytes = 0;
+  #grownBytes = 0;
   /** Not JSON, for certain. */
   #invalid = false;
   /** A task failed (worker crash): an internal error. */
@@ -174,6 +188,10 @@ export class StreamingIngest implements IngestSink {
     this.#drain = cb;
   }
 
+  get decided(): boolean {
+    return this.#closed;
+  }
+
   end(): Promise<IngestResult> {
     this.#ended ??= this.#finish();
     return this.#ended;
@@ -188,7 +206,29 @@ export class StreamingIngest implements IngestSink {
   }
 
   get #closed(): boolean {
-    return this.#abort.signal.aborted || this.#tooLarge || this.#invalid || this.#failure !== null;
+    return this.#abort.signal.aborted || this.#tooLarge || this.#noMemory || this.#invalid || this.#failure !== null;
+  }
+
+  /** Reserves what the sink holds whole now; false (and the sink closed with 413 or 503) when refused. */
+  #hold(): boolean {
+    const verdict = this.#engine.memory.hold(this.#wholeBytes + this.#tailBytes + this.#carryBytes + this.#grownBytes);
+    if (verdict === 'ok') return true;
+    if (verdict === 'too-large') this.#tooLarge = true;
+    else this.#noMemory = true;
+    this.#drop();
+    return false;
+  }
+
+  /** The cutter asks before it replaces its buffer by a larger one. */
+  #grow(capacity: number): boolean {
+    this.#grownBytes = Math.max(0, capacity - this.#engine.pieceBytes);
+    return this.#hold();
+  }
+
+  /** Keeps a copy of `chunk` for the one-shot task, if the memory budget allows. */
+  #keepWhole(chunk: Uint8Array): void {
+    this.#wholeBytes += chunk.byteLength;
+    if (this.#hold()) this.#whole.push(chunk.slice());
   }
 
   /** Cut pieces wait for a dispatch slot. */
@@ -203,8 +243,8 @@ export class StreamingIngest implements IngestSink {
         if (this.#head.status === 'scanning') return;
         if (this.#head.status === 'other') {
           this.#phase = 'whole';
-          this.#whole.push(this.#head.bytes.slice());
-          if (at < chunk.length) this.#whole.push(chunk.slice(at));
+          this.#keepWhole(this.#head.bytes);
+          if (at < chunk.length) this.#keepWhole(chunk.subarray(at));
           return;
         }
         this.#startRows();
@@ -215,10 +255,11 @@ export class StreamingIngest implements IngestSink {
         this.#cutter!.push(chunk, 0);
         return;
       case 'tail':
-        this.#tailRest.push(chunk.slice());
+        this.#tailBytes += chunk.byteLength;
+        if (this.#hold()) this.#tailRest.push(chunk.slice());
         return;
       case 'whole':
-        this.#whole.push(chunk.slice());
+        this.#keepWhole(chunk);
         return;
     }
   }
@@ -240,10 +281,17 @@ export class StreamingIngest implements IngestSink {
       this.#storing = true;
     }
     this.#phase = 'rows';
-    this.#cutter = new PieceCutter(this.#engine.pieceBytes, this.#engine.buffers, (buffer, length) => this.#addPiece(buffer, length, false));
+    this.#cutter = new PieceCutter(
+      this.#engine.pieceBytes,
+      this.#engine.buffers,
+      (buffer, length) => this.#addPiece(buffer, length, false),
+      (capacity) => this.#grow(capacity),
+    );
   }
 
   #addPiece(buffer: ArrayBuffer, length: number, last: boolean): void {
+    // A grown buffer leaves the cutter with its piece: the piece is in flight, bounded per request.
+    this.#grownBytes = 0;
     const first = this.#pieces.length === 0;
     this.#pieces.push({ parts: [{ buffer, start: 0, end: length }], state: null, first, last, status: 'ready', result: null });
     this.#schedule();
@@ -329,17 +377,23 @@ export class StreamingIngest implements IngestSink {
       }
       this.#account(result);
       const keep = new Set<ArrayBuffer>();
+      this.#carryBytes = 0;
       if (result.carry) {
         const { part, offset, state } = result.carry;
         const parts = piece.parts.slice(part);
         parts[0] = { ...parts[0]!, start: offset };
         this.#carry = { parts, state, first: piece.first && part === 0 && offset === piece.parts[0]!.start };
-        for (const p of parts) keep.add(p.buffer);
+        for (const p of parts) {
+          keep.add(p.buffer);
+          this.#carryBytes += p.buffer.byteLength;
+        }
       }
+      if (!this.#hold()) break;
       if (result.tail) {
         const part = piece.parts[result.tail.part]!;
         this.#tail = [new Uint8Array(part.buffer, result.tail.offset, part.end - result.tail.offset)];
         keep.add(part.buffer);
+        this.#tailBytes += part.buffer.byteLength;
       }
       for (const p of piece.parts) if (!keep.has(p.buffer)) this.#engine.buffers.give(p.buffer);
       this.#pieces[seq] = undefined;
@@ -507,6 +561,7 @@ export class StreamingIngest implements IngestSink {
   #throwIfDecided(): void {
     this.#abort.signal.throwIfAborted();
     if (this.#tooLarge) throw errors.bodyTooLarge();
+    if (this.#noMemory) throw errors.rateLimited(1);
     if (this.#failure) throw errors.internal(this.#failure.cause);
     if (this.#invalid) throw errors.invalidPayload(INVALID_JSON);
   }
