@@ -105,6 +105,12 @@ t.test('ingest: 400 unknown entity before 409 state before 422 payload', async (
   t.equal(many.body.error_count, 250, 'error_count: all of them');
   t.equal(many.body.errors.length, 100, 'errors: the first 100');
   t.same(many.body.errors[99], { row: 99, column: 'name', message: 'expected string, got 99' }, 'in row order');
+  // An integer is bounded to ±(2^53 − 1): 9007199254740993 is refused, never stored rounded.
+  const big = await call(svc.url, 'POST', `${API}/${uuid}/receipt_lines`, {
+    raw: '{"columns":["receipt_id","line_no","product_id","quantity","price"],"data":[["r",9007199254740991,"p",1,1],["r",9007199254740993,"p",1,1]]}',
+    headers: { 'content-type': 'application/json' },
+  });
+  t.same([big.status, big.body.errors], [422, [{ row: 1, column: 'line_no', message: 'expected integer >= 1, got 9007199254740992' }]], 'line_no 9007199254740993: 422');
   const broken = await call(svc.url, 'POST', `${API}/${uuid}/products`, { raw: '{"columns": [', headers: { 'content-type': 'application/json' } });
   t.same([broken.status, broken.body], [422, { detail: 'Invalid JSON format.' }]);
   const missing = await c.ingest(uuid, 'products', { data: [] });
