@@ -4,6 +4,7 @@
  * here is a bug and reaches the main thread as a failed task.
  */
 import { Buffer, isUtf8 } from 'node:buffer';
+import { readlinkSync } from 'node:fs';
 import { getPriority, setPriority } from 'node:os';
 import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
 import { findEntity } from '../src/entities/catalog.js';
@@ -14,7 +15,17 @@ import type { BodyResult, RowsResult, Task, WorkerData } from '../src/ingest/tas
 import { encode } from './encode.js';
 import { processRows } from './rows.js';
 
-const { nice = 0, rowScanner = true } = (workerData ?? {}) as Partial<WorkerData>;
+const { nice = 0, rowScanner = true, tids } = (workerData ?? {}) as Partial<WorkerData>;
+if (tids) {
+  try {
+    // `/proc/thread-self` links to `<pid>/task/<tid>`: this thread's kernel id.
+    const tid = Number(readlinkSync('/proc/thread-self').split('/').pop());
+    const slot = 1 + (Atomics.add(tids, 0, 1) % (tids.length - 1));
+    Atomics.store(tids, slot, tid);
+  } catch {
+    // Not Linux: no per-thread figures.
+  }
+}
 if (nice > 0) {
   try {
     // Linux applies a process-wide call to the calling thread only: this worker's thread.

@@ -151,6 +151,7 @@ export class ValidationPool {
   readonly #free: ArrayBuffer[] = [];
   readonly #maxFree: number;
   readonly #memory: MemoryBudget;
+  readonly #tids: Int32Array;
 
   constructor(options: ValidationPoolOptions) {
     const {
@@ -196,7 +197,8 @@ export class ValidationPool {
     this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
     // A running task holds two: its piece and the buffer its lines go to.
     this.#maxFree = 4 * this.#poolPieces + 8;
-    const workerData: WorkerData = { nice: workerNice, rowScanner };
+    this.#tids = new Int32Array(new SharedArrayBuffer(4 * (1 + 4 * threads + 64)));
+    const workerData: WorkerData = { nice: workerNice, rowScanner, tids: this.#tids };
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads, workerData });
     this.#pool.on('error', onError);
   }
@@ -272,6 +274,7 @@ export class ValidationPool {
       queued: this.#pool.queueSize,
       threads: this.#pool.threads.length,
       threadIds: this.#pool.threads.map((w) => w.threadId),
+      threadTids: [...new Set(this.#tids.subarray(1, 1 + Math.min(Atomics.load(this.#tids, 0), this.#tids.length - 1)))].filter((tid) => tid > 0),
     };
   }
 
@@ -433,6 +436,8 @@ export interface PoolLoad {
   threads: number;
   /** The worker threads' ids (never reused in a process): a changed id is a worker replaced (crashed or cancelled). */
   threadIds: number[];
+  /** Kernel thread ids of the worker threads started so far, replaced ones included (Linux; empty elsewhere): for CPU time per thread. */
+  threadTids: number[];
 }
 
 function requireInteger(key: string, value: unknown, min: number): void {

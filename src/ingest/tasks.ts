@@ -156,4 +156,9 @@ export interface WorkerData {
   nice: number;
   /** Rows go through the byte-level scanner first (see `ValidationPoolOptions.rowScanner`). */
   rowScanner: boolean;
+  /**
+   * Shared memory where each worker thread notes its kernel thread id (Linux): `[count, tid…]`,
+   * so that the CPU time of the workers can be told from the rest of the process's (`PoolLoad.threadTids`).
+   */
+  tids: Int32Array;
 }
