@@ -8,7 +8,7 @@ import { parse, View } from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
 import { perMb, type Measurement, type Report } from './report.js';
 
-const WIDTH = 620;
+const WIDTH = 480;
 
 async function svg(spec: TopLevelSpec): Promise<string> {
   const view = new View(parse(compile(spec).spec), { renderer: 'none' });
@@ -80,7 +80,7 @@ function cpu(report: Report): TopLevelSpec {
         data: { values },
         mark: 'bar',
         encoding: {
-          y: { field: 'run', type: 'nominal', title: null, sort: null },
+          y: { field: 'run', type: 'nominal', title: null, sort: null, axis: { labelLimit: 320 } },
           x: { field: 'ms', type: 'quantitative', title: 'CPU ms per MB', stack: 'zero' },
           color: { field: 'thread', type: 'nominal', sort: null },
           tooltip: [{ field: 'run' }, { field: 'thread' }, { field: 'ms', format: '.1f' }],
@@ -107,8 +107,9 @@ function latency(report: Report): TopLevelSpec {
     .filter((v) => Number.isFinite(v.ms) && v.ms > 0);
   return {
     $schema: 'https://vega.github.io/schema/vega-lite/v6.json',
-    title: { text: 'Latency percentiles, ms (log scale; lower is better)', subtitle: 'status: GET …/status every 10 ms while the load runs' },
+    title: { text: 'Latency percentiles, ms (lower is better; each panel its own scale)', subtitle: 'status: GET …/status every 10 ms while the load runs' },
     data: { values },
+    resolve: { scale: { y: 'independent' } },
     facet: { row: { field: 'measure', type: 'nominal', title: null, sort: ['request p50', 'request p99', 'status p50 during the load', 'status p99 during the load'] } },
     spec: {
       width: WIDTH,
@@ -117,7 +118,7 @@ function latency(report: Report): TopLevelSpec {
       encoding: {
         x: { field: 'scenario', type: 'nominal', title: null, axis: { labelAngle: -20 }, sort: null },
         xOffset: { field: 'server', sort: null },
-        y: { field: 'ms', type: 'quantitative', scale: { type: 'log' }, title: 'ms' },
+        y: { field: 'ms', type: 'quantitative', title: 'ms' },
         color: { field: 'server', type: 'nominal', sort: null },
         tooltip: [{ field: 'server' }, { field: 'measure' }, { field: 'ms', format: '.1f' }],
       },

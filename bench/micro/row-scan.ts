@@ -4,7 +4,10 @@
  * the byte-level row scanner and without it (`JSON.parse` + typia + transcoding, the
  * reference path), against the bare `JSON.parse` of the same pieces as strings (the
  * ceiling's work). CPU ms per MB of each, in one process, interleaved round by round so a
- * change in the machine's speed hits all of them alike.
+ * change in the machine's speed hits all of them alike. Then the copies the scanner removed
+ * or added, each alone on the same pieces: the Latin-1 string the reference path parses, the
+ * copy of each batch out of the worker's scratch buffer (before: a fresh ArrayBuffer per
+ * batch), and the one bulk copy of a piece into its line buffer (now).
  *
  *   node dist/bench/micro/row-scan.js [--entity products] [--mib 32] [--rounds 5] [--order catalog|reversed]
  *
@@ -92,6 +95,18 @@ export function runRowScan(entityName = 'products', mib = 32, rounds = 5, order:
         if (!r.scanned || r.bytes === 0) throw new Error('the scanner declined');
       }
     }],
+    ['copy removed: the Latin-1 text of each piece (reference path)', () => {
+      for (const p of pieces) if (p.toString('latin1').length !== p.length) throw new Error('length');
+    }],
+    ['copy removed: each 512 KiB batch sliced out of the scratch buffer', () => {
+      for (const p of pieces) {
+        // Uint8Array's slice (a copy into a new ArrayBuffer), not Buffer's (a view).
+        for (let at = 0; at < p.length; at += DEFAULT_BATCH_BYTES) if (Uint8Array.prototype.slice.call(p, at, at + DEFAULT_BATCH_BYTES).byteLength === 0) throw new Error('empty');
+      }
+    }],
+    ['copy added: the piece into its line buffer, in one set', () => {
+      for (const [k, p] of pieces.entries()) new Uint8Array(outs[k]!).set(p);
+    }],
   ];
   const times: number[][] = cases.map(() => []);
   for (let round = 0; round <= rounds; round++) {
@@ -122,7 +137,7 @@ if (import.meta.url === `file://${process.argv[1]}`) {
     options: { entity: { type: 'string', default: 'products' }, mib: { type: 'string', default: '32' }, rounds: { type: 'string', default: '5' }, order: { type: 'string', default: 'catalog' } },
   });
   const result = runRowScan(values.entity, Number(values.mib), Number(values.rounds), values.order === 'reversed' ? 'reversed' : 'catalog');
-  if (process.send) process.send(result);
+  if (process.send) process.send({ type: 'result', result });
   else {
     console.log(`${result.entity} (${result.order} order): ${(result.bytes / 1e6).toFixed(1)} MB, ${result.rows} rows, ${result.pieces} pieces, median of ${result.rounds} rounds`);
     for (const f of result.figures) console.log(`  ${f.case}: ${f.cpuMsPerMb.toFixed(2)} ms CPU per MB (${f.mbPerSec.toFixed(0)} MB/s)`);
