@@ -55,7 +55,11 @@ export interface PackageMeta {
 
 /** A package being written: batches stay invisible to consumers until `commit` resolves. */
 export interface PackageWriter {
-  /** Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. */
+  /**
+   * Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. The caller
+   * may reuse the batch's memory once the promise settles (the ingest sink hands its line
+   * buffers back to the pool then): copy what must outlive it.
+   */
   append(batch: Uint8Array): Promise<void>;
   /** Makes the package durable and visible to consumers, with its totals. Resolves once durable. */
   commit(totals: { rows: number; bytes: number }): Promise<void>;

@@ -1,7 +1,7 @@
 /**
  * The deployment files, checked without a Docker engine: docker-compose.yml parses (with the
  * `yaml` package tap itself depends on) and every service's environment passes the
- * configuration validation; the Dockerfile keeps its shape; the README's configuration
+ * configuration validation; the Dockerfile keeps its shape; the configuration
  * table names every key of config/default.json.
  */
 import { readFileSync } from 'node:fs';
@@ -76,7 +76,7 @@ t.test('Dockerfile: multi-stage, non-root, healthcheck on /healthz, both command
   t.match(text, /node dist\/src\/uploader\/main\.js/);
 });
 
-t.test('README: the configuration table has a row for every key of config/default.json', async (t) => {
+t.test('docs/operations.md: the configuration table has a row for every key of config/default.json', async (t) => {
   const keys: string[] = [];
   const walk = (node: Record<string, unknown>, at: string[]) => {
     for (const [k, v] of Object.entries(node)) {
@@ -86,7 +86,7 @@ t.test('README: the configuration table has a row for every key of config/defaul
   };
   walk(JSON.parse(read('config/default.json')) as Record<string, unknown>, []);
   const rows = new Set(
-    read('README.md')
+    read('docs/operations.md')
       .split('\n')
       .map((line) => /^\| `([^`]+)` \|/.exec(line)?.[1])
       .filter((k): k is string => k !== undefined),
