@@ -81,7 +81,7 @@ function scanned(task: RowsTask): RowsResult | null {
     last,
     width: validate ? task.columns.length : -1,
     encode: task.out !== null,
-    keep: ROW_ERRORS_MAX,
+    keep: Math.min(task.describe, ROW_ERRORS_MAX),
     reference: (start, end) => scanner.problem(parseRow(view, start, end)) === null,
   });
   state.text = EMPTY;
@@ -255,7 +255,7 @@ function finish(task: RowsTask, result: RowsResult, rows: unknown[], source: Uin
     const found = problem(rows[i] as unknown[]);
     if (found !== null) {
       if (decode === latin1) return REDO;
-      if (count++ < ROW_ERRORS_MAX) refused.push({ index: i, ...found });
+      if (count++ < Math.min(task.describe, ROW_ERRORS_MAX)) refused.push({ index: i, ...found });
     }
   }
   result.rowErrors = refused;

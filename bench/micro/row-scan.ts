@@ -73,6 +73,7 @@ export function runRowScan(entityName = 'products', mib = 32, rounds = 5, order:
     columns,
     mode: Mode.validate,
     out: outs[k]!,
+    describe: 100,
     parts: [pieces[k]!.buffer.slice(pieces[k]!.byteOffset, pieces[k]!.byteOffset + pieces[k]!.length) as ArrayBuffer],
     ranges: [0, pieces[k]!.length],
     state: null,
@@ -81,6 +82,11 @@ export function runRowScan(entityName = 'products', mib = 32, rounds = 5, order:
     batchBytes: DEFAULT_BATCH_BYTES,
   });
   const tasks = pieces.map((_, k) => task(k));
+  // The same bytes under columns that swap `unit` and `price` (catalog order only): every
+  // row with a unit is refused (`price` gets "pcs"), the cost of a bad package of this size.
+  const swapped = columns.map((c) => (c === 'unit' ? 'price' : c === 'price' ? 'unit' : c));
+  // As the sink sends them: the first piece describes up to 100 refused rows, the later ones none (the list is full).
+  const badTasks = order === 'catalog' && columns.includes('price') && columns.includes('unit') ? pieces.map((_, k) => ({ ...task(k), columns: swapped, describe: k === 0 ? 100 : 0 })) : [];
   const mb = (end - start) / 1e6;
   const cases: [string, () => void][] = [
     ['JSON.parse of the pieces as strings (the ceiling\'s work)', () => {
@@ -95,6 +101,16 @@ export function runRowScan(entityName = 'products', mib = 32, rounds = 5, order:
         if (!r.scanned || r.bytes === 0) throw new Error('the scanner declined');
       }
     }],
+    ...(badTasks.length
+      ? ([
+          ['row scanner, a bad package: nearly every row refused (all counted, the first 100 described)', () => {
+            for (const t of badTasks) {
+              const r = processRows(t, true);
+              if (!r.scanned || r.errorCount === 0) throw new Error('expected refused rows');
+            }
+          }],
+        ] as [string, () => void][])
+      : []),
     ['copy removed: the Latin-1 text of each piece (reference path)', () => {
       for (const p of pieces) if (p.toString('latin1').length !== p.length) throw new Error('length');
     }],

@@ -327,6 +327,8 @@ export class StreamingIngest implements IngestSink {
       columns: this.#columns,
       mode: this.#mode,
       out: this.#storing ? this.#engine.buffers.take() : null,
+      // Pieces taken after the answer's list is full only count their refused rows.
+      describe: ROW_ERRORS_MAX - this.#rowErrors.length,
       parts: piece.parts.map((p) => p.buffer),
       ranges: piece.parts.flatMap((p) => [p.start, p.end]),
       state: piece.state,

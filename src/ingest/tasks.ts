@@ -84,6 +84,8 @@ export interface RowsTask {
    * back in the result. Null: validate without writing lines (a row was refused already).
    */
   out: ArrayBuffer | null;
+  /** How many refused rows to describe at most (the answer lists the first `ROW_ERRORS_MAX`; the rest are only counted). */
+  describe: number;
   parts: ArrayBuffer[];
   /** `[start0, end0, start1, end1, …]`: the bytes of each part. */
   ranges: number[];

@@ -69,7 +69,7 @@ const COLUMNS = products.columns.map((c) => c.name);
 function task(text: string): RowsTask {
   const bytes = Buffer.from(text, 'utf8');
   const part = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer;
-  return { kind: 'rows', entity: 'products', columns: COLUMNS, mode: Mode.validate, out: new ArrayBuffer(16), parts: [part], ranges: [0, bytes.length], state: null, first: true, last: false, batchBytes: 1 << 20 };
+  return { kind: 'rows', entity: 'products', columns: COLUMNS, mode: Mode.validate, out: new ArrayBuffer(16), describe: 100, parts: [part], ranges: [0, bytes.length], state: null, first: true, last: false, batchBytes: 1 << 20 };
 }
 
 const stored = (result: RowsResult) => Buffer.from(result.out!, 0, result.bytes).toString('utf8');
