@@ -34,7 +34,9 @@ RUN npm run build \
  && rm -rf node_modules/uWebSockets.js/binaries node_modules/uWebSockets.js/dist/*.node
 
 FROM node:24-bookworm-slim AS runtime
-ENV NODE_ENV=production HOST=0.0.0.0 HTTP_ENGINE=node
+# MALLOC_MMAP_THRESHOLD_: large buffers are mmapped and returned to the kernel when freed, so
+# RSS comes back down after a burst (docs/reliability.md, "Hostile input").
+ENV NODE_ENV=production HOST=0.0.0.0 HTTP_ENGINE=node MALLOC_MMAP_THRESHOLD_=131072
 WORKDIR /app
 # App files stay root-owned (read-only to the service); only the data dir is writable.
 COPY --from=build /app/package.json ./package.json

@@ -6,8 +6,12 @@
  * Peak RSS comes from the kernel's high-water mark (`VmHWM` in /proc/self/status), reset
  * by writing 5 to /proc/self/clear_refs: a stall on the main thread cannot hide a peak
  * from it, as it would from a timer. Where that is not available, a 20 ms sampler stands in.
+ *
+ * CPU time by thread (Linux): each thread's `utime + stime` from /proc/self/task/<tid>/stat,
+ * as the main thread (tid = pid), the validation workers (the tids the server names), and the
+ * rest (libuv's pool: file writes, zlib; V8's GC helpers; threads that ended meanwhile).
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import type { ProbeSample, ServerCommand, ServerEvent } from './protocol.js';
 
@@ -19,7 +23,30 @@ export interface Probe {
   stop(): void;
 }
 
-export function startProbe(): Probe {
+/** CPU ms per thread id, now. Empty where /proc is not there. */
+function threadTimes(): Map<number, number> {
+  const times = new Map<number, number>();
+  let tids: string[];
+  try {
+    tids = readdirSync('/proc/self/task');
+  } catch {
+    return times;
+  }
+  for (const tid of tids) {
+    try {
+      const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      // After the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime, in clock ticks (10 ms).
+      times.set(Number(tid), (Number(fields[11]) + Number(fields[12])) * 10);
+    } catch {
+      // The thread ended between the listing and the read.
+    }
+  }
+  return times;
+}
+
+/** `workerTids`: the kernel ids of the server's worker threads (the service's validation pool), if any. */
+export function startProbe(workerTids: () => number[] = () => []): Probe {
   const eld = monitorEventLoopDelay({ resolution: 1 });
   eld.enable();
   let sampledPeak = process.memoryUsage.rss();
@@ -29,11 +56,13 @@ export function startProbe(): Probe {
   timer.unref();
   let hwm = resetHighWaterMark();
   let cpu = process.cpuUsage();
+  let threads = threadTimes();
 
   return {
     reset() {
       eld.reset();
       cpu = process.cpuUsage();
+      threads = threadTimes();
       hwm = resetHighWaterMark();
       sampledPeak = process.memoryUsage.rss();
     },
@@ -42,11 +71,19 @@ export function startProbe(): Probe {
       sampledPeak = Math.max(sampledPeak, rss);
       const kernelPeak = hwm ? highWaterMark() : null;
       const used = process.cpuUsage(cpu);
+      const cpuMs = (used.user + used.system) / 1000;
+      const now = threadTimes();
+      const spent = (tid: number) => (now.get(tid) ?? 0) - (threads.get(tid) ?? 0);
+      const workers = new Set(workerTids());
+      let workerMs = 0;
+      for (const tid of now.keys()) if (workers.has(tid)) workerMs += spent(tid);
+      const mainMs = spent(process.pid);
       return {
         eldMaxMs: eld.max / 1e6,
         eldP99Ms: eld.percentile(99) / 1e6,
         peakRssBytes: Math.max(kernelPeak ?? 0, sampledPeak),
-        cpuMs: (used.user + used.system) / 1000,
+        cpuMs,
+        cpuByThread: now.size === 0 ? null : { mainMs, workersMs: workerMs, otherMs: Math.max(0, cpuMs - mainMs - workerMs) },
         rssBytes: rss,
         peakSource: kernelPeak === null ? 'sampled' : 'vmhwm',
       };

@@ -13,6 +13,8 @@ export interface ProbeSample {
   peakRssBytes: number;
   /** CPU time of the whole server process (main thread, workers, helper threads), user + system, since the reset. */
   cpuMs: number;
+  /** `cpuMs` by thread (Linux): the event loop's, the validation workers', the rest (libuv pool, GC helpers); null without /proc. */
+  cpuByThread: { mainMs: number; workersMs: number; otherMs: number } | null;
   rssBytes: number;
   /** How the peak was taken: the kernel's high-water mark, or 20 ms samples. */
   peakSource: 'vmhwm' | 'sampled';

@@ -19,11 +19,14 @@ import { parseArgs } from 'node:util';
 import { findEntity, type EntitySpec } from '../src/entities/catalog.js';
 import { generateBody } from './bodies.js';
 import { ChildSet, Mailbox } from './children.js';
+import { renderCharts } from './charts.js';
 import type { RowCheckResult } from './micro/row-check.js';
+import type { RowScanResult } from './micro/row-scan.js';
 import type { CeilingArgs, CeilingResult } from './peers/ceiling.js';
 import type { BodyRef, ClientCommand, ClientEvent, IngestJob, PollJob, ProbeSample, RequestSamples, ServerEvent } from './protocol.js';
 import {
   checkTargets,
+  DEFAULT_SERVERS,
   ratiosFor,
   renderMarkdown,
   SERVERS,
@@ -61,7 +64,11 @@ const HELP = `npm run bench -- [flags]
   --workers N            service validation workers (default 0: one per core)
   --out DIR              results directory (default bench/results)
   --scenario ID          only these scenarios (repeatable): single, concurrent-N, small, gzip
-  --peers LIST           servers to measure, comma-separated (default ingest,stream-json,conventional)
+  --peers LIST           servers to measure, comma-separated (default ingest,ingest-reference,
+                         stream-json,conventional; ingest-reference is the service with
+                         ingest.rowScanner false: the row scanner's before, in the same run)
+  --repeat N             measure the service N times in the 4-concurrent scenario (default 1;
+                         the latency targets hold in every run)
   --target URL           a running deployment: no local service and no HTTP peers
   --client-id ID --token TOKEN   credentials for --target
                          (or BENCH_TARGET, BENCH_CLIENT_ID, BENCH_TOKEN: a token in the
@@ -116,6 +123,7 @@ interface Options {
   servers: ServerName[];
   target: string | null;
   credentials: Credentials[];
+  repeat: number;
 }
 
 class UsageError extends Error {
@@ -134,7 +142,8 @@ function options(): Options | null {
       workers: { type: 'string', default: '0' },
       out: { type: 'string' },
       scenario: { type: 'string', multiple: true },
-      peers: { type: 'string', default: SERVERS.join(',') },
+      peers: { type: 'string', default: DEFAULT_SERVERS.join(',') },
+      repeat: { type: 'string', default: '1' },
       target: { type: 'string' },
       'client-id': { type: 'string' },
       token: { type: 'string' },
@@ -163,6 +172,8 @@ function options(): Options | null {
   if (!Number.isInteger(workers) || workers < 0 || workers > 64) bad('workers', 'an integer in [0, 64]', values.workers);
   const servers = values.peers.split(',').map((s) => s.trim()) as ServerName[];
   if (!servers.every((s) => SERVERS.includes(s))) bad('peers', SERVERS.join(','), values.peers);
+  const repeat = Number(values.repeat);
+  if (!Number.isInteger(repeat) || repeat < 1 || repeat > 20) bad('repeat', 'an integer in [1, 20]', values.repeat);
 
   values.target ??= process.env.BENCH_TARGET || undefined;
   values['client-id'] ??= process.env.BENCH_CLIENT_ID || undefined;
@@ -197,6 +208,7 @@ function options(): Options | null {
     servers: target ? ['ingest'] : servers,
     target,
     credentials,
+    repeat,
   };
 }
 
@@ -260,6 +272,7 @@ interface ServerHandle {
 
 const SERVER_MODULES: Record<ServerName, URL> = {
   ingest: new URL('./server.js', import.meta.url),
+  'ingest-reference': new URL('./server.js', import.meta.url),
   'stream-json': new URL('./peers/stream-json.js', import.meta.url),
   conventional: new URL('./peers/conventional.js', import.meta.url),
 };
@@ -289,11 +302,14 @@ class Bench {
       await waitUntilServing(this.o.target, this.o.credentials[0]!, 'entities', READY_TIMEOUT_MS);
       return { origin: this.o.target, mailbox: null };
     }
-    const args = server === 'ingest' ? [JSON.stringify({ workers: this.o.workers, dataDir: join(this.runDir, `data-${++this.#starts}`) })] : [];
+    const service = server === 'ingest' || server === 'ingest-reference';
+    const args = service
+      ? [JSON.stringify({ workers: this.o.workers, dataDir: join(this.runDir, `data-${++this.#starts}`), ...(server === 'ingest-reference' ? { rowScanner: false } : {}) })]
+      : [];
     const mailbox = new Mailbox<ServerEvent>(this.children.fork(SERVER_MODULES[server], args, SERVER_EXEC_ARGV), server);
     const { url, overrides } = await mailbox.expect('ready', READY_TIMEOUT_MS);
     if (server === 'ingest') this.serviceOverrides = overrides ?? {};
-    await waitUntilServing(url, DEMO[0]!, server === 'ingest' ? 'entities' : 'status', READY_TIMEOUT_MS);
+    await waitUntilServing(url, DEMO[0]!, service ? 'entities' : 'status', READY_TIMEOUT_MS);
     return { origin: url, mailbox };
   }
 
@@ -339,12 +355,12 @@ class Bench {
     return (await handle.mailbox.expect('probe', 10_000)).sample;
   }
 
-  async measure(s: Scenario, server: ServerName, files: Record<string, BodyFile>): Promise<Measurement> {
+  async measure(s: Scenario, server: ServerName, files: Record<string, BodyFile>, round: number): Promise<Measurement> {
     const notes: string[] = [];
     const handle = await this.startServer(server);
     const sessions: BenchSession[] = [];
     try {
-      const useSessions = server === 'ingest';
+      const useSessions = server === 'ingest' || server === 'ingest-reference';
       if (useSessions) {
         for (const c of this.o.credentials) {
           const session = await initSession(handle.origin, c);
@@ -400,7 +416,7 @@ class Bench {
       // A fast path that answers 200 with the wrong count is wrong, however fast.
       if (load.rows !== load.ok * body.rows) notes.push(`rows_processed summed to ${load.rows}, expected ${load.ok} × ${body.rows}`);
       if (status && status.failed > 0) notes.push(`${status.failed} of ${status.polls} status polls did not answer 200`);
-      return { scenario: s.id, server, load, status, probe, loadAverage: loadavg()[0]!, notes };
+      return { scenario: s.id, server, round, load, status, probe, loadAverage: loadavg()[0]!, notes };
     } finally {
       if (this.o.target) {
         for (const session of sessions) {
@@ -487,7 +503,8 @@ async function main(): Promise<void> {
 
   try {
     const list = scenarios(o);
-    const total = list.reduce((n, s) => n + s.servers.length, 0);
+    const roundsOf = (s: Scenario, server: ServerName) => (s.id === 'concurrent-4' && server === 'ingest' ? o.repeat : 1);
+    const total = list.reduce((n, s) => n + s.servers.reduce((k, server) => k + roundsOf(s, server), 0), 0);
     const log = (msg: string) => process.stderr.write(`[${((Date.now() - started.getTime()) / 1000).toFixed(1).padStart(5)} s] ${msg}\n`);
     log(`bench: profile ${o.profileName}, ${list.length} scenarios, ${total} measurements${o.target ? `, target ${o.target}` : ''}`);
 
@@ -515,21 +532,36 @@ async function main(): Promise<void> {
       120_000,
     );
 
+    const scanMicro: RowScanResult[] = [];
+    for (const order of ['catalog', 'reversed']) {
+      scanMicro.push(
+        await bench.forkForResult<RowScanResult>(
+          new URL('./micro/row-scan.js', import.meta.url),
+          ['--entity', o.entity.name, '--mib', String(Math.min(o.sizeMiB, 32)), '--rounds', o.profileName === 'full' ? '7' : '3', '--order', order],
+          'row-scan micro-benchmark',
+          300_000,
+        ),
+      );
+    }
+    for (const r of scanMicro) log(`bench: worker task, ${r.order} order: ${r.figures.map((f) => `${f.cpuMsPerMb.toFixed(2)} ms/MB`).join(' · ')} (parse · reference · scanner)`);
+
     const measurements: Measurement[] = [];
     let n = 0;
     for (const s of list) {
       for (const server of s.servers) {
-        n++;
-        try {
-          const m = await bench.measure(s, server, files);
-          measurements.push(m);
-          log(`bench: [${n}/${total}] ${s.title} · ${server}: ${line(m)}`);
-        } catch (err) {
-          // One failed measurement (a crashed server, say) is reported; the run goes on.
-          if (interrupted) throw err;
-          const message = err instanceof Error ? err.message : String(err);
-          bench.warnings.push(`${s.title} · ${server}: not measured: ${message}`);
-          log(`bench: [${n}/${total}] ${s.title} · ${server}: FAILED: ${message}`);
+        for (let round = 1; round <= roundsOf(s, server); round++) {
+          n++;
+          try {
+            const m = await bench.measure(s, server, files, round);
+            measurements.push(m);
+            log(`bench: [${n}/${total}] ${s.title}${round > 1 ? ` (run ${round})` : ''} · ${server}: ${line(m)}`);
+          } catch (err) {
+            // One failed measurement (a crashed server, say) is reported; the run goes on.
+            if (interrupted) throw err;
+            const message = err instanceof Error ? err.message : String(err);
+            bench.warnings.push(`${s.title} · ${server}: not measured: ${message}`);
+            log(`bench: [${n}/${total}] ${s.title} · ${server}: FAILED: ${message}`);
+          }
         }
       }
     }
@@ -564,6 +596,8 @@ async function main(): Promise<void> {
           clientProcesses: CLIENT_PROCESSES,
           pollIntervalMs: POLL_INTERVAL_MS,
           serverExecArgv: SERVER_EXEC_ARGV,
+          repeat: o.repeat,
+          mallocMmapThreshold: process.env.MALLOC_MMAP_THRESHOLD_ ?? null,
         },
         bodies: Object.values(files).map((f) => ({ name: f.name, bytes: f.bytes, rows: f.rows, wireBytes: f.wireBytes })),
       },
@@ -577,9 +611,11 @@ async function main(): Promise<void> {
       })),
       ceiling,
       micro,
+      scanMicro,
       measurements,
+      charts: [],
       ratios,
-      targets: checkTargets(measurements, ratios, o.sizeMiB),
+      targets: checkTargets(measurements, ratios, o.sizeMiB, ceiling),
       warnings: [
         ...bench.warnings,
         ...(o.target
@@ -590,9 +626,17 @@ async function main(): Promise<void> {
           : []),
       ],
     };
-    const markdown = renderMarkdown(report);
     await mkdir(o.out, { recursive: true });
     const stamp = started.toISOString().replace(/[:.]/g, '-');
+    try {
+      for (const [name, text] of Object.entries(await renderCharts(report))) {
+        await writeFile(join(o.out, `${stamp}-${name}`), text);
+        report.charts.push(`${stamp}-${name}`);
+      }
+    } catch (err) {
+      report.warnings.push(`charts not drawn: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    const markdown = renderMarkdown(report);
     await writeFile(join(o.out, `${stamp}.md`), markdown);
     await writeFile(join(o.out, `${stamp}.json`), `${JSON.stringify(report, null, 2)}\n`);
     await writeFile(join(o.out, 'latest.md'), markdown);

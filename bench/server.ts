@@ -19,6 +19,8 @@ import { send, serveProbe, startProbe } from './probe.js';
 interface ServerArgs {
   workers: number;
   dataDir: string;
+  /** false: rows by `JSON.parse` + typia only (the `ingest-reference` server of the bench). */
+  rowScanner?: boolean;
 }
 
 const args = JSON.parse(process.argv[2] ?? '{}') as Partial<ServerArgs>;
@@ -59,12 +61,14 @@ try {
     port: 0,
     dataDir,
     clientsFile: null,
-    ingest: { workers: args.workers ?? 0 },
+    ingest: { workers: args.workers ?? 0, ...(args.rowScanner === false ? { rowScanner: false } : {}) },
     storage: { inProcessUploader: true },
     connector: { url: null },
   });
-  const probe = startProbe();
+  let workerTids: () => number[] = () => [];
+  const probe = startProbe(() => workerTids());
   const app = await startApp(config, { logger });
+  workerTids = () => app.ingestLoad().threadTids;
   if (!app.usesDemoClients) throw new Error('the bench needs the demo clients');
   serveProbe(probe, async () => {
     await app.close();

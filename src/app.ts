@@ -113,6 +113,9 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       piecesPerRequest: config.ingest.piecesPerRequest,
       poolPieces: config.ingest.poolPieces,
       maxDecompressedBytes: config.ingest.maxDecompressedBytes,
+      memoryBudgetBytes: config.ingest.memoryBudgetBytes,
+      rowScanner: config.ingest.rowScanner,
+      maxHeldBytes: config.limits.ingestBodyBytes,
       ...(opts.validationWorker === undefined ? {} : { filename: opts.validationWorker }),
       onError: (err) => log.error('validation worker failed outside a task', { err }),
     });

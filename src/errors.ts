@@ -13,6 +13,25 @@ export interface ValidationIssue {
   ctx?: Record<string, unknown>;
 }
 
+/** What is wrong with one row: the offending column (null for a row of the wrong length) and the message. */
+export interface RowFault {
+  column: string | null;
+  message: string;
+}
+
+/** One entry of a row-level 422's `errors` (DECISIONS.md "Every row error at once"); `row` is 0-based, of the whole `data` array. */
+export interface RowError extends RowFault {
+  row: number;
+}
+
+/** A row-level 422 lists at most this many refused rows (the first, in row order); `error_count` counts them all. */
+export const ROW_ERRORS_MAX = 100;
+
+/** The 422 detail of a row error: `Invalid data types in payload: row 17, column "price": expected …`. */
+export function rowDetail(error: RowError): string {
+  return `Invalid data types in payload: row ${error.row}${error.column === null ? '' : `, column "${error.column}"`}: ${error.message}`;
+}
+
 export interface InitConflictBody {
   status: 'already_exists' | 'workflow_running';
   session_status: string;
@@ -107,6 +126,12 @@ export const errors = {
     new ServiceError('SESSION_FULL', `Upload session is full: it holds ${max} packages, the most one session can; start the upload, then send the rest in a new session`),
   connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
   invalidPayload: (message: string) => new ServiceError('INVALID_PAYLOAD', message),
+  /** Refused rows: `detail` is the first one's, `errors` the first `ROW_ERRORS_MAX` in row order, `error_count` all of them. */
+  rowsRefused: (rows: readonly RowError[], count: number) => {
+    const detail = rowDetail(rows[0]!);
+    const shown = rows.slice(0, ROW_ERRORS_MAX).map(({ row, column, message }) => ({ row, column, message }));
+    return new ServiceError('INVALID_PAYLOAD', detail, { body: { detail, errors: shown, error_count: count } });
+  },
   validationFailed: (issues: ValidationIssue[]) =>
     new ServiceError('VALIDATION_FAILED', issues[0]?.msg ?? 'Validation failed', {
       body: { detail: issues.map((i) => ('input' in i && nestedDeeper(i.input, INPUT_DEPTH_MAX) ? { ...i, input: null } : i)) },

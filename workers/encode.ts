@@ -1,67 +1,49 @@
 /**
- * NDJSON encoding of validated rows for storage: `JSON.stringify(row)` + `\n` per row, whole
- * lines per batch, at most `batchBytes` per batch (a single longer line is a batch of its own).
+ * NDJSON encoding of validated rows on the reference path: `JSON.stringify(row)` + `\n` per
+ * row (or the same lines transcoded from the rows' bytes, `ndjson.ts`), written into the
+ * buffer the task brought (grown when too small) and cut into batches (`cutBatches`).
  */
 import { transcodeRows } from './ndjson.js';
+import { cutBatches } from './row-scanner.js';
+import type { Lines } from '../src/ingest/tasks.js';
 
 const encoder = new TextEncoder();
-/** Reused across tasks: a worker runs one task at a time and `encode` is synchronous. */
-let scratch = new Uint8Array(0);
 
-export function encode(rows: readonly unknown[], batchBytes: number): { batches: ArrayBuffer[]; bytes: number } {
-  if (scratch.byteLength !== batchBytes) scratch = new Uint8Array(batchBytes);
-  const batches: ArrayBuffer[] = [];
-  let bytes = 0;
-  let used = 0;
-  const flush = () => {
-    batches.push(scratch.slice(0, used).buffer);
-    bytes += used;
-    used = 0;
-  };
-  for (const row of rows) {
-    const line = `${JSON.stringify(row)}\n`;
-    // encodeInto never writes half a character; `read` short of the length means no room.
-    let { read, written } = encoder.encodeInto(line, scratch.subarray(used));
-    if (read < line.length && used > 0) {
-      flush();
-      ({ read, written } = encoder.encodeInto(line, scratch));
-    }
-    if (read < line.length) {
-      const own = encoder.encode(line);
-      batches.push(own.buffer as ArrayBuffer);
-      bytes += own.byteLength;
-    } else {
-      used += written;
-    }
-  }
-  if (used > 0) flush();
-  return { batches, bytes };
+export interface Encoded extends Lines {
+  bytes: number;
 }
 
-/** Reused like `scratch`: the transcoded lines of one region before they are cut into batches. */
-let lines = new Uint8Array(0);
+/** `out` when it holds at least `need` bytes, else a larger buffer of its own. */
+export function room(out: ArrayBuffer | null, need: number): ArrayBuffer {
+  return out !== null && out.byteLength >= need ? out : new ArrayBuffer(Math.max(need, out?.byteLength ?? 0));
+}
+
+export function encode(rows: readonly unknown[], batchBytes: number, out: ArrayBuffer | null): Encoded {
+  let bytes = new Uint8Array(room(out, 64 * 1024));
+  let used = 0;
+  for (const row of rows) {
+    const line = `${JSON.stringify(row)}\n`;
+    // At most 3 bytes of UTF-8 per UTF-16 unit.
+    if (bytes.length - used < line.length * 3) {
+      const grown = new Uint8Array(Math.max(bytes.length * 2, used + line.length * 3));
+      grown.set(bytes.subarray(0, used));
+      bytes = grown;
+    }
+    used += encoder.encodeInto(line, bytes.subarray(used)).written;
+  }
+  return { buffer: bytes.buffer as ArrayBuffer, ends: cutBatches(bytes, used, batchBytes), bytes: used };
+}
 
 /**
  * `encode` of the validated rows that came in as `source` (their elements' bytes, see
- * `transcodeRows`): the same batches, made from the bytes rather than by `JSON.stringify`.
+ * `transcodeRows`): the same lines, made from the bytes rather than by `JSON.stringify`.
  * Null when a number does not allow it: then only `encode` of the parsed rows can.
  */
-export function encodeFrom(source: Uint8Array, rows: readonly unknown[], batchBytes: number): { batches: ArrayBuffer[]; bytes: number } | null {
-  if (rows.length === 0) return { batches: [], bytes: 0 };
-  if (lines.byteLength < source.length + 1) lines = new Uint8Array(Math.max(source.length + 1, lines.byteLength * 2));
-  const length = transcodeRows(source, lines);
+export function encodeFrom(source: Uint8Array, rows: readonly unknown[], batchBytes: number, out: ArrayBuffer | null): Encoded | null {
+  const buffer = room(out, source.length + 1);
+  if (rows.length === 0) return { buffer, ends: [], bytes: 0 };
+  const bytes = new Uint8Array(buffer);
+  const length = transcodeRows(source, bytes);
   if (length < 0) return null;
-  const batches: ArrayBuffer[] = [];
-  let at = 0;
-  while (at < length) {
-    let end = length;
-    if (length - at > batchBytes) {
-      // Whole lines up to batchBytes; a longer line is a batch of its own.
-      const newline = lines.lastIndexOf(0x0a, at + batchBytes - 1);
-      end = newline >= at ? newline + 1 : lines.indexOf(0x0a, at) + 1;
-    }
-    batches.push(lines.slice(at, end).buffer);
-    at = end;
-  }
-  return { batches, bytes: length };
+  return { buffer, ends: cutBatches(bytes, length, batchBytes), bytes: length };
 }

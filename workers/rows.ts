@@ -1,7 +1,12 @@
 /**
  * One region of `data`'s elements (see `RowsTask`): parse, check, validate, encode.
  *
- * The fast path trusts the main thread's cut: `JSON.parse('[' + text + ']')`. Its success
+ * A region of one range (no carry) goes to the byte-level scanner first (`row-scanner.ts`):
+ * one pass checks the syntax and every value and writes the lines. What it declines (a
+ * nested value, an element that is not a list, a syntax error, a cut in the wrong place)
+ * takes the reference path below, which gives the same answers by `JSON.parse` + typia.
+ *
+ * The reference path trusts the main thread's cut: `JSON.parse('[' + text + ']')`. Its success
  * proves the text is a list of whole elements, whatever the guess was. When it fails, the
  * exact scan of `element-scan.ts` (from the region's start, or from the carried state)
  * finds where the elements really end: the region is parsed up to the last real boundary
@@ -22,10 +27,12 @@
  */
 import { Buffer, isUtf8 } from 'node:buffer';
 import { findEntity } from '../src/entities/catalog.js';
-import { compileRowProblem, rowNotListInput, type RowProblem } from '../src/entities/validators.js';
+import { cellRules, compileRowProblem, rowNotListInput, type RowProblem } from '../src/entities/validators.js';
+import { ROW_ERRORS_MAX } from '../src/errors.js';
 import { FRESH, isClean, scanElements } from '../src/ingest/element-scan.js';
-import { Mode, type RowsResult, type RowsTask } from '../src/ingest/tasks.js';
-import { encode, encodeFrom } from './encode.js';
+import { Mode, type LocalRowError, type RowsResult, type RowsTask } from '../src/ingest/tasks.js';
+import { encode, encodeFrom, room } from './encode.js';
+import { compileRowFunction, cutBatches, newRowState, scanRegion, type RowFunction } from './row-scanner.js';
 
 const CLOSE_ARRAY = 0x5d;
 const COMMA = Uint8Array.of(0x2c);
@@ -40,26 +47,116 @@ const utf8: Decode = (view, from, to) => Buffer.from(view.buffer, view.byteOffse
 /** The Latin-1 attempt's answer when it has to be made again from UTF-8 text. */
 const REDO = Symbol('redo with UTF-8');
 
-export function processRows(task: RowsTask): RowsResult {
+/** `scanner` false: the reference path only (the differential test's second answer, the bench's before). */
+export function processRows(task: RowsTask, scanner = true): RowsResult {
+  const fast = scanner && task.state === null && task.parts.length === 1 ? scanned(task) : null;
+  if (fast) return fast;
   const result = attempt(task, latin1);
   return result === REDO ? (attempt(task, utf8) as RowsResult) : result;
+}
+
+const state = newRowState();
+/** Where a region is scanned when the task writes no lines (it brought no `out`). */
+let scratch = new ArrayBuffer(0);
+
+/** The byte-level scanner's answer, or null when it declines the region (see the file comment). */
+function scanned(task: RowsTask): RowsResult | null {
+  const { ranges, first, last, mode } = task;
+  const view = new Uint8Array(task.parts[0]!, ranges[0]!, ranges[1]! - ranges[0]!);
+  const result = emptyResult(task);
+  if (!isUtf8(view)) return { ...result, ok: false };
+  const scanner = scannerOf(task);
+  if (scanner === null) return null;
+  const length = view.length;
+  let buffer: ArrayBuffer;
+  if (task.out !== null) buffer = room(task.out, length + 1);
+  else buffer = scratch = room(scratch, length + 1);
+  const b = new Uint8Array(buffer, 0, length + 1);
+  b.set(view);
+  b[length] = 0;
+  state.text = Buffer.from(buffer, 0, length + 1);
+  const validate = mode === Mode.validate;
+  const scan = scanRegion(b, length, scanner.row, state, {
+    first,
+    last,
+    width: validate ? task.columns.length : -1,
+    encode: task.out !== null,
+    keep: Math.min(task.describe, ROW_ERRORS_MAX),
+    reference: (start, end) => scanner.problem(parseRow(view, start, end)) === null,
+  });
+  state.text = EMPTY;
+  if (scan === null) return null;
+  result.scanned = true;
+  result.rows = scan.rows;
+  if (scan.tail >= 0) result.tail = { part: 0, offset: ranges[0]! + scan.tail };
+  if (task.out !== null) result.out = buffer;
+  result.errorCount = scan.errorCount;
+  const refused = scan.refused;
+  for (let k = 0; k < refused.length; k += 3) {
+    const found = scanner.problem(parseRow(view, refused[k + 1]!, refused[k + 2]!));
+    if (found === null) throw new Error(`The row scanner refused a row the reference accepts (${task.entity}, row ${refused[k]} of a piece)`);
+    result.rowErrors.push({ index: refused[k]!, ...found });
+  }
+  if (scan.length > 0) {
+    result.ends = cutBatches(b, scan.length, task.batchBytes);
+    result.bytes = scan.length;
+  }
+  return result;
+}
+
+const EMPTY = Buffer.alloc(0);
+
+/** One row's bytes, parsed as the reference parses them. */
+function parseRow(view: Uint8Array, start: number, end: number): unknown[] {
+  return JSON.parse(utf8(view, start, end)) as unknown[];
+}
+
+/** The row function and reference checker of a task's columns (parse-only modes: any row). */
+interface Scanner {
+  row: RowFunction;
+  problem: RowProblem;
+}
+
+const ANY: Scanner = { row: compileRowFunction(null), problem: () => null };
+const scanners = new Map<string, Scanner | null>();
+
+function scannerOf(task: RowsTask): Scanner | null {
+  if (task.mode !== Mode.validate) return ANY;
+  const key = `${task.entity}\u0000${task.columns.join('\u0000')}`;
+  let scanner = scanners.get(key);
+  if (scanner === undefined) {
+    const entity = findEntity(task.entity);
+    if (!entity) throw new Error(`Unknown entity ${task.entity}`);
+    const rules = cellRules(entity, task.columns);
+    scanner = rules === null ? null : { row: compileRowFunction(rules), problem: rowProblem(task.entity, task.columns) };
+    if (scanners.size >= 256) scanners.clear();
+    scanners.set(key, scanner);
+  }
+  return scanner;
+}
+
+function emptyResult(task: RowsTask): RowsResult {
+  return {
+    kind: 'rows',
+    ok: true,
+    rows: 0,
+    scanned: false,
+    notList: -1,
+    rowErrors: [],
+    errorCount: 0,
+    out: task.out,
+    ends: [],
+    bytes: 0,
+    parts: task.parts,
+    carry: null,
+    tail: null,
+  };
 }
 
 function attempt(task: RowsTask, decode: Decode): RowsResult | typeof REDO {
   const { parts, ranges, state, first, last } = task;
   const views = parts.map((buffer, k) => new Uint8Array(buffer, ranges[2 * k]!, ranges[2 * k + 1]! - ranges[2 * k]!));
-  const result: RowsResult = {
-    kind: 'rows',
-    ok: true,
-    rows: 0,
-    notList: -1,
-    rowError: null,
-    batches: [],
-    bytes: 0,
-    parts,
-    carry: null,
-    tail: null,
-  };
+  const result = emptyResult(task);
   const invalid = (): RowsResult => ({ ...result, ok: false });
   // Carried parts were checked by the task that carried them (a carry starts at an ASCII byte).
   if (!isUtf8(views[views.length - 1]!) || (state === null && views.some((v) => !isUtf8(v)))) return invalid();
@@ -152,18 +249,23 @@ function finish(task: RowsTask, result: RowsResult, rows: unknown[], source: Uin
   }
   if (task.mode !== Mode.validate) return result;
   const problem = rowProblem(task.entity, task.columns);
+  const refused: LocalRowError[] = [];
+  let count = 0;
   for (let i = 0; i < rows.length; i++) {
     const found = problem(rows[i] as unknown[]);
     if (found !== null) {
       if (decode === latin1) return REDO;
-      result.rowError = { index: i, problem: found };
-      return result;
+      if (count++ < Math.min(task.describe, ROW_ERRORS_MAX)) refused.push({ index: i, ...found });
     }
   }
-  const encoded = source ? encodeFrom(source, rows, task.batchBytes) : null;
+  result.rowErrors = refused;
+  result.errorCount = count;
+  if (count > 0 || task.out === null) return result;
+  const encoded = source ? encodeFrom(source, rows, task.batchBytes, task.out) : null;
   if (encoded === null && decode === latin1) return REDO;
-  const { batches, bytes } = encoded ?? encode(rows, task.batchBytes);
-  result.batches = batches;
+  const { buffer, ends, bytes } = encoded ?? encode(rows, task.batchBytes, task.out);
+  result.out = buffer;
+  result.ends = ends;
   result.bytes = bytes;
   return result;
 }

@@ -4,16 +4,28 @@
  * here is a bug and reaches the main thread as a failed task.
  */
 import { Buffer, isUtf8 } from 'node:buffer';
+import { readlinkSync } from 'node:fs';
 import { getPriority, setPriority } from 'node:os';
 import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
 import { findEntity } from '../src/entities/catalog.js';
-import { INVALID_JSON, bodyIssue, columnsError, compileRowCheck, duplicateKeyMessage, repeatedKey } from '../src/entities/validators.js';
+import { INVALID_JSON, bodyIssue, columnsError, compileRowProblem, duplicateKeyMessage, repeatedKey } from '../src/entities/validators.js';
+import { ROW_ERRORS_MAX, type RowError } from '../src/errors.js';
 import { checkSkeleton, type SkeletonFacts } from '../src/ingest/skeleton.js';
 import type { BodyResult, RowsResult, Task, WorkerData } from '../src/ingest/tasks.js';
 import { encode } from './encode.js';
 import { processRows } from './rows.js';
 
-const { nice = 0 } = (workerData ?? {}) as Partial<WorkerData>;
+const { nice = 0, rowScanner = true, tids } = (workerData ?? {}) as Partial<WorkerData>;
+if (tids) {
+  try {
+    // `/proc/thread-self` links to `<pid>/task/<tid>`: this thread's kernel id.
+    const tid = Number(readlinkSync('/proc/thread-self').split('/').pop());
+    const slot = 1 + (Atomics.add(tids, 0, 1) % (tids.length - 1));
+    Atomics.store(tids, slot, tid);
+  } catch {
+    // Not Linux: no per-thread figures.
+  }
+}
 if (nice > 0) {
   try {
     // Linux applies a process-wide call to the calling thread only: this worker's thread.
@@ -26,22 +38,22 @@ if (nice > 0) {
 export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts {
   switch (task.kind) {
     case 'rows': {
-      const result = processRows(task);
-      return transfer(result, [...new Set([...result.parts, ...result.batches])]);
+      const result = processRows(task, rowScanner);
+      return transfer(result, result.out ? [...new Set([...result.parts, result.out])] : [...new Set(result.parts)]);
     }
     case 'skeleton':
       return checkSkeleton(new Uint8Array(task.text), task.sentinel, task.headColumns);
     default: {
       const result = validateBody(task.body, task.entity, task.batchBytes);
-      return result.ok ? transfer(result, result.batches) : result;
+      return result.ok ? transfer(result, [result.buffer]) : result;
     }
   }
 }
 
 /**
  * The plain path: `JSON.parse` of the whole body, then every check of `validators.ts` in
- * order (a repeated top-level `columns` or `data` key right after JSON validity), then the
- * NDJSON batches. The streaming sink must give exactly its answers.
+ * order (a repeated top-level `columns` or `data` key right after JSON validity; every refused
+ * row), then the NDJSON lines. The streaming sink must give exactly its answers.
  */
 export function validateBody(body: ArrayBuffer, name: string, batchBytes: number): BodyResult {
   const entity = findEntity(name);
@@ -59,14 +71,17 @@ export function validateBody(body: ArrayBuffer, name: string, batchBytes: number
   const { columns, data } = parsed as { columns: string[]; data: unknown[][] };
   const columnsMessage = columnsError(entity, columns);
   if (columnsMessage) return payload(columnsMessage);
-  const check = compileRowCheck(entity, columns);
+  const problem = compileRowProblem(entity, columns);
+  const refused: RowError[] = [];
+  let count = 0;
   for (let i = 0; i < data.length; i++) {
-    const message = check(data[i]!, i);
-    if (message) return payload(message);
+    const found = problem(data[i]!);
+    if (found !== null && count++ < ROW_ERRORS_MAX) refused.push({ row: i, ...found });
   }
+  if (count > 0) return { ok: false, kind: 'rows', errors: refused, count };
 
-  const { batches, bytes } = encode(data, batchBytes);
-  return { ok: true, rows: data.length, bytes, columns, batches };
+  const { buffer, ends, bytes } = encode(data, batchBytes, null);
+  return { ok: true, rows: data.length, bytes, columns, buffer, ends };
 }
 
 /** piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`. */

@@ -66,9 +66,23 @@ interface ValidationContext {
  * `Missing required columns: <column list>`, `Unknown column: <column>`,
  * `Duplicate column: <column>`, or `Invalid data types in payload: <detail>` where the
  * detail names the row index (0-based), the column, the expected type and the value.
+ * Refused rows also carry `errors` and `error_count`.
  */
 interface IngestPayloadError {
   detail: string;
+  /** With `Invalid data types in payload: …` only: the first 100 refused rows, in row order (the first is `detail`'s). */
+  errors?: RefusedRow[] & tags.MinItems<1> & tags.MaxItems<100>;
+  /** With `errors`: how many rows of the package were refused, all of them. */
+  error_count?: number & tags.Type<'uint32'> & tags.Minimum<1>;
+}
+
+/** One refused row: `{"row": 17, "column": "price", "message": "expected number >= 0, got \"abc\""}`. */
+interface RefusedRow {
+  /** Index in `data`, 0-based. */
+  row: number & tags.Type<'uint32'>;
+  /** The first offending column in the client's order; null when the row has the wrong number of values. */
+  column: string | null;
+  message: string;
 }
 
 /** initialize-session conflict: a flat object, without the `detail` wrapper. */
@@ -150,7 +164,9 @@ interface CatalogColumn {
   name: string;
   type: 'string' | 'number' | 'integer' | 'boolean' | 'date' | 'datetime';
   required: boolean;
-  minimum?: number & tags.Type<'int32'>;
+  minimum?: number & tags.Type<'int64'>;
+  /** `integer` columns: 9007199254740991 (2^53 − 1); the least is its negative unless `minimum` says more. */
+  maximum?: number & tags.Type<'int64'>;
   min_length?: number & tags.Type<'uint32'>;
 }
 
@@ -642,7 +658,10 @@ const paths: Json = {
               '- `Duplicate column: <column>`',
               '- `Unknown column: <column>`',
               '- `Missing required columns: <column list>`',
-              '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`',
+              '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`: ' +
+                'the first refused row; every row is checked, and the body also carries `errors` (the first 100 refused rows ' +
+                'in row order, each `{row, column, message}`, `column` null for a row of the wrong length) and `error_count` ' +
+                '(all of them). An `integer` is a whole number within ±(2^53 − 1); a `number` must be finite.',
               '- `Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)`',
               '',
               'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +

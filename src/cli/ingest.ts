@@ -12,8 +12,8 @@ import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { IngestClient, CLIENT_VERSION } from '../client/client.js';
 import { resolveCredentials, SessionMemory, UsageError, type Credentials } from '../client/cli-config.js';
 import { ApiError, ClientError, describeDetail, isApiError, isClientError } from '../client/errors.js';
-import { fmtCount, PushProgress, type ProgressMode } from '../client/progress.js';
-import { push, type PushSummary } from '../client/push.js';
+import { fmtCount, fmtInt, PushProgress, type ProgressMode } from '../client/progress.js';
+import { push, type PackageFailure, type PushSummary } from '../client/push.js';
 import { withRetry, type RetryPolicy } from '../client/retry.js';
 import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from '../client/sources.js';
 import type { InitializeResult, StatusView } from '../client/types.js';
@@ -390,12 +390,23 @@ async function pushCommand(cli: Cli): Promise<number> {
   ];
   for (const f of summary.failures) {
     lines.push(`  package ${f.package} (file records ${f.first_record}–${f.first_record + f.rows - 1}) failed: ${f.status ?? f.code} ${f.message}${f.record !== undefined ? ` (file record ${f.record})` : ''}`);
+    lines.push(...refusedRowLines(f));
   }
   if (summary.input_error) lines.push(`  the file stopped being readable: ${summary.input_error}`);
   if (summary.aborted) lines.push('  interrupted');
   if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
   cli.print(result, lines.join('\n'));
   return exit;
+}
+
+/** A 422's refused rows, one line each, by file record; then how many more the service counted. */
+function refusedRowLines(f: PackageFailure): string[] {
+  if (!f.errors || f.error_count === undefined) return [];
+  const lines = [`    ${fmtInt(f.error_count)} ${f.error_count === 1 ? 'row' : 'rows'} refused:`];
+  for (const e of f.errors) lines.push(`      file record ${e.record}${e.column === null ? '' : `, column "${e.column}"`}: ${e.message}`);
+  const more = f.error_count - f.errors.length;
+  if (more > 0) lines.push(`      … and ${fmtInt(more)} more (the service lists the first ${f.errors.length})`);
+  return lines;
 }
 
 function pushExit(s: PushSummary): number {

@@ -13,7 +13,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { IngestClient } from './client.js';
-import { describeDetail, isApiError, isClientError, type ClientError } from './errors.js';
+import { describeDetail, isApiError, isClientError, isRecord, type ClientError } from './errors.js';
 import { Packer, type Package } from './packer.js';
 import type { RetryPolicy } from './retry.js';
 import type { RowSource } from './sources.js';
@@ -49,6 +49,18 @@ export interface PackageFailure {
   code: string;
   status: number | null;
   detail: unknown;
+  message: string;
+  /** The refused rows the service listed (its first 100, in row order), each with its record in the file. */
+  errors?: RefusedRow[];
+  /** How many rows the service refused in the package (may exceed `errors.length`). */
+  error_count?: number;
+}
+
+/** One refused row of a 422: `row` is its index in the package, `record` its 1-based number in the file. */
+export interface RefusedRow {
+  row: number;
+  record: number;
+  column: string | null;
   message: string;
 }
 
@@ -193,5 +205,14 @@ function describeFailure(pkg: Package, err: unknown): PackageFailure {
   };
   const row = typeof failure.detail === 'string' ? ROW_IN_DETAIL.exec(failure.detail) : null;
   if (row) failure.record = pkg.firstRecord + Number(row[1]);
+  const body = isApiError(err) && isRecord(err.body) ? err.body : null;
+  if (body && Array.isArray(body.errors) && typeof body.error_count === 'number') {
+    failure.errors = body.errors.filter(isRowError).map((e) => ({ row: e.row, record: pkg.firstRecord + e.row, column: e.column, message: e.message }));
+    failure.error_count = body.error_count;
+  }
   return failure;
+}
+
+function isRowError(value: unknown): value is { row: number; column: string | null; message: string } {
+  return isRecord(value) && Number.isSafeInteger(value.row) && (value.column === null || typeof value.column === 'string') && typeof value.message === 'string';
 }

@@ -155,7 +155,9 @@ export function csvConverter(column: CatalogColumn): (field: string) => unknown 
         const t = field.trim();
         if (!NUMBER.test(t)) return field;
         const n = Number(t);
-        // 1e400 stays text: JSON would turn Infinity into null, the service must see and refuse it
+        // 1e400 stays text: JSON would turn Infinity into null, the service must see and refuse it.
+        // So does an integer past ±(2^53 − 1): as a number it would be sent rounded (…993 as …992).
+        if (column.type === 'integer' && Number.isInteger(n) && !Number.isSafeInteger(n)) return field;
         return Number.isFinite(n) ? n : field;
       };
     case 'boolean':

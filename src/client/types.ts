@@ -82,6 +82,7 @@ export interface CatalogColumn {
   type: string;
   required: boolean;
   minimum?: number;
+  maximum?: number;
   min_length?: number;
 }
 

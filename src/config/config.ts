@@ -64,6 +64,10 @@ export interface Config {
     poolPieces: Count;
     /** Bound of a `Content-Encoding: gzip` body once inflated (413 past it). */
     maxDecompressedBytes: PositiveInt;
+    /** Rows checked by the byte-level scanner (false: `JSON.parse` + typia only, the reference path; for comparison). */
+    rowScanner: boolean;
+    /** Bytes all ingest requests together may hold whole (inflated; layouts not streamed, long rows, bytes after `data`); past it, 503. */
+    memoryBudgetBytes: PositiveInt;
     /** Upper bound of one encoded batch (NATS max_payload is 1 MiB). */
     batchBytes: number & tags.Type<'uint32'> & tags.Minimum<1024> & tags.Maximum<1000000>;
     /** How long an in-flight ingest counts against `upload_tasks_finished` if its instance dies. */

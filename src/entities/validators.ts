@@ -6,12 +6,14 @@
  * 1b. a repeated top-level `columns` or `data` key: `repeatedKey`, `duplicateKeyMessage`
  * 2. shape of `{columns: string[], data: unknown[][]}`: `bodyIssue`, one Pydantic v2 issue
  * 3–6. the column list: `columnsError`
- * 7. every row, in order: the checker returned by `compileRowCheck`
+ * 7. every row, in order: the checker returned by `compileRowProblem` (all refused rows are
+ *    reported, see `ROW_ERRORS_MAX` in errors.ts); `cellRules` gives the byte-level scanner
+ *    of the workers the same rules, from typia's schema of the same types
  *
  * Messages never echo more than 100 characters of one client string, and never a row.
  */
 import typia, { type tags } from 'typia';
-import type { ValidationIssue } from '../errors.js';
+import { rowDetail, type RowFault, type ValidationIssue } from '../errors.js';
 import { ENTITIES, TYPE_LABELS, type ColumnType, type EntitySpec } from './catalog.js';
 import { isCalendarDate } from './dates.js';
 
@@ -111,18 +113,34 @@ function keyName(text: Uint8Array, start: number, end: number): string | null {
 const isJsonSpace = (b: number) => b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
 
 // typia leaves `number` unchecked for Infinity (its `finite` option is off in our
-// tsconfig), so finiteness and integrality are tags that expand to the global checks.
-type Finite = tags.TagBase<{ target: 'number'; kind: 'finite'; value: undefined; validate: 'Number.isFinite($input)' }>;
-type Integer = tags.TagBase<{ target: 'number'; kind: 'integer'; value: undefined; validate: 'Number.isInteger($input)' }>;
+// tsconfig), so finiteness and integrality are tags that expand to the global checks. Their
+// `schema` is what `typia.json.schemas` says of them: the byte-level row scanner
+// (`workers/row-scanner.ts`) is generated from that output (see `CELL_RULES`).
+type Finite = tags.TagBase<{ target: 'number'; kind: 'finite'; value: undefined; validate: 'Number.isFinite($input)'; exclusive: false; schema: { 'x-finite': true } }>;
+/** DECISIONS.md: an `integer` is a whole number within ±(2^53 − 1); `9007199254740993` is refused, not rounded. */
+type SafeInteger = tags.TagBase<{
+  target: 'number';
+  kind: 'safeInteger';
+  value: undefined;
+  validate: 'Number.isSafeInteger($input)';
+  exclusive: false;
+  schema: { type: 'integer'; minimum: -9007199254740991; maximum: 9007199254740991 };
+}>;
+/**
+ * The calendar checks of `date` and `datetime` are `isCalendarDate`/`isDateTime`, run after
+ * the typia check (typia's own `Format<"date">` accepts 2024-02-31): these tags only name the
+ * format in the schema, for the scanner.
+ */
+type CalendarDate = tags.TagBase<{ target: 'string'; kind: 'calendarDate'; value: undefined; validate: 'true'; exclusive: false; schema: { format: 'date' } }>;
+type DateTime = tags.TagBase<{ target: 'string'; kind: 'dateTime'; value: undefined; validate: 'true'; exclusive: false; schema: { format: 'date-time' } }>;
 
 /**
  * The TypeScript type of a non-null cell of each column type. `date` and `datetime` are
- * plain strings here and checked by `isCalendarDate`/`isDateTime` afterwards: typia's
- * `Format<"date">` accepts 2024-02-31.
+ * plain strings to typia and checked by `isCalendarDate`/`isDateTime` afterwards.
  *
  * Every check must give the same answer for a string parsed from Latin-1 text as from the
- * UTF-8 text of the same bytes (the workers parse Latin-1 first, see `workers/rows.ts`): types,
- * emptiness and patterns of ASCII characters only; no lengths or patterns that count or
+ * UTF-8 text of the same bytes (the reference path parses Latin-1 first, see `workers/rows.ts`):
+ * types, emptiness and patterns of ASCII characters only; no lengths or patterns that count or
  * accept non-ASCII characters (`test/unit/latin1-checks.test.ts` holds them to it).
  */
 interface Cell {
@@ -130,11 +148,11 @@ interface Cell {
   id: string & tags.MinLength<1>;
   number: number & Finite;
   nonNegativeNumber: number & Finite & tags.Minimum<0>;
-  integer: number & Integer;
-  positiveInteger: number & Integer & tags.Minimum<1>;
+  integer: number & SafeInteger;
+  positiveInteger: number & SafeInteger & tags.Minimum<1>;
   boolean: boolean;
-  date: string;
-  datetime: string;
+  date: string & CalendarDate;
+  datetime: string & DateTime;
 }
 
 type Check = (value: unknown) => boolean;
@@ -153,31 +171,31 @@ const IS: Readonly<Record<ColumnType, Check>> = {
   datetime: (v) => isString(v) && isDateTime(v),
 };
 
+/** Rows of each entity in catalog column order: the typia types everything else derives from. */
+type StoresRow = [Cell['id'], Cell['string'], Cell['string'] | null, Cell['date'] | null];
+type CatalogsRow = [Cell['id'], Cell['string'], Cell['id'] | null];
+type ProductsRow = [Cell['id'], Cell['string'], Cell['id'] | null, Cell['string'] | null, Cell['string'] | null, Cell['nonNegativeNumber'] | null, Cell['boolean'] | null];
+type StockRow = [Cell['id'], Cell['id'], Cell['date'], Cell['number']];
+type ReceiptsRow = [Cell['id'], Cell['id'], Cell['datetime'], Cell['number']];
+type ReceiptLinesRow = [Cell['id'], Cell['positiveInteger'], Cell['id'], Cell['number'], Cell['number'], Cell['number'] | null];
+
 /**
  * Whole-row validators for rows in catalog column order, keyed by entity name. They
  * skip the calendar checks of date/datetime columns, which `compileRowCheck` adds.
  * An entity without an entry here is simply validated column by column.
  */
 const TUPLES: Readonly<Record<string, Check>> = {
-  stores: typia.createIs<[Cell['id'], Cell['string'], Cell['string'] | null, Cell['date'] | null]>(),
-  catalogs: typia.createIs<[Cell['id'], Cell['string'], Cell['id'] | null]>(),
-  products: typia.createIs<
-    [
-      Cell['id'],
-      Cell['string'],
-      Cell['id'] | null,
-      Cell['string'] | null,
-      Cell['string'] | null,
-      Cell['nonNegativeNumber'] | null,
-      Cell['boolean'] | null,
-    ]
-  >(),
-  stock: typia.createIs<[Cell['id'], Cell['id'], Cell['date'], Cell['number']]>(),
-  receipts: typia.createIs<[Cell['id'], Cell['id'], Cell['datetime'], Cell['number']]>(),
-  receipt_lines: typia.createIs<
-    [Cell['id'], Cell['positiveInteger'], Cell['id'], Cell['number'], Cell['number'], Cell['number'] | null]
-  >(),
+  stores: typia.createIs<StoresRow>(),
+  catalogs: typia.createIs<CatalogsRow>(),
+  products: typia.createIs<ProductsRow>(),
+  stock: typia.createIs<StockRow>(),
+  receipts: typia.createIs<ReceiptsRow>(),
+  receipt_lines: typia.createIs<ReceiptLinesRow>(),
 };
+
+/** The same row types as JSON Schema (typia's output, OpenAPI 3.1: tuples as `prefixItems`), in `SCHEMA_ORDER`. */
+const SCHEMAS = typia.json.schemas<[StoresRow, CatalogsRow, ProductsRow, StockRow, ReceiptsRow, ReceiptLinesRow]>();
+const SCHEMA_ORDER = ['stores', 'catalogs', 'products', 'stock', 'receipts', 'receipt_lines'];
 
 // Keyed by the catalog's own objects: a look-alike EntitySpec never gets a tuple that
 // may not match its columns.
@@ -187,23 +205,101 @@ for (const entity of ENTITIES) {
   if (tuple) TUPLE_OF.set(entity, tuple);
 }
 
+/**
+ * What a byte-level scanner must check of one cell, read off typia's JSON Schema of the
+ * entity's row (so typia stays the one source of the types): the JSON type, `null` allowed,
+ * and the bounds the catalog uses. A schema with anything else gives no rules (see
+ * `cellRules`), and the entity is validated on the reference path only.
+ */
+export interface CellRule {
+  type: 'string' | 'number' | 'integer' | 'boolean';
+  nullable: boolean;
+  /** Strings: 0 or 1 (non-empty). */
+  minLength: number;
+  /** Strings: a calendar date or an RFC 3339 datetime (checked as `isCalendarDate`/`isDateTime` do). */
+  format: 'date' | 'date-time' | null;
+  /** Numbers: `Number.isFinite`. Integers are finite by `Number.isSafeInteger`. */
+  finite: boolean;
+  minimum: number | null;
+  maximum: number | null;
+}
+
+const RULE_KEYS = new Set(['type', 'minLength', 'format', 'x-finite', 'minimum', 'maximum']);
+const CELL_RULES = new Map<EntitySpec, readonly CellRule[] | null>();
+for (const entity of ENTITIES) {
+  const items = rowSchema(SCHEMA_ORDER.indexOf(entity.name))?.prefixItems;
+  const rules = Array.isArray(items) && items.length === entity.columns.length ? items.map(cellRule) : null;
+  CELL_RULES.set(entity, rules && rules.every((r): r is CellRule => r !== null) ? rules : null);
+}
+
+/** The row schema at `index` of `SCHEMAS`, its `$ref` (named types go to `components`) followed. */
+function rowSchema(index: number): { prefixItems?: unknown } | undefined {
+  const schema = SCHEMAS.schemas[index] as { $ref?: string; prefixItems?: unknown } | undefined;
+  const ref = schema?.$ref;
+  if (ref === undefined) return schema;
+  const components = SCHEMAS.components.schemas as Record<string, { prefixItems?: unknown }> | undefined;
+  return ref.startsWith('#/components/schemas/') ? components?.[ref.slice('#/components/schemas/'.length)] : undefined;
+}
+
+/** The rule of each of `columns` (names of the catalog entity), or null when the entity has no byte-level rules. */
+export function cellRules(entity: EntitySpec, columns: readonly string[]): CellRule[] | null {
+  const rules = CELL_RULES.get(entity);
+  if (!rules) return null;
+  const out: CellRule[] = [];
+  for (const name of columns) {
+    const at = entity.columns.findIndex((c) => c.name === name);
+    if (at < 0) return null;
+    out.push(rules[at]!);
+  }
+  return out;
+}
+
+/** One `prefixItems` entry as a rule, or null for anything the scanner does not know to check. */
+function cellRule(item: unknown): CellRule | null {
+  let schema = item as Record<string, unknown>;
+  let nullable = false;
+  if (Array.isArray(schema.oneOf)) {
+    const variants = schema.oneOf as Record<string, unknown>[];
+    const others = variants.filter((v) => v.type !== 'null');
+    if (variants.length !== 2 || others.length !== 1) return null;
+    nullable = true;
+    schema = others[0]!;
+  }
+  if (Object.keys(schema).some((k) => !RULE_KEYS.has(k))) return null;
+  const { type, minLength = 0, format = null, minimum = null, maximum = null } = schema;
+  const rule: CellRule = {
+    type: type as CellRule['type'],
+    nullable,
+    minLength: minLength as number,
+    format: format as CellRule['format'],
+    finite: schema['x-finite'] === true,
+    minimum: minimum as number | null,
+    maximum: maximum as number | null,
+  };
+  if (rule.type === 'string') {
+    const plain = rule.minimum === null && rule.maximum === null && !rule.finite;
+    return plain && (rule.minLength === 0 || rule.minLength === 1) && (rule.format === null || rule.format === 'date' || rule.format === 'date-time') ? rule : null;
+  }
+  if (rule.minLength !== 0 || rule.format !== null) return null;
+  if (rule.type === 'boolean') return rule.minimum === null && rule.maximum === null && !rule.finite ? rule : null;
+  if (rule.type === 'integer') {
+    // Only the safe-integer tag makes `integer`: its bounds must still be there.
+    const safe = (rule.minimum ?? -Infinity) >= -Number.MAX_SAFE_INTEGER && (rule.maximum ?? Infinity) <= Number.MAX_SAFE_INTEGER;
+    return safe && rule.maximum !== null ? rule : null;
+  }
+  return rule.type === 'number' && rule.finite && rule.maximum === null ? rule : null;
+}
+
 /** A row's 422 detail (`Invalid data types in payload: …`), or null when the row is valid. */
 export type RowCheck = (row: readonly unknown[], index: number) => string | null;
 
 /**
- * What is wrong with a row, without its index: the part of the 422 detail after
- * `row <index>` (`: expected 4 values, got 5` or `, column "price": …`), or null when the
- * row is valid. Validation workers see a piece of the rows and report local indexes; the
- * main thread adds the global index with `rowMessage`.
+ * What is wrong with a row, without its index: the offending column (null for a row of the
+ * wrong length) and the message (`expected 4 values, got 5`, `expected number >= 0, got
+ * "abc"`), or null when the row is valid. Validation workers see a piece of the rows and
+ * report local indexes; the main thread adds the global index.
  */
-export type RowProblem = (row: readonly unknown[]) => string | null;
-
-const TYPES_PREFIX = 'Invalid data types in payload: ';
-
-/** The 422 detail of the row at `index` (0-based, of the whole `data` array). */
-export function rowMessage(index: number, problem: string): string {
-  return `${TYPES_PREFIX}row ${index}${problem}`;
-}
+export type RowProblem = (row: readonly unknown[]) => RowFault | null;
 
 /**
  * Compiles the checker for one request. `columns` must have passed `columnsError`.
@@ -214,7 +310,7 @@ export function compileRowCheck(entity: EntitySpec, columns: readonly string[]):
   const problem = compileRowProblem(entity, columns);
   return (row, index) => {
     const found = problem(row);
-    return found === null ? null : rowMessage(index, found);
+    return found === null ? null : rowDetail({ row: index, ...found });
   };
 }
 
@@ -232,12 +328,12 @@ export function compileRowProblem(entity: EntitySpec, columns: readonly string[]
   const width = columns.length;
 
   const slow: RowProblem = (row) => {
-    if (row.length !== width) return `: expected ${width} values, got ${row.length}`;
+    if (row.length !== width) return { column: null, message: `expected ${width} values, got ${row.length}` };
     for (let j = 0; j < width; j++) {
       const value = row[j];
       if (!checks[j]!(value)) {
         const { name, type } = specs[j]!;
-        return `, column "${name}": expected ${TYPE_LABELS[type].expected}, got ${show(value)}`;
+        return { column: name, message: `expected ${TYPE_LABELS[type].expected}, got ${show(value)}` };
       }
     }
     return null;

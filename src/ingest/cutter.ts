@@ -32,9 +32,12 @@ export interface Buffers {
 export class PieceCutter {
   /** Pieces cut so far: the current bytes follow a cut comma when this is > 0. */
   cuts = 0;
+  /** `grow` refused a larger buffer: the cutter took no more bytes (and takes none from now on). */
+  refused = false;
   readonly #target: number;
   readonly #buffers: Buffers;
   readonly #onPiece: (buffer: ArrayBuffer, length: number) => void;
+  readonly #grow: (capacity: number) => boolean;
   #bytes: Uint8Array;
   #length = 0;
   #seeking = false;
@@ -42,17 +45,28 @@ export class PieceCutter {
   #comma = -1;
   #anyComma = false;
 
-  constructor(target: number, buffers: Buffers, onPiece: (buffer: ArrayBuffer, length: number) => void) {
+  /**
+   * `grow` is asked before the current piece's buffer is replaced by a larger one (a row
+   * longer than the standard buffer, no place to cut yet) with its new capacity: false
+   * refuses it, and the cutter stops.
+   */
+  constructor(target: number, buffers: Buffers, onPiece: (buffer: ArrayBuffer, length: number) => void, grow: (capacity: number) => boolean = () => true) {
     this.#target = target;
     this.#buffers = buffers;
     this.#onPiece = onPiece;
+    this.#grow = grow;
     this.#bytes = new Uint8Array(buffers.take());
+  }
+
+  /** Bytes of the current piece's buffer (larger than the standard one while a long row waits for a cut). */
+  get capacity(): number {
+    return this.#bytes.length;
   }
 
   push(chunk: Uint8Array, from: number): void {
     let at = from;
     const n = chunk.length;
-    while (at < n) {
+    while (at < n && !this.refused) {
       if (!this.#seeking) {
         const k = Math.min(this.#target - this.#length, n - at);
         this.#append(chunk, at, at + k);
@@ -126,9 +140,15 @@ export class PieceCutter {
   }
 
   #append(src: Uint8Array, from: number, to: number): void {
+    if (this.refused) return;
     const need = this.#length + (to - from);
     if (need > this.#bytes.length) {
-      const grown = new Uint8Array(new ArrayBuffer(Math.max(need, this.#bytes.length * 2)));
+      const capacity = Math.max(need, this.#bytes.length * 2);
+      if (!this.#grow(capacity)) {
+        this.refused = true;
+        return;
+      }
+      const grown = new Uint8Array(new ArrayBuffer(capacity));
       grown.set(this.#bytes.subarray(0, this.#length));
       this.#buffers.give(this.#bytes.buffer as ArrayBuffer);
       this.#bytes = grown;

@@ -6,7 +6,8 @@
  * that is not gzip, or is cut short, answers `Invalid JSON format.` (422).
  *
  * Back-pressure both ways: `write` returns false while zlib's input is full; zlib's output
- * pauses while the inner sink asks for a pause.
+ * pauses while the inner sink asks for a pause. Inflating stops as soon as the inner sink's
+ * answer is decided (not JSON, too large, out of memory): the rest of a bomb is never inflated.
  */
 import { Buffer } from 'node:buffer';
 import { createGunzip, type Gunzip } from 'node:zlib';
@@ -23,7 +24,7 @@ export class GunzipIngest implements IngestSink {
   /** Resolves when zlib ended, failed or was stopped. */
   readonly #done: Promise<void>;
   #inflated = 0;
-  #stopped: 'gzip' | 'size' | 'abort' | null = null;
+  #stopped: 'gzip' | 'size' | 'abort' | 'decided' | null = null;
   #waiting = false;
   #drain: (() => void) | null = null;
   #innerPaused = false;
@@ -49,6 +50,7 @@ export class GunzipIngest implements IngestSink {
         this.#innerPaused = true;
         this.#zlib.pause();
       }
+      if (this.#inner.decided) this.#stop('decided');
     });
     this.#zlib.on('drain', () => this.#release());
     inner.onDrain(() => {
@@ -71,6 +73,10 @@ export class GunzipIngest implements IngestSink {
     this.#drain = cb;
   }
 
+  get decided(): boolean {
+    return this.#stopped !== null || this.#inner.decided;
+  }
+
   end(): Promise<IngestResult> {
     this.#ended ??= this.#finish();
     return this.#ended;
@@ -85,15 +91,14 @@ export class GunzipIngest implements IngestSink {
   async #finish(): Promise<IngestResult> {
     if (!this.#stopped) this.#zlib.end();
     await this.#done;
-    if (this.#stopped === null) return this.#inner.end();
-    if (this.#stopped === 'abort') return this.#inner.end();
+    if (this.#stopped === null || this.#stopped === 'abort' || this.#stopped === 'decided') return this.#inner.end();
     // The inner sink saw a prefix of the body: drop it, and wait until its writer is aborted.
     this.#inner.abort();
     await this.#inner.end().catch(() => {});
     throw this.#stopped === 'size' ? errors.bodyTooLarge() : errors.invalidPayload(INVALID_JSON);
   }
 
-  #stop(reason: 'gzip' | 'size' | 'abort'): void {
+  #stop(reason: 'gzip' | 'size' | 'abort' | 'decided'): void {
     if (this.#stopped) return;
     this.#stopped = reason;
     this.#zlib.destroy();

@@ -15,6 +15,7 @@ import type { EntitySpec } from '../entities/catalog.js';
 import { errors, isServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
 import { GunzipIngest } from './gzip.js';
+import { MemoryBudget } from './memory.js';
 import { StreamingIngest, type Engine, type IngestStats } from './stream.js';
 import type { Task, WorkerData } from './tasks.js';
 
@@ -25,6 +26,8 @@ export const DEFAULT_PIECE_BYTES = 1024 * 1024;
 export const DEFAULT_PIECES_PER_REQUEST = 4;
 export const DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024;
 export const DEFAULT_CANCEL_AFTER_MS = 1000;
+export const DEFAULT_MEMORY_BUDGET_BYTES = 256 * 1024 * 1024;
+export const DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024;
 /** Heads (bytes before `data`'s elements) longer than this go to the one-shot path. */
 const HEAD_BYTES = 64 * 1024;
 /** Skeletons (head + tail) up to this size are checked on the main thread. */
@@ -45,6 +48,14 @@ export interface ValidationPoolOptions {
   poolPieces?: number;
   /** Bound of a gzip body once inflated (413 past it); default 256 MiB. */
   maxDecompressedBytes?: number;
+  /**
+   * Bytes all sinks together may hold whole (see `memory.ts`: bodies of a layout that is not
+   * streamed, bytes after `data`, rows longer than a piece), inflated bytes counted; a request
+   * that needs more answers 503. Default 256 MiB.
+   */
+  memoryBudgetBytes?: number;
+  /** Bytes one request may hold whole (413 past it): the plain body limit, so gzip gets no more. Default 32 MiB. */
+  maxHeldBytes?: number;
   /** Heads longer than this are validated in one task; default 64 KiB. Tests lower it. */
   headBytes?: number;
   /**
@@ -60,6 +71,12 @@ export interface ValidationPoolOptions {
    * work, and the workers take the rest of the CPU.
    */
   workerNice?: number;
+  /**
+   * Rows are checked and encoded by the byte-level scanner generated from the entity's
+   * schema, with `JSON.parse` + typia for what it declines (default true). false: by
+   * `JSON.parse` + typia only, the reference path (tests and the bench compare the two).
+   */
+  rowScanner?: boolean;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -81,6 +98,8 @@ export interface IngestSink {
   /** A body chunk; copy it if kept past the call (uWS reuses the memory). false = caller should pause until onDrain fires. */
   write(chunk: Uint8Array): boolean;
   onDrain(cb: () => void): void;
+  /** The answer is an error already decided (not JSON, too large, out of memory, aborted): more bytes change nothing. */
+  readonly decided: boolean;
   /**
    * Body complete. Resolves when every row passed and every batch was appended to the
    * writer (NOT committed: the caller commits). Rejects with a ServiceError:
@@ -120,7 +139,7 @@ export class ValidationPool {
   readonly #maxDecompressedBytes: number;
   readonly #headBytes: number;
   readonly #cancelAfterMs: number;
-  readonly #stats: IngestStats = { pieces: 0, continuations: 0, oneShots: 0, skeletonTasks: 0 };
+  readonly #stats: IngestStats = { pieces: 0, continuations: 0, scanned: 0, oneShots: 0, skeletonTasks: 0 };
   readonly #totals: IngestTotals = { accepted: 0, rejected: 0, failed: 0, rows: 0, bodyBytes: 0, encodedBytes: 0 };
   #busyMs = 0;
   // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
@@ -131,6 +150,8 @@ export class ValidationPool {
   readonly #bufferBytes: number;
   readonly #free: ArrayBuffer[] = [];
   readonly #maxFree: number;
+  readonly #memory: MemoryBudget;
+  readonly #tids: Int32Array;
 
   constructor(options: ValidationPoolOptions) {
     const {
@@ -141,9 +162,12 @@ export class ValidationPool {
       piecesPerRequest = DEFAULT_PIECES_PER_REQUEST,
       poolPieces = 0,
       maxDecompressedBytes = DEFAULT_MAX_DECOMPRESSED_BYTES,
+      memoryBudgetBytes = DEFAULT_MEMORY_BUDGET_BYTES,
+      maxHeldBytes = DEFAULT_MAX_HELD_BYTES,
       headBytes = HEAD_BYTES,
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       workerNice = 0,
+      rowScanner = true,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -154,6 +178,8 @@ export class ValidationPool {
     requireInteger('piecesPerRequest', piecesPerRequest, 1);
     requireInteger('poolPieces', poolPieces, 0);
     requireInteger('maxDecompressedBytes', maxDecompressedBytes, 1);
+    requireInteger('memoryBudgetBytes', memoryBudgetBytes, 1);
+    requireInteger('maxHeldBytes', maxHeldBytes, 1);
     requireInteger('headBytes', headBytes, 1);
     requireInteger('cancelAfterMs', cancelAfterMs, 0);
     requireInteger('workerNice', workerNice, 0);
@@ -163,13 +189,16 @@ export class ValidationPool {
     this.#piecesPerRequest = piecesPerRequest;
     this.#poolPieces = poolPieces === 0 ? 2 * threads : poolPieces;
     this.#maxDecompressedBytes = maxDecompressedBytes;
+    this.#memory = new MemoryBudget(memoryBudgetBytes, maxHeldBytes);
     this.#headBytes = headBytes;
     this.#cancelAfterMs = cancelAfterMs;
     this.#capacity = threads + maxQueue;
     // Room past the target for the rest of the row the cut waits for.
     this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
-    this.#maxFree = 2 * this.#poolPieces + 8;
-    const workerData: WorkerData = { nice: workerNice };
+    // A running task holds two: its piece and the buffer its lines go to.
+    this.#maxFree = 4 * this.#poolPieces + 8;
+    this.#tids = new Int32Array(new SharedArrayBuffer(4 * (1 + 4 * threads + 64)));
+    const workerData: WorkerData = { nice: workerNice, rowScanner, tids: this.#tids };
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads, workerData });
     this.#pool.on('error', onError);
   }
@@ -182,9 +211,11 @@ export class ValidationPool {
     if (this.#open >= this.#capacity) throw errors.rateLimited(1);
     this.#open++;
     let released = false;
+    const memory = this.#memory.account();
     const engine: Engine = {
       run: (task, transfer, signal, priority) => this.#run(task, transfer, signal, priority),
       buffers: { take: () => this.#take(), give: (buffer) => this.#give(buffer) },
+      memory,
       stats: this.#stats,
       pieceBytes: this.#pieceBytes,
       piecesPerRequest: this.#piecesPerRequest,
@@ -194,6 +225,7 @@ export class ValidationPool {
       release: () => {
         if (released) return;
         released = true;
+        memory.release();
         this.#open--;
       },
     };
@@ -222,6 +254,12 @@ export class ValidationPool {
     return this.#busyMs;
   }
 
+  /** The memory budget for bytes held whole: limit, reserved now, the most ever reserved, refusals (a fresh snapshot). */
+  get memory(): { limit: number; perRequest: number; used: number; peak: number; refusals: number } {
+    const m = this.#memory;
+    return { limit: m.limit, perRequest: m.perRequest, used: m.used, peak: m.peak, refusals: m.refusals };
+  }
+
   /** Counters since the pool started (a live object: read, do not keep). */
   get stats(): Readonly<IngestStats> {
     return this.#stats;
@@ -236,6 +274,7 @@ export class ValidationPool {
       queued: this.#pool.queueSize,
       threads: this.#pool.threads.length,
       threadIds: this.#pool.threads.map((w) => w.threadId),
+      threadTids: [...new Set(this.#tids.subarray(1, 1 + Math.min(Atomics.load(this.#tids, 0), this.#tids.length - 1)))].filter((tid) => tid > 0),
     };
   }
 
@@ -349,6 +388,10 @@ class CountedIngest implements IngestSink {
     this.#inner.onDrain(cb);
   }
 
+  get decided(): boolean {
+    return this.#inner.decided;
+  }
+
   end(): Promise<IngestResult> {
     return (this.#ended ??= this.#inner.end().then(
       (result) => {
@@ -393,6 +436,8 @@ export interface PoolLoad {
   threads: number;
   /** The worker threads' ids (never reused in a process): a changed id is a worker replaced (crashed or cancelled). */
   threadIds: number[];
+  /** Kernel thread ids of the worker threads started so far, replaced ones included (Linux; empty elsewhere): for CPU time per thread. */
+  threadTids: number[];
 }
 
 function requireInteger(key: string, value: unknown, min: number): void {

@@ -17,22 +17,29 @@
  *   a repetition inside the head already turns the rows parse-only).
  * - The answer follows the plain path's order: body too large, not JSON (any piece or the
  *   skeleton), a repeated `columns` or `data` key, the first structural issue (columns,
- *   then the first element that is not a list), the column checks, the first bad row. Only
- *   `Invalid JSON format.` is known before the body ends; the others wait for it, with the
- *   rest checked parse-only.
+ *   then the first element that is not a list), the column checks, the refused rows (every
+ *   row is validated to the end, so the count is exact; lines stop being written at the
+ *   first refused row). Only `Invalid JSON format.` is known before the body ends; the
+ *   others wait for it, with the rest checked as far as the answer needs.
  * - Back-pressure: at most `piecesPerRequest` pieces are in flight (dispatched and not yet
  *   taken and appended); past that `write` returns false until they drain.
- * - Batches are appended to the writer in row order as pieces are taken; the writer is
- *   opened with the first batch and aborted on any failure; the caller commits.
+ * - Memory: what the sink must hold whole (the body of a layout it does not stream, the
+ *   bytes after `data`, an element longer than a piece, in its cutter buffer or in the
+ *   parts of a carry) is reserved from the process's budget as it grows (`memory.ts`):
+ *   past the request's bound the answer is 413, past the process's 503.
+ * - Batches are appended to the writer in row order as pieces are taken, as views of the
+ *   buffer the worker wrote the lines to, which goes back to the pool once they are stored;
+ *   the writer is opened with the first batch and aborted on any failure; the caller commits.
  */
 import { Buffer } from 'node:buffer';
-import { INVALID_JSON, bodyIssue, columnsError, duplicateKeyMessage, rowMessage, rowNotListIssue } from '../entities/validators.js';
-import { errors, isServiceError, type ServiceError } from '../errors.js';
+import { INVALID_JSON, bodyIssue, columnsError, duplicateKeyMessage, rowNotListIssue } from '../entities/validators.js';
+import { ROW_ERRORS_MAX, errors, isServiceError, type RowError, type ServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
 import { PieceCutter, type Buffers } from './cutter.js';
 import { HeadScanner } from './head.js';
+import type { MemoryAccount } from './memory.js';
 import { SENTINEL, SENTINEL_JSON, checkSkeleton, type SkeletonFacts } from './skeleton.js';
-import { Mode, type BodyResult, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
+import { Mode, type BodyResult, type Lines, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
 import type { IngestOptions, IngestResult, IngestSink } from './pool.js';
 
 /** Counters of the pool, cheap to keep: tests and the tuning notes of docs/operations.md read them. */
@@ -41,6 +48,8 @@ export interface IngestStats {
   pieces: number;
   /** Row tasks that completed an element a wrong cut had split (the slower path). */
   continuations: number;
+  /** Row tasks the byte-level scanner answered (the others took `JSON.parse` + typia). */
+  scanned: number;
   /** Bodies validated in one task (layouts the sink does not stream). */
   oneShots: number;
   /** Skeletons too large to check on the main thread. */
@@ -52,6 +61,8 @@ export interface Engine {
   /** Runs a task when the pool has room for it (priority: before waiting pieces), transferring `transfer`. */
   run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R>;
   readonly buffers: Buffers;
+  /** What the sink holds whole (see `memory.ts`); released by `release()`. */
+  readonly memory: MemoryAccount;
   readonly stats: IngestStats;
   readonly pieceBytes: number;
   readonly piecesPerRequest: number;
@@ -96,6 +107,13 @@ export class StreamingIngest implements IngestSink {
   #phase: Phase = 'head';
   #received = 0;
   #tooLarge = false;
+  /** The process's memory budget refused what the sink had to hold: 503. */
+  #noMemory = false;
+  /** Bytes held whole, by kind (see `#hold`). */
+  #wholeBytes = 0;
+  #tailBytes = 0;
+  #carryBytes = 0;
+  #grownBytes = 0;
   /** Not JSON, for certain. */
   #invalid = false;
   /** A task failed (worker crash): an internal error. */
@@ -126,7 +144,9 @@ export class StreamingIngest implements IngestSink {
   #rows = 0;
   #bytes = 0;
   #notList: { index: number; input: unknown } | null = null;
-  #rowError: { index: number; problem: string } | null = null;
+  /** The first `ROW_ERRORS_MAX` refused rows, in row order, and how many rows were refused. */
+  #rowErrors: RowError[] = [];
+  #errorCount = 0;
 
   /** Tail bytes, in body order, from `data`'s `]` on; pieces from `#tailFrom` join them at the end. */
   #tail: Uint8Array[] = [];
@@ -168,6 +188,10 @@ export class StreamingIngest implements IngestSink {
     this.#drain = cb;
   }
 
+  get decided(): boolean {
+    return this.#closed;
+  }
+
   end(): Promise<IngestResult> {
     this.#ended ??= this.#finish();
     return this.#ended;
@@ -182,7 +206,29 @@ export class StreamingIngest implements IngestSink {
   }
 
   get #closed(): boolean {
-    return this.#abort.signal.aborted || this.#tooLarge || this.#invalid || this.#failure !== null;
+    return this.#abort.signal.aborted || this.#tooLarge || this.#noMemory || this.#invalid || this.#failure !== null;
+  }
+
+  /** Reserves what the sink holds whole now; false (and the sink closed with 413 or 503) when refused. */
+  #hold(): boolean {
+    const verdict = this.#engine.memory.hold(this.#wholeBytes + this.#tailBytes + this.#carryBytes + this.#grownBytes);
+    if (verdict === 'ok') return true;
+    if (verdict === 'too-large') this.#tooLarge = true;
+    else this.#noMemory = true;
+    this.#drop();
+    return false;
+  }
+
+  /** The cutter asks before it replaces its buffer by a larger one. */
+  #grow(capacity: number): boolean {
+    this.#grownBytes = Math.max(0, capacity - this.#engine.pieceBytes);
+    return this.#hold();
+  }
+
+  /** Keeps a copy of `chunk` for the one-shot task, if the memory budget allows. */
+  #keepWhole(chunk: Uint8Array): void {
+    this.#wholeBytes += chunk.byteLength;
+    if (this.#hold()) this.#whole.push(chunk.slice());
   }
 
   /** Cut pieces wait for a dispatch slot. */
@@ -197,8 +243,8 @@ export class StreamingIngest implements IngestSink {
         if (this.#head.status === 'scanning') return;
         if (this.#head.status === 'other') {
           this.#phase = 'whole';
-          this.#whole.push(this.#head.bytes.slice());
-          if (at < chunk.length) this.#whole.push(chunk.slice(at));
+          this.#keepWhole(this.#head.bytes);
+          if (at < chunk.length) this.#keepWhole(chunk.subarray(at));
           return;
         }
         this.#startRows();
@@ -209,10 +255,11 @@ export class StreamingIngest implements IngestSink {
         this.#cutter!.push(chunk, 0);
         return;
       case 'tail':
-        this.#tailRest.push(chunk.slice());
+        this.#tailBytes += chunk.byteLength;
+        if (this.#hold()) this.#tailRest.push(chunk.slice());
         return;
       case 'whole':
-        this.#whole.push(chunk.slice());
+        this.#keepWhole(chunk);
         return;
     }
   }
@@ -234,10 +281,17 @@ export class StreamingIngest implements IngestSink {
       this.#storing = true;
     }
     this.#phase = 'rows';
-    this.#cutter = new PieceCutter(this.#engine.pieceBytes, this.#engine.buffers, (buffer, length) => this.#addPiece(buffer, length, false));
+    this.#cutter = new PieceCutter(
+      this.#engine.pieceBytes,
+      this.#engine.buffers,
+      (buffer, length) => this.#addPiece(buffer, length, false),
+      (capacity) => this.#grow(capacity),
+    );
   }
 
   #addPiece(buffer: ArrayBuffer, length: number, last: boolean): void {
+    // A grown buffer leaves the cutter with its piece: the piece is in flight, bounded per request.
+    this.#grownBytes = 0;
     const first = this.#pieces.length === 0;
     this.#pieces.push({ parts: [{ buffer, start: 0, end: length }], state: null, first, last, status: 'ready', result: null });
     this.#schedule();
@@ -265,13 +319,16 @@ export class StreamingIngest implements IngestSink {
       this.#engine.stats.continuations++;
     }
     piece.status = 'running';
-    piece.result = null;
+    this.#recycle(piece);
     this.#engine.stats.pieces++;
     const task: RowsTask = {
       kind: 'rows',
       entity: this.#options.entity.name,
       columns: this.#columns,
       mode: this.#mode,
+      out: this.#storing ? this.#engine.buffers.take() : null,
+      // Pieces taken after the answer's list is full only count their refused rows.
+      describe: ROW_ERRORS_MAX - this.#rowErrors.length,
       parts: piece.parts.map((p) => p.buffer),
       ranges: piece.parts.flatMap((p) => [p.start, p.end]),
       state: piece.state,
@@ -279,8 +336,11 @@ export class StreamingIngest implements IngestSink {
       last: piece.last,
       batchBytes: this.#engine.batchBytes,
     };
-    this.#engine.run<RowsResult>(task, [...new Set(task.parts)], this.#abort.signal, priority).then(
+    const transfer = [...new Set(task.parts)];
+    if (task.out) transfer.push(task.out);
+    this.#engine.run<RowsResult>(task, transfer, this.#abort.signal, priority).then(
       (result) => {
+        if (result.scanned) this.#engine.stats.scanned++;
         piece.parts = piece.parts.map((p, k) => ({ ...p, buffer: result.parts[k]! }));
         piece.status = 'done';
         piece.result = result;
@@ -319,23 +379,32 @@ export class StreamingIngest implements IngestSink {
       }
       this.#account(result);
       const keep = new Set<ArrayBuffer>();
+      this.#carryBytes = 0;
       if (result.carry) {
         const { part, offset, state } = result.carry;
         const parts = piece.parts.slice(part);
         parts[0] = { ...parts[0]!, start: offset };
         this.#carry = { parts, state, first: piece.first && part === 0 && offset === piece.parts[0]!.start };
-        for (const p of parts) keep.add(p.buffer);
+        for (const p of parts) {
+          keep.add(p.buffer);
+          this.#carryBytes += p.buffer.byteLength;
+        }
       }
+      if (!this.#hold()) break;
       if (result.tail) {
         const part = piece.parts[result.tail.part]!;
         this.#tail = [new Uint8Array(part.buffer, result.tail.offset, part.end - result.tail.offset)];
         keep.add(part.buffer);
+        this.#tailBytes += part.buffer.byteLength;
       }
       for (const p of piece.parts) if (!keep.has(p.buffer)) this.#engine.buffers.give(p.buffer);
       this.#pieces[seq] = undefined;
       this.#cursor++;
-      if (this.#storing && result.batches.length > 0) this.#append(result.batches, result.bytes);
-      else this.#inFlight--;
+      if (this.#storing && result.bytes > 0) this.#append({ buffer: result.out!, ends: result.ends }, result.bytes);
+      else {
+        this.#recycle(piece);
+        this.#inFlight--;
+      }
       if (result.tail) this.#startTail(seq + 1);
     }
     this.#schedule();
@@ -349,15 +418,26 @@ export class StreamingIngest implements IngestSink {
       this.#notList = { index: base + result.notList, input: result.notListInput };
       this.#mode = Mode.parse;
       this.#storing = false;
-    } else if (result.rowError && !this.#rowError) {
-      this.#rowError = { index: base + result.rowError.index, problem: result.rowError.problem };
-      this.#mode = Mode.check;
+    } else if (result.errorCount > 0) {
+      this.#errorCount += result.errorCount;
+      for (const { index, column, message } of result.rowErrors) {
+        if (this.#rowErrors.length >= ROW_ERRORS_MAX) break;
+        this.#rowErrors.push({ row: base + index, column, message });
+      }
+      // Every later row is still validated (the count is exact), none is stored.
       this.#storing = false;
     }
   }
 
-  /** Appends in row order; the piece's dispatch slot is freed once its batches are stored. */
-  #append(batches: ArrayBuffer[], bytes: number): void {
+  /** The buffer a piece's result brought back to the pool, when its lines are not (or no longer) needed. */
+  #recycle(piece: Piece): void {
+    const out = piece.result?.out;
+    piece.result = null;
+    if (out) this.#engine.buffers.give(out);
+  }
+
+  /** Appends in row order; the piece's dispatch slot is freed (and its buffer given back) once its batches are stored. */
+  #append(lines: Lines, bytes: number): void {
     this.#bytes += bytes;
     const { signal } = this.#abort;
     this.#appends = this.#appends
@@ -365,9 +445,11 @@ export class StreamingIngest implements IngestSink {
         if (this.#storeError || signal.aborted) return;
         try {
           this.#writer ??= await this.#options.open(this.#columns);
-          for (const batch of batches) {
+          let start = 0;
+          for (const end of lines.ends) {
             if (signal.aborted) return;
-            await this.#writer.append(new Uint8Array(batch));
+            await this.#writer.append(new Uint8Array(lines.buffer, start, end - start));
+            start = end;
           }
         } catch (err) {
           // Reported only if the body has no payload error: the plain path validates before it stores.
@@ -376,6 +458,8 @@ export class StreamingIngest implements IngestSink {
         }
       })
       .finally(() => {
+        // A writer is done with a batch once its append settled, and every append was awaited.
+        this.#engine.buffers.give(lines.buffer);
         this.#inFlight--;
         this.#schedule();
         this.#wakeUp();
@@ -472,13 +556,14 @@ export class StreamingIngest implements IngestSink {
     if (this.#notList) throw errors.validationFailed([rowNotListIssue(this.#notList.index, this.#notList.input)]);
     const columnsMessage = columnsError(this.#options.entity, facts.columns!);
     if (columnsMessage) throw errors.invalidPayload(columnsMessage);
-    if (this.#rowError) throw errors.invalidPayload(rowMessage(this.#rowError.index, this.#rowError.problem));
+    if (this.#errorCount > 0) throw errors.rowsRefused(this.#rowErrors, this.#errorCount);
     return this.#success(this.#columns);
   }
 
   #throwIfDecided(): void {
     this.#abort.signal.throwIfAborted();
     if (this.#tooLarge) throw errors.bodyTooLarge();
+    if (this.#noMemory) throw errors.rateLimited(1);
     if (this.#failure) throw errors.internal(this.#failure.cause);
     if (this.#invalid) throw errors.invalidPayload(INVALID_JSON);
   }
@@ -535,9 +620,11 @@ export class StreamingIngest implements IngestSink {
     const { signal } = this.#abort;
     signal.throwIfAborted();
     this.#writer = await this.#options.open(result.columns);
-    for (const batch of result.batches) {
+    let start = 0;
+    for (const end of result.ends) {
       signal.throwIfAborted();
-      await this.#writer.append(new Uint8Array(batch));
+      await this.#writer.append(new Uint8Array(result.buffer, start, end - start));
+      start = end;
     }
     signal.throwIfAborted();
     return { rows: result.rows, bytes: result.bytes, columns: result.columns, writer: this.#writer };
@@ -545,7 +632,9 @@ export class StreamingIngest implements IngestSink {
 }
 
 function bodyError(result: Extract<BodyResult, { ok: false }>): ServiceError {
-  return result.kind === 'payload' ? errors.invalidPayload(result.message) : errors.validationFailed(result.issues);
+  if (result.kind === 'payload') return errors.invalidPayload(result.message);
+  if (result.kind === 'rows') return errors.rowsRefused(result.errors, result.count);
+  return errors.validationFailed(result.issues);
 }
 
 /** One Buffer of exactly the bytes, not from Buffer's shared pool: it may be transferred. */

@@ -1,9 +1,11 @@
 /**
  * What the main thread and the validation workers (`workers/validate.ts`) send each other.
  * Buffers travel transferred, never copied: a task's byte parts go to the worker and come
- * back with the result, so the sink can reuse them or still owns them when a cut was wrong.
+ * back with the result, so the sink can reuse them or still owns them when a cut was wrong;
+ * the buffer a task's NDJSON lines are written to goes out from the pool's free list and
+ * comes back holding them, and returns to the list once they are stored.
  */
-import type { ValidationIssue } from '../errors.js';
+import type { RowError, RowFault, ValidationIssue } from '../errors.js';
 
 /** How much a worker does with the rows of a piece. Each level includes the ones below. */
 export const Mode = {
@@ -11,7 +13,7 @@ export const Mode = {
   parse: 0,
   /** Plus the first element of `data` that is not a list (Pydantic's step 2). */
   check: 1,
-  /** Plus every row against the columns, and NDJSON batches when all passed. */
+  /** Plus every row against the columns (every refused row counted), and the NDJSON lines when all passed and `out` was given. */
   validate: 2,
 } as const;
 export type Mode = (typeof Mode)[keyof typeof Mode];
@@ -27,18 +29,31 @@ export interface BodyTask {
   batchBytes: number;
 }
 
+/**
+ * NDJSON lines in `buffer[0, ends[ends.length - 1])`, cut into batches at `ends`: whole
+ * lines, at most the batch size each, a longer line a batch of its own.
+ */
+export interface Lines {
+  buffer: ArrayBuffer;
+  ends: number[];
+}
+
 export type BodyResult =
   | {
       ok: true;
       rows: number;
-      /** Total encoded bytes, the sum of the batch sizes. */
+      /** Total encoded bytes: `buffer[0, bytes)`. */
       bytes: number;
       columns: string[];
-      /** NDJSON (`JSON.stringify(row)` + `\n` per row, the client's column order), whole lines per batch, in row order. Transferred. */
-      batches: ArrayBuffer[];
+      /** NDJSON (`JSON.stringify(row)` + `\n` per row, the client's column order), in row order. Transferred. */
+      buffer: ArrayBuffer;
+      /** Where each batch of whole lines ends in `buffer` (see `Lines`). */
+      ends: number[];
     }
   /** 422 with a string detail. */
   | { ok: false; kind: 'payload'; message: string }
+  /** 422 of refused rows: the first `ROW_ERRORS_MAX` in row order, and how many there are. */
+  | { ok: false; kind: 'rows'; errors: RowError[]; count: number }
   /** 422 with a Pydantic-style array. */
   | { ok: false; kind: 'validation'; issues: ValidationIssue[] };
 
@@ -64,6 +79,13 @@ export interface RowsTask {
   /** The head's columns; only read in `Mode.validate`. */
   columns: string[];
   mode: Mode;
+  /**
+   * Where the lines go (`Mode.validate`): a free buffer of the pool, transferred, that comes
+   * back in the result. Null: validate without writing lines (a row was refused already).
+   */
+  out: ArrayBuffer | null;
+  /** How many refused rows to describe at most (the answer lists the first `ROW_ERRORS_MAX`; the rest are only counted). */
+  describe: number;
   parts: ArrayBuffer[];
   /** `[start0, end0, start1, end1, …]`: the bytes of each part. */
   ranges: number[];
@@ -84,14 +106,23 @@ export interface RowsResult {
   ok: boolean;
   /** Elements completed by this task. */
   rows: number;
+  /** The byte-level scanner answered (it did not decline the region). */
+  scanned: boolean;
   /** Local index of the first element that is not a list (`Mode.check` and up), else -1. */
   notList: number;
   /** `rowNotListInput` of that element. */
   notListInput?: unknown;
-  /** The first row that failed (`Mode.validate`, only when every element was a list). */
-  rowError: { index: number; problem: string } | null;
-  /** NDJSON batches of the completed rows, in order: only in `Mode.validate` when every row passed. Transferred. */
-  batches: ArrayBuffer[];
+  /** The first refused rows (`Mode.validate`, only when every element was a list), at most `ROW_ERRORS_MAX`, by local index. */
+  rowErrors: LocalRowError[];
+  /** Every refused row of the task. */
+  errorCount: number;
+  /**
+   * The task's `out` handed back (or a larger buffer in its place), transferred; it holds the
+   * completed rows' NDJSON lines when `bytes` > 0 (only in `Mode.validate`, every row passed).
+   */
+  out: ArrayBuffer | null;
+  /** Batch ends in `out` (see `Lines`). */
+  ends: number[];
   bytes: number;
   /** The task's parts, handed back (transferred). */
   parts: ArrayBuffer[];
@@ -114,10 +145,22 @@ export interface SkeletonTask {
   headColumns: unknown;
 }
 
+/** A refused row of a task: its index within the task's completed elements. */
+export interface LocalRowError extends RowFault {
+  index: number;
+}
+
 export type Task = BodyTask | RowsTask | SkeletonTask;
 
 /** The pool's `workerData`: set up once per worker thread. */
 export interface WorkerData {
   /** Steps of niceness the thread adds to its own (see `ValidationPoolOptions.workerNice`). */
   nice: number;
+  /** Rows go through the byte-level scanner first (see `ValidationPoolOptions.rowScanner`). */
+  rowScanner: boolean;
+  /**
+   * Shared memory where each worker thread notes its kernel thread id (Linux): `[count, tid…]`,
+   * so that the CPU time of the workers can be told from the rest of the process's (`PoolLoad.threadTids`).
+   */
+  tids: Int32Array;
 }

@@ -87,7 +87,8 @@ export interface PackageMeta {
 export interface PackageWriter {
   /**
    * Appends one encoded batch (bytes of NDJSON rows). Batches keep their order. The caller
-   * may reuse the batch's memory once the promise settles.
+   * may reuse the batch's memory once the promise settles (the ingest sink hands its line
+   * buffers back to the pool then): copy what must outlive it.
    */
   append(batch: Uint8Array): Promise<void>;
   /** Makes the package durable and visible to consumers, with its totals. Resolves once durable. */

@@ -388,6 +388,22 @@ t.test(`drill 7: ${TOTAL} malformed requests over every endpoint`, async (t) => 
       if (Object.keys(o).sort().join() !== flat.sort().join()) note(req, res, 'initialize 409 is not the flat shape');
       return;
     }
+    if ('errors' in o || 'error_count' in o) {
+      // Refused rows (DECISIONS.md "Every row error at once"): detail is the first, errors the first 100, error_count all.
+      const list = o.errors as { row?: unknown; column?: unknown; message?: unknown }[];
+      const shaped =
+        res.status === 422 &&
+        typeof o.detail === 'string' &&
+        o.detail.startsWith('Invalid data types in payload: ') &&
+        Array.isArray(list) &&
+        list.length >= 1 &&
+        list.length <= 100 &&
+        list.every((e) => Number.isSafeInteger(e.row) && (e.column === null || typeof e.column === 'string') && typeof e.message === 'string') &&
+        Number.isSafeInteger(o.error_count) &&
+        (o.error_count as number) >= list.length &&
+        Object.keys(o).length === 3;
+      return shaped ? undefined : note(req, res, 'a refused-rows 422 not in the contract shape');
+    }
     if (Object.keys(o).some((k) => k !== 'detail' && !(req.endpoint === 'health' && k === 'checks'))) return note(req, res, 'error body has keys besides detail');
     const detail = o.detail;
     if (typeof detail === 'string') return;

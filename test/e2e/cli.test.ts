@@ -166,8 +166,8 @@ t.test('JSON output and exit codes', async (t) => {
   t.equal((await cli.run(['push', badHeader, '--entity', 'nope'])).code, 2, 'an unknown entity is a usage error');
   t.equal((await cli.run(['push', join(dir, 'absent.csv'), '--entity', 'products'])).code, 4, 'a missing file');
 
-  // A bad row (file record 120) in the third package of about 45 rows: two packages stay, the push stops, exit 3.
-  const rows = Array.from({ length: 150 }, (_, i) => `p${i},Name ${i},${i === 119 ? 'free' : i}`);
+  // Bad rows (file records 120 and 121) in the third package of about 45 rows: two packages stay, the push stops, exit 3.
+  const rows = Array.from({ length: 150 }, (_, i) => `p${i},Name ${i},${i === 119 ? 'free' : i === 120 ? -3 : i}`);
   const partialFile = join(dir, 'partial.csv');
   await writeFile(partialFile, `product_id,name,price\n${rows.join('\n')}\n`);
   const partial = await cli.run(['push', partialFile, '--entity', 'products', '--package-size', '1KiB', '--parallel', '1', '--json']);
@@ -176,12 +176,18 @@ t.test('JSON output and exit codes', async (t) => {
   t.ok(partial.json.packages_accepted >= 2);
   const [failure] = partial.json.failures;
   t.match(failure, { status: 422, code: 'API_ERROR', record: 120, detail: /^Invalid data types in payload: row \d+, column "price": expected number >= 0, got "free"/ });
-  t.ok(failure.first_record <= 120 && failure.first_record + failure.rows > 120, 'the failing package holds file record 120');
+  t.ok(failure.first_record <= 120 && failure.first_record + failure.rows > 121, 'the failing package holds file records 120 and 121');
+  t.same(
+    [failure.error_count, failure.errors.map((e: { record: number; column: string; message: string }) => [e.record, e.column, e.message])],
+    [2, [[120, 'price', 'expected number >= 0, got "free"'], [121, 'price', 'expected number >= 0, got -3']]],
+    'every refused row, by file record',
+  );
   t.equal(partial.json.rows_accepted, failure.first_record - 1, 'every row before the failing package, none after');
   const human = await cli.run(['push', partialFile, '--entity', 'products', '--package-size', '1KiB', '--parallel', '1']);
   t.equal(human.code, 3);
   t.match(human.stdout, /push incomplete: .* packages already stored/);
   t.match(human.stdout, /failed: 422 Invalid data types in payload: .* \(file record 120\)/);
+  t.match(human.stdout, /\n {4}2 rows refused:\n {6}file record 120, column "price": expected number >= 0, got "free"\n {6}file record 121, column "price": expected number >= 0, got -3\n/);
 
   // The first package bad: nothing accepted, exit 1.
   const firstBad = join(dir, 'first-bad.csv');

@@ -81,12 +81,36 @@ t.test('ingest: 400 unknown entity before 409 state before 422 payload', async (
     [{ columns: ['product_id', 'name', 'colour'], data: [] }, 'Unknown column: colour'],
     [{ columns: ['price'], data: [] }, 'Missing required columns: product_id, name'],
     [{ columns: ['product_id', 'name', 'product_id'], data: [] }, 'Duplicate column: product_id'],
-    [{ columns: ['product_id', 'name', 'price'], data: [['a', 'b', 1], ['c', 'd', 'abc']] }, 'Invalid data types in payload: row 1, column "price": expected number >= 0, got "abc"'],
   ];
   for (const [body, detail] of cases) {
     const res = await c.ingest(uuid, 'products', body);
     t.same([res.status, res.body], [422, { detail }], detail);
   }
+  // Refused rows: `detail` is the first; `errors` lists them (the first 100) and `error_count` counts them all.
+  const rows = await c.ingest(uuid, 'products', { columns: ['product_id', 'name', 'price'], data: [['a', 'b', 1], ['c', 'd', 'abc'], ['e'], ['f', '', -2]] });
+  t.same([rows.status, rows.body], [
+    422,
+    {
+      detail: 'Invalid data types in payload: row 1, column "price": expected number >= 0, got "abc"',
+      errors: [
+        { row: 1, column: 'price', message: 'expected number >= 0, got "abc"' },
+        { row: 2, column: null, message: 'expected 3 values, got 1' },
+        { row: 3, column: 'price', message: 'expected number >= 0, got -2' },
+      ],
+      error_count: 3,
+    },
+  ], 'every refused row at once');
+  const many = await c.ingest(uuid, 'products', { columns: ['product_id', 'name'], data: Array.from({ length: 250 }, (_, i) => [`p${i}`, i]) });
+  t.equal(many.status, 422);
+  t.equal(many.body.error_count, 250, 'error_count: all of them');
+  t.equal(many.body.errors.length, 100, 'errors: the first 100');
+  t.same(many.body.errors[99], { row: 99, column: 'name', message: 'expected string, got 99' }, 'in row order');
+  // An integer is bounded to ±(2^53 − 1): 9007199254740993 is refused, never stored rounded.
+  const big = await call(svc.url, 'POST', `${API}/${uuid}/receipt_lines`, {
+    raw: '{"columns":["receipt_id","line_no","product_id","quantity","price"],"data":[["r",9007199254740991,"p",1,1],["r",9007199254740993,"p",1,1]]}',
+    headers: { 'content-type': 'application/json' },
+  });
+  t.same([big.status, big.body.errors], [422, [{ row: 1, column: 'line_no', message: 'expected integer >= 1, got 9007199254740992' }]], 'line_no 9007199254740993: 422');
   const broken = await call(svc.url, 'POST', `${API}/${uuid}/products`, { raw: '{"columns": [', headers: { 'content-type': 'application/json' } });
   t.same([broken.status, broken.body], [422, { detail: 'Invalid JSON format.' }]);
   const missing = await c.ingest(uuid, 'products', { data: [] });

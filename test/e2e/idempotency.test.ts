@@ -84,7 +84,11 @@ t.test('a 422 is replayed and stores nothing; errors before the body do not use 
   const svc = await startService(t);
   const uuid = (await clientOf(svc).init()).body.upload_uuid;
   const bad = { columns: ['product_id', 'name', 'price'], data: [['p1', 'Tea', 'abc']] };
-  const detail = { detail: 'Invalid data types in payload: row 0, column "price": expected number >= 0, got "abc"' };
+  const detail = {
+    detail: 'Invalid data types in payload: row 0, column "price": expected number >= 0, got "abc"',
+    errors: [{ row: 0, column: 'price', message: 'expected number >= 0, got "abc"' }],
+    error_count: 1,
+  };
   const first = await ingest(svc, uuid, 'products', bad, 'bad-1');
   t.same([first.status, first.body], [422, detail]);
   const again = await ingest(svc, uuid, 'products', bad, 'bad-1');

@@ -34,7 +34,15 @@ t.test('Content-Encoding: gzip is inflated, others are 415, the inflated bound i
 
   const bad = Buffer.from(JSON.stringify({ ...products(500), data: [...products(499).data, ['p-x', 'x', -1]] }));
   const refused = await post(bad);
-  t.same(refused.body, { detail: 'Invalid data types in payload: row 499, column "price": expected number >= 0, got -1' }, 'the last row of a streamed body');
+  t.same(
+    refused.body,
+    {
+      detail: 'Invalid data types in payload: row 499, column "price": expected number >= 0, got -1',
+      errors: [{ row: 499, column: 'price', message: 'expected number >= 0, got -1' }],
+      error_count: 1,
+    },
+    'the last row of a streamed body',
+  );
 
   const status = await waitForStatus(svc, uuid, (s) => s.upload_tasks_finished);
   t.same(status.entities, ['products']);

@@ -64,6 +64,7 @@ t.test('CSV converters follow the catalog type and the required flag', async (t)
   t.same(['', ' 2 ', '-0.5', '.5', '1e3', '0x10', '1,5', 'Infinity'].map(num), [null, 2, -0.5, 0.5, 1000, '0x10', '1,5', 'Infinity']);
   const int = csvConverter({ name: 'i', type: 'integer', required: true });
   t.same(['', '3', '3.0', '3.5'].map(int), [null, 3, 3, 3.5], 'integer-ness is the service’s to check');
+  t.same(['9007199254740991', '9007199254740993', '-9007199254740993'].map(int), [9007199254740991, '9007199254740993', '-9007199254740993'], 'past ±(2^53 − 1) stays text, never rounded');
   const bool = csvConverter({ name: 'b', type: 'boolean', required: false });
   t.same(['true', 'False', '1', '0', 'yes', 'NO', '', 'y'].map(bool), [true, false, true, false, true, false, null, 'y']);
   t.same(['', 'x'].map(csvConverter({ name: 's', type: 'string', required: true })), ['', 'x'], 'a required string keeps ""');

@@ -98,7 +98,7 @@ t.test('a 32 MiB body arrives in many pieces and stores exactly the one-shot byt
   if (!expected.ok) throw new Error('the body must be valid');
   t.equal(result.rows, expected.rows);
   t.equal(result.bytes, expected.bytes);
-  t.ok(writers[0]!.stored().equals(Buffer.concat(expected.batches.map((b) => Buffer.from(b)))), 'identical stored bytes');
+  t.ok(writers[0]!.stored().equals(Buffer.from(expected.buffer, 0, expected.bytes)), 'identical stored bytes (the client wrote them as JSON.stringify does)');
   t.ok(writers[0]!.batches.every((b) => b.byteLength <= DEFAULT_BATCH_BYTES), 'batches within batchBytes');
 });
 
@@ -219,7 +219,8 @@ t.test('hostile layouts: wrong cuts cost continuations (linear), answers stay ex
   const reference = plain('catalogs', hostile);
   t.ok(reference.ok);
   t.equal(result.rows, 6000);
-  t.ok(writers[0]!.stored().equals(Buffer.concat((reference as { batches: ArrayBuffer[] }).batches.map((b) => Buffer.from(b)))));
+  if (!reference.ok) throw new Error('the body must be valid');
+  t.ok(writers[0]!.stored().equals(Buffer.from(reference.buffer, 0, reference.bytes)));
   t.ok(pool.stats.continuations > 50, `${pool.stats.continuations} continuations`);
 
   // One row far longer than a piece, full of would-be cuts.
@@ -253,4 +254,38 @@ t.test('a large tail (keys after `data`) is checked in a worker, exactly', async
   const repeated = Buffer.from(`{"columns":["catalog_id","name"],"data":[],"note":${JSON.stringify(note)},"data":[["e","f"],["g",7]]}`);
   await t.rejects(send(start(pool, 'catalogs').sink, repeated, 1000), { code: 'INVALID_PAYLOAD', message: 'Duplicate key in payload: data' });
   t.equal(pool.stats.skeletonTasks, 3);
+});
+
+t.test('memory: what a request holds whole is bounded per request (413) and for the process (503), inflated bytes counted', async (t) => {
+  const pool = newPool({ pieceBytes: 4096, maxHeldBytes: 64 * 1024, memoryBudgetBytes: 100 * 1024 });
+  const rows = (n: number, name = (i: number) => `name ${i}`) => Array.from({ length: n }, (_, i) => [`c${i}`, name(i)]);
+  const dataFirst = (n: number) => Buffer.from(JSON.stringify({ data: rows(n), columns: ['catalog_id', 'name'] }));
+  const small = dataFirst(100);
+  t.equal((await send(start(pool, 'catalogs').sink, small)).rows, 100, 'a layout held whole, under the bound: accepted');
+
+  // Each bound, plain and gzip (the wire bytes of the gzip bodies are a fraction of what they hold).
+  const longRow = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['c', 'x'.repeat(100 * 1024)]] }));
+  const longTail = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: rows(3), note: 'y'.repeat(100 * 1024) }));
+  for (const [name, body] of [['data before columns', dataFirst(8000)], ['one row longer than the bound', longRow], ['bytes after data', longTail]] as const) {
+    t.ok(body.length > 64 * 1024, `${name}: ${body.length} bytes`);
+    for (const encoding of ['identity', 'gzip'] as const) {
+      const { sink, writers } = start(pool, 'catalogs', encoding);
+      await t.rejects(send(sink, encoding === 'gzip' ? gzipSync(body) : body, 4096), { code: 'BODY_TOO_LARGE', statusCode: 413 }, `${name}, ${encoding}: 413`);
+      t.ok(writers.every((w) => w.aborted), `${name}, ${encoding}: nothing stored`);
+    }
+  }
+  t.equal(pool.memory.used, 0, 'every reservation given back');
+
+  // Two at once, each under the request's bound, together past the process's: the second is turned away.
+  const held = dataFirst(2700);
+  t.ok(held.length > 50 * 1024 && held.length < 64 * 1024, `${held.length} bytes each`);
+  const first = start(pool, 'catalogs');
+  for (let at = 0; at < held.length; at += 4096) first.sink.write(held.subarray(at, at + 4096));
+  t.ok(pool.memory.used >= held.length, `the first holds ${pool.memory.used} bytes`);
+  const second = start(pool, 'catalogs');
+  await t.rejects(send(second.sink, held, 4096), { code: 'RATE_LIMITED', statusCode: 503 }, 'the second: 503');
+  t.equal((await first.sink.end()).rows, 2700, 'the first is accepted');
+  t.equal(pool.memory.used, 0, 'and gives its bytes back');
+  t.ok(pool.memory.refusals >= 1 && pool.memory.peak <= 100 * 1024, `peak ${pool.memory.peak} within the budget`);
+  t.equal((await send(start(pool, 'catalogs').sink, held)).rows, 2700, 'then the same body fits');
 });

@@ -198,6 +198,10 @@ t.test('both 422 shapes', async (t) => {
     anyOf: [{ $ref: '#/components/schemas/IngestPayloadError' }, { $ref: '#/components/schemas/ValidationError' }],
   });
   t.same(schemas.IngestPayloadError.properties.detail, { type: 'string' });
+  t.same(schemas.IngestPayloadError.required, ['detail'], 'errors and error_count come with refused rows only');
+  t.match(schemas.IngestPayloadError.properties.errors, { type: 'array', maxItems: 100, items: { $ref: '#/components/schemas/RefusedRow' } });
+  t.match(schemas.IngestPayloadError.properties.error_count, { type: 'integer', minimum: 1 });
+  t.same(schemas.RefusedRow.required.sort(), ['column', 'message', 'row']);
   const messages = deref(op('post', '/{upload_uuid}/{entity_name}').responses['422']).description;
   for (const message of [
     'Invalid JSON format.',

@@ -18,8 +18,8 @@ const VALUES: Record<ColumnType, { good: unknown[]; bad: unknown[] }> = {
   id: { good: ['a', 'ü', '],['], bad: ['', 1, false, ['a']] },
   number: { good: [0, -0, -1.5, 1e3, 1e308, Number.MIN_VALUE], bad: ['1', true, Infinity, -Infinity, [1]] },
   nonNegativeNumber: { good: [0, -0, 0.5, 1e3], bad: [-1, -Number.MIN_VALUE, '0', Infinity] },
-  integer: { good: [0, -0, -7, 1e3, 2 ** 53, 1e20], bad: [1.5, '1', Infinity, -Infinity, true] },
-  positiveInteger: { good: [1, 1e3, 42], bad: [0, -0, -1, 1.5, '1', Infinity] },
+  integer: { good: [0, -0, -7, 1e3, 2 ** 53 - 1, -(2 ** 53 - 1)], bad: [1.5, '1', Infinity, -Infinity, true, 2 ** 53, -(2 ** 53), 1e20] },
+  positiveInteger: { good: [1, 1e3, 42, 2 ** 53 - 1], bad: [0, -0, -1, 1.5, '1', Infinity, 2 ** 53] },
   boolean: { good: [true, false], bad: [0, 1, 'true', 'false'] },
   date: {
     good: ['2024-02-29', '2023-12-31', '2000-02-29', '0001-01-01'],

@@ -1,0 +1,89 @@
+/**
+ * The process's memory budget for ingest bytes held whole: what a sink cannot stream on in
+ * pieces and must keep until it can go on (a body whose layout is not streamed, an element
+ * longer than a piece, the bytes after `data`, the parts of an element a wrong cut split).
+ * Inflated bytes count, never wire bytes: a 500 KB gzip body that inflates to 263 MB holds
+ * what it inflates to.
+ *
+ * Each sink reserves as it holds more and releases when it settles. A request may hold at
+ * most `perRequest` bytes (413, as a plain body of that size would get at the edge); past
+ * the process's `limit`, the request that asked is turned away (503 with `Retry-After`)
+ * rather than waited for: waiting sinks that hold memory while others wait for it could
+ * hold each other forever. The streaming part of every sink (pieces in flight, at most
+ * `piecesPerRequest` of them) is bounded per sink and by the pool's admission instead.
+ */
+
+export class MemoryBudget {
+  readonly limit: number;
+  readonly perRequest: number;
+  #used = 0;
+  #peak = 0;
+  #refusals = 0;
+
+  constructor(limit: number, perRequest: number) {
+    this.limit = limit;
+    this.perRequest = perRequest;
+  }
+
+  /** Bytes reserved right now, all sinks together. */
+  get used(): number {
+    return this.#used;
+  }
+
+  /** The most ever reserved at once. */
+  get peak(): number {
+    return this.#peak;
+  }
+
+  /** Reservations refused because the process's budget was spent. */
+  get refusals(): number {
+    return this.#refusals;
+  }
+
+  /** A sink's account: it holds `held` bytes and asks to hold another amount. */
+  account(): MemoryAccount {
+    return new MemoryAccount(this, (delta) => this.#move(delta));
+  }
+
+  #move(delta: number): boolean {
+    if (delta > 0 && this.#used + delta > this.limit) {
+      this.#refusals++;
+      return false;
+    }
+    this.#used += delta;
+    if (this.#used > this.#peak) this.#peak = this.#used;
+    return true;
+  }
+}
+
+export type HoldVerdict = 'ok' | 'too-large' | 'no-memory';
+
+/** One sink's reservation: set to what it holds now; the difference is reserved or released. */
+export class MemoryAccount {
+  readonly #budget: MemoryBudget;
+  readonly #move: (delta: number) => boolean;
+  #held = 0;
+
+  constructor(budget: MemoryBudget, move: (delta: number) => boolean) {
+    this.#budget = budget;
+    this.#move = move;
+  }
+
+  get held(): number {
+    return this.#held;
+  }
+
+  /** Holds `bytes` in all from now on. Refused (nothing changes) past the request's or the process's bound. */
+  hold(bytes: number): HoldVerdict {
+    if (bytes > this.#budget.perRequest) return 'too-large';
+    if (!this.#move(bytes - this.#held)) return 'no-memory';
+    this.#held = bytes;
+    return 'ok';
+  }
+
+  /** Gives everything back; the account may be used again. */
+  release(): void {
+    this.#move(-this.#held);
+    this.#held = 0;
+  }
+}
