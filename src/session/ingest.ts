@@ -74,11 +74,21 @@ export class PackageIngest {
       const stored = await idempotency.replay(client, key, fingerprint);
       if (stored) return replayed(body, stored);
     }
-    await service.requirePointer(client, uploadUuid);
+    // A session this process knows as the active one skips the pointer read: the lease is
+    // granted only on that session while it is UPLOADING, which proves the pointer still
+    // names it; any failure re-reads the pointer, whose errors come first (service.knownActive).
+    const hinted = service.knownActive(client, uploadUuid);
+    if (!hinted) await service.requirePointer(client, uploadUuid);
     const entity = findEntity(req.entityName);
-    if (!entity) throw errors.unknownEntity(req.entityName);
+    if (!entity) {
+      if (hinted) await service.requirePointer(client, uploadUuid);
+      throw errors.unknownEntity(req.entityName);
+    }
     // The lease checks the session's state (409 when not UPLOADING).
-    const packageId = await service.beginIngest(client, uploadUuid);
+    const packageId = await service.beginIngest(client, uploadUuid).catch(async (err: unknown) => {
+      if (hinted) await service.requirePointer(client, uploadUuid);
+      throw err;
+    });
     const release = () => service.releaseIngest(client, uploadUuid, packageId);
     if (req.encoding === null) {
       await release();

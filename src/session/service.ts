@@ -101,6 +101,8 @@ export class SessionService {
   private readonly now: () => number;
   /** Per session: decisions waiting for the next write, and whether a write is under way. */
   private readonly writers = new Map<string, { waiting: PendingDecision[]; running: boolean }>();
+  /** Per client: the active session this process last saw (see `knownActive`). */
+  private readonly activeHints = new Map<string, string>();
   /** Per session: the summary as this process last wrote or read it (least recently used first). */
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
   /** Per session: recorded packages waiting for their ledger write, and whether one is under way. */
@@ -130,6 +132,7 @@ export class SessionService {
         throw err;
       }
       this.remember(uploadUuid, { value: record, revision });
+      this.rememberActive(client.id, uploadUuid);
       return { upload_uuid: uploadUuid, ...(decision.previous ? { previous_upload_uuid: decision.previous } : {}) };
     }
     throw errors.internal(new Error('initialize-session: too much contention'));
@@ -149,8 +152,30 @@ export class SessionService {
    */
   async requirePointer(client: ClientRef, uploadUuid: string): Promise<void> {
     const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(client.id));
+    this.rememberActive(client.id, pointer?.value.upload_uuid ?? null);
     if (!pointer) throw errors.sessionNotInitialized();
     if (pointer.value.upload_uuid !== uploadUuid) throw errors.invalidUploadUuid();
+  }
+
+  /**
+   * Whether this process last saw `uploadUuid` as the client's active session. Only a hint
+   * for ingest, which then skips the pointer read: a client has at most one session that is
+   * UPLOADING and not deleted, and the active pointer names it whenever it exists (it moves
+   * only when that session is deleted, or DONE and replaced), so a lease granted on such a
+   * session proves the pointer still names it. Whatever fails after the hint re-reads the
+   * pointer, so that errors keep their precedence (403 before 400 before 409).
+   */
+  knownActive(client: ClientRef, uploadUuid: string): boolean {
+    return this.activeHints.get(client.id) === uploadUuid;
+  }
+
+  private rememberActive(clientId: string, uploadUuid: string | null): void {
+    if (uploadUuid === null) {
+      this.activeHints.delete(clientId);
+      return;
+    }
+    if (this.activeHints.size >= CACHED_SESSIONS && !this.activeHints.has(clientId)) this.activeHints.clear();
+    this.activeHints.set(clientId, uploadUuid);
   }
 
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
@@ -255,6 +280,7 @@ export class SessionService {
   async delete(client: ClientRef, uploadUuid: string): Promise<void> {
     await this.requirePointer(client, uploadUuid);
     await this.mutate(client, uploadUuid, 'active', (r) => decideDelete(r, this.now()));
+    this.rememberActive(client.id, null);
     const key = activeKey(client.id);
     const pointer = await this.deps.sessions.get<ActivePointer>(key);
     if (pointer?.value.upload_uuid === uploadUuid) {

@@ -41,3 +41,18 @@ t.test('two gateways share sessions through NATS', async (t) => {
   const done = await waitForStatus(b, uuid, (s) => s.session_status === 'DONE');
   t.same(done.entities, ['products', 'catalogs']);
 });
+
+t.test('a gateway that last saw a session as active answers as a fresh request once another gateway replaced it', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  const config = distributed(nats.url, s3);
+  const [a, b] = await Promise.all([spawnGateway(t, config), spawnGateway(t, config)]);
+  const old = (await clientOf(b).init()).body.upload_uuid;
+  t.equal((await clientOf(b).ingest(old, 'products', products(2))).status, 200, 'B knows the session as the active one');
+  t.equal((await clientOf(a).remove(old)).status, 200, 'A deletes it');
+  const fresh = (await clientOf(a).init()).body.upload_uuid;
+  const stale = await clientOf(b).ingest(old, 'products', products(2));
+  t.same([stale.status, stale.body], [403, { detail: 'Invalid upload UUID' }], 'B answers 403, not the deleted session’s 400');
+  const unknown = await clientOf(b).ingest(old, 'no-such-entity', products(1));
+  t.same([unknown.status, unknown.body], [403, { detail: 'Invalid upload UUID' }], 'the pointer check still comes before the entity check');
+  t.equal((await clientOf(b).ingest(fresh, 'products', products(2))).status, 200, 'and B serves the new session');
+});
