@@ -51,15 +51,22 @@ async function launch(t: Teardown, script: string, config: DeepPartial<Config>, 
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   let out = '';
+  let asked = false;
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  // A process that dies on its own says why in the test's output (a failing request alone would only say ECONNREFUSED).
+  void exited.then((code) => {
+    if (!asked) process.stderr.write(`# ${script} exited on its own (${code ?? `signal ${child.signalCode}`}); its last output:\n${out.slice(-4000)}\n`);
+  });
   const proc: Proc = {
     child,
     output: () => out,
     async kill() {
+      asked = true;
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
       await exited;
     },
     async stop() {
+      asked = true;
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
       return exited;
     },
