@@ -1,0 +1,115 @@
+/**
+ * The session service's group commit, on the embedded stores (real files): concurrent
+ * decisions of one session share writes and none is lost, also with two services (two
+ * gateways) writing the same summary; recorded packages reach the ledger and are folded.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t, { type Test } from 'tap';
+import type { Connector } from '../../src/connector/types.js';
+import { SessionService } from '../../src/session/service.js';
+import { packageCount, type SessionRecord } from '../../src/session/state.js';
+import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
+import { FileLedger } from '../../src/store/embedded/ledger.js';
+import { FileObjectStore } from '../../src/store/embedded/object-store.js';
+import { FileSessionStore } from '../../src/store/embedded/session-store.js';
+import { sessionKey } from '../../src/store/keys.js';
+import type { SessionStore } from '../../src/store/ports.js';
+
+const client = { id: 'acme', minDate: '2020-01-01' };
+const noConnector: Connector = {
+  start: async () => ({}),
+  terminate: async () => {},
+  close: async () => {},
+};
+
+/** A session store that counts the summary writes it is asked for. */
+function counting(store: SessionStore): SessionStore & { updates: number } {
+  const counted = {
+    updates: 0,
+    get: store.get.bind(store),
+    create: store.create.bind(store),
+    update: <T>(key: string, value: T, revision: number) => {
+      if (key.startsWith('session.')) counted.updates++;
+      return store.update(key, value, revision);
+    },
+    delete: store.delete.bind(store),
+    close: store.close.bind(store),
+  };
+  return counted;
+}
+
+async function rig(t: Test) {
+  const dir = await mkdtemp(join(tmpdir(), 'session-service-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const sessions = counting(await FileSessionStore.open(join(dir, 'sessions')));
+  const ledger = await FileLedger.open(join(dir, 'ledger'));
+  const queue = await FileBatchQueue.open(join(dir, 'queue'));
+  const objects = await FileObjectStore.open(dir);
+  t.teardown(async () => {
+    await queue.close();
+    await ledger.close();
+    await objects.close();
+    await sessions.close();
+  });
+  const service = () =>
+    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb' });
+  return { sessions, ledger, service };
+}
+
+t.test('50 concurrent leases and records of one session share writes; none is lost', async (t) => {
+  const { sessions, ledger, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const before = sessions.updates;
+  const ids = await Promise.all(Array.from({ length: 50 }, () => s.beginIngest(client, uuid)));
+  const leaseWrites = sessions.updates - before;
+  t.equal(new Set(ids).size, 50);
+  t.ok(leaseWrites < 50, `50 leases in ${leaseWrites} writes`);
+  await Promise.all(ids.map((id, i) => s.recordIngest(client, uuid, { id, entity: i % 2 ? 'products' : 'stock', rows: i, bytes: 10 * i, object_bytes: 10 * i + 100 })));
+  await s.flushLedger();
+  const summary = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.same(summary.in_flight, {}, 'every lease ended');
+  t.same(summary.recording, {}, 'every recorded package folded once the ledger held it');
+  t.equal(packageCount(summary), 50);
+  t.same(summary.totals, {
+    stock: { packages: 25, rows: 600, bytes: 6000 },
+    products: { packages: 25, rows: 625, bytes: 6250 },
+  });
+  const listed = [];
+  for await (const e of ledger.list(uuid)) listed.push(e.package_id);
+  t.same(listed.sort(), [...ids].sort(), 'the ledger holds each package once');
+});
+
+t.test('two services (two gateways) on one summary: compare-and-set arbitrates, nothing is lost', async (t) => {
+  const { sessions, service } = await rig(t);
+  const [a, b] = [service(), service()];
+  const { upload_uuid: uuid } = await a.initialize(client);
+  // Each holds its own cached summary: every write of one makes the other's cache stale.
+  const ids = await Promise.all(Array.from({ length: 40 }, (_, i) => (i % 2 ? a : b).beginIngest(client, uuid)));
+  const summary = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.same(Object.keys(summary.in_flight).sort(), [...ids].sort(), 'every lease of both is in the summary');
+  await Promise.all(ids.map((id, i) => (i % 2 ? b : a).recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 })));
+  await Promise.all([a.flushLedger(), b.flushLedger()]);
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(packageCount(after), 40);
+  t.same(after.in_flight, {});
+});
+
+t.test('a decision that fails fails alone; the rest of its group is written', async (t) => {
+  const { service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  const results = await Promise.allSettled([
+    s.recordIngest(client, uuid, { id: 'never-leased', entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }),
+    s.recordIngest(client, uuid, { id, entity: 'stock', rows: 2, bytes: 2, object_bytes: 102 }),
+    s.beginIngest(client, uuid),
+  ]);
+  t.same(results.map((r) => r.status), ['rejected', 'fulfilled', 'fulfilled']);
+  t.match((results[0] as PromiseRejectedResult).reason, { code: 'INTERNAL' });
+  const st = await s.status(client, uuid);
+  t.same(st.entities, ['stock']);
+  t.equal(st.upload_tasks_finished, false, 'the third decision’s lease is live');
+});
