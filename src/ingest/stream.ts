@@ -211,6 +211,7 @@ export class StreamingIngest implements IngestSink {
 
   /** Reserves what the sink holds whole now; false (and the sink closed with 413 or 503) when refused. */
   #hold(): boolean {
+    if (this.#closed) return false;
     const verdict = this.#engine.memory.hold(this.#wholeBytes + this.#tailBytes + this.#carryBytes + this.#grownBytes);
     if (verdict === 'ok') return true;
     if (verdict === 'too-large') this.#tooLarge = true;
@@ -480,6 +481,10 @@ export class StreamingIngest implements IngestSink {
 
   /** Releases what the sink holds once its answer is decided (or it was aborted). */
   #drop(): void {
+    // Every drop closes the sink: what it held whole is gone, so is its reservation. Given
+    // back now, not when the body ends: a refused request that kept it while its client goes
+    // on sending would turn away the others that could still finish (or reach their 413).
+    this.#engine.memory.release();
     this.#whole = [];
     this.#cutter = null;
     this.#carry = null;

@@ -282,8 +282,16 @@ t.test('memory: what a request holds whole is bounded per request (413) and for 
   const first = start(pool, 'catalogs');
   for (let at = 0; at < held.length; at += 4096) first.sink.write(held.subarray(at, at + 4096));
   t.ok(pool.memory.used >= held.length, `the first holds ${pool.memory.used} bytes`);
+  const firstHolds = pool.memory.used;
   const second = start(pool, 'catalogs');
-  await t.rejects(send(second.sink, held, 4096), { code: 'RATE_LIMITED', statusCode: 503 }, 'the second: 503');
+  let sent = 0;
+  while (!second.sink.decided && sent < held.length) second.sink.write(held.subarray(sent, (sent += 4096)));
+  t.ok(second.sink.decided && sent < held.length, `the second is refused after ${sent} of its bytes`);
+  // Given back at the refusal, not when its body ends: a client that goes on sending holds nothing.
+  t.equal(pool.memory.used, firstHolds, 'the refused request holds nothing while its body still comes');
+  while (sent < held.length) second.sink.write(held.subarray(sent, (sent += 4096)));
+  t.equal(pool.memory.used, firstHolds, 'nor after the rest of it');
+  await t.rejects(second.sink.end(), { code: 'RATE_LIMITED', statusCode: 503 }, 'the second: 503');
   t.equal((await first.sink.end()).rows, 2700, 'the first is accepted');
   t.equal(pool.memory.used, 0, 'and gives its bytes back');
   t.ok(pool.memory.refusals >= 1 && pool.memory.peak <= 100 * 1024, `peak ${pool.memory.peak} within the budget`);
