@@ -17,7 +17,8 @@
  * the server's CPU ms per package (all its threads, from /proc).
  *
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
- * --grow N (20000), --out DIR (bench/results), --no-peer.
+ * --grow N (20000), --out DIR (bench/results), --no-peer, --cpu-prof DIR (V8 CPU profiles of
+ * the service's threads).
  */
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
@@ -44,6 +45,7 @@ const { values } = parseArgs({
     out: { type: 'string', default: 'bench/results' },
     'no-peer': { type: 'boolean', default: false },
     clients: { type: 'string', default: '2' },
+    'cpu-prof': { type: 'string' },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -227,7 +229,11 @@ async function startService(engine: string, dir: string): Promise<Target> {
     const base = distributed(natsUrl, s3) as Record<string, any>;
     config = { ...base, ...relaxed, nats: { ...base.nats, replicas } };
   }
-  const gw = await spawnGateway(t, config as never);
+  // --cpu-prof DIR: V8 CPU profiles of the service's threads, for finding where a package's CPU goes.
+  const profile = values['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${values['cpu-prof']}`] : [];
+  const gw = await spawnGateway(t, config as never, {}, profile);
+  // V8 writes the profiles on a clean exit: stop the service (SIGTERM) before the teardown's kill.
+  if (profile.length > 0) t.teardown(() => gw.stop());
   return {
     name: `service (${engine})`,
     url: gw.url,

@@ -42,11 +42,18 @@ export function distributed(natsUrl: string, s3: S3Endpoint): DeepPartial<Config
   };
 }
 
-async function launch(t: Teardown, script: string, config: DeepPartial<Config>, ready: RegExp, env: Record<string, string> = {}): Promise<{ proc: Proc; match: RegExpMatchArray }> {
+async function launch(
+  t: Teardown,
+  script: string,
+  config: DeepPartial<Config>,
+  ready: RegExp,
+  env: Record<string, string> = {},
+  nodeArgs: string[] = [],
+): Promise<{ proc: Proc; match: RegExpMatchArray }> {
   const dir = await tempDir(t, 'ingest-proc-');
   const configFile = join(dir, 'config.json');
   await writeFile(configFile, JSON.stringify({ port: 0, dataDir: join(dir, 'data'), ...edgeConfig(), ...config }));
-  const child = spawn(process.execPath, [script], {
+  const child = spawn(process.execPath, [...nodeArgs, script], {
     env: { PATH: process.env.PATH, CONFIG_FILE: configFile, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -94,9 +101,9 @@ async function launch(t: Teardown, script: string, config: DeepPartial<Config>, 
   return { proc, match };
 }
 
-/** `env`: more environment variables of the process (e.g. the allocator's, as the image sets them). */
-export async function spawnGateway(t: Teardown, config: DeepPartial<Config>, env: Record<string, string> = {}): Promise<GatewayProc> {
-  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/, env);
+/** `env`: more environment variables of the process (e.g. the allocator's, as the image sets them); `nodeArgs`: Node's own flags (e.g. `--cpu-prof`). */
+export async function spawnGateway(t: Teardown, config: DeepPartial<Config>, env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<GatewayProc> {
+  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/, env, nodeArgs);
   return Object.assign(proc, { url: match[1]! });
 }
 
