@@ -9,12 +9,20 @@ import { fsyncDir } from '../../durable-file.js';
  * share the next one, so one fdatasync makes durable whatever many writers (packages,
  * sessions) appended meanwhile: an fdatasync costs about 0.3 ms on the build machine
  * (docs/performance.md), and is paid once per group instead of once per package.
+ *
+ * Writes are coalesced the same way: one `writev` at a time per file, and the writes asked
+ * for while it runs go out together in the next. Each write is a round trip to libuv's
+ * thread pool, which costs the event loop more than the few kilobytes a package appends.
  */
 export class AppendFile {
   readonly path: string;
   readonly #fh: FileHandle;
   #end: number;
   readonly #writes = new Set<Promise<void>>();
+  /** Writes asked for while one is in the file's hands: they go out together, at `offset`. */
+  #batch: { offset: number; parts: Uint8Array[]; written: Promise<void>; run(): void } | null = null;
+  #writing = false;
+  #calls = 0;
   #syncing: Promise<void> | null = null;
   #queued: Promise<void> | null = null;
   #closed = false;
@@ -56,6 +64,11 @@ export class AppendFile {
     }
   }
 
+  /** Writes handed to the file so far (each one `write` or `writev`, however many `write` calls it carried). */
+  get fileWrites(): number {
+    return this.#calls;
+  }
+
   /** Bytes written or being written. */
   get size(): number {
     return this.#end;
@@ -66,16 +79,43 @@ export class AppendFile {
     this.#check();
     const offset = this.#end;
     this.#end += data.byteLength;
-    const written = this.#writeAt(data, offset).catch((err: unknown) => {
+    if (this.#batch) {
+      this.#batch.parts.push(data);
+      return { offset, written: this.#batch.written };
+    }
+    const parts = [data];
+    let run!: () => void;
+    const written = new Promise<void>((resolve) => (run = resolve)).then(() => {
+      // After a failed write the tail is unknown: what waited behind it fails as well.
+      if (this.#broken) throw this.#broken;
+      return this.#writeAt(parts, offset);
+    }).catch((err: unknown) => {
       this.#broken ??= err;
       throw err;
     });
+    this.#batch = { offset, parts, written, run };
     this.#writes.add(written);
     void written.then(
-      () => this.#writes.delete(written),
-      () => this.#writes.delete(written),
+      () => this.#wrote(written),
+      () => this.#wrote(written),
     );
+    if (!this.#writing) this.#next();
     return { offset, written };
+  }
+
+  /** Hands the waiting batch to the file: from now on, new writes start the next one. */
+  #next(): void {
+    const batch = this.#batch;
+    if (!batch) return;
+    this.#batch = null;
+    this.#writing = true;
+    batch.run();
+  }
+
+  #wrote(written: Promise<void>): void {
+    this.#writes.delete(written);
+    this.#writing = false;
+    this.#next();
   }
 
   /** Resolves once every write issued before this call is durable. */
@@ -138,11 +178,20 @@ export class AppendFile {
     if (this.#syncing === run) this.#syncing = null;
   }
 
-  async #writeAt(data: Uint8Array, offset: number): Promise<void> {
-    for (let done = 0; done < data.byteLength; ) {
-      const { bytesWritten } = await this.#fh.write(data, done, data.byteLength - done, offset + done);
-      done += bytesWritten;
+  async #writeAt(parts: Uint8Array[], offset: number): Promise<void> {
+    this.#calls++;
+    if (parts.length === 1) {
+      const [data] = parts as [Uint8Array];
+      for (let done = 0; done < data.byteLength; ) {
+        const { bytesWritten } = await this.#fh.write(data, done, data.byteLength - done, offset + done);
+        done += bytesWritten;
+      }
+      return;
     }
+    const total = parts.reduce((n, p) => n + p.byteLength, 0);
+    const { bytesWritten } = await this.#fh.writev(parts, offset);
+    // A regular file takes a writev whole but for a full disk or a signal; the rest goes on alone.
+    if (bytesWritten < total) await this.#writeAt([Buffer.concat(parts).subarray(bytesWritten)], offset + bytesWritten);
   }
 
   #check(): void {
