@@ -17,8 +17,8 @@
  * the server's CPU ms per package (all its threads, from /proc).
  *
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
- * --grow N (20000), --out DIR (bench/results), --no-peer, --cpu-prof DIR (V8 CPU profiles of
- * the service's threads).
+ * --grow N (20000), --out DIR (bench/results), --no-peer. `BENCH_SERVER_FLAGS` adds Node flags
+ * to the service (as for `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`.
  */
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
@@ -45,7 +45,6 @@ const { values } = parseArgs({
     out: { type: 'string', default: 'bench/results' },
     'no-peer': { type: 'boolean', default: false },
     clients: { type: 'string', default: '2' },
-    'cpu-prof': { type: 'string' },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -229,11 +228,10 @@ async function startService(engine: string, dir: string): Promise<Target> {
     const base = distributed(natsUrl, s3) as Record<string, any>;
     config = { ...base, ...relaxed, nats: { ...base.nats, replicas } };
   }
-  // --cpu-prof DIR: V8 CPU profiles of the service's threads, for finding where a package's CPU goes.
-  const profile = values['cpu-prof'] ? ['--cpu-prof', `--cpu-prof-dir=${values['cpu-prof']}`] : [];
-  const gw = await spawnGateway(t, config as never, {}, profile);
-  // V8 writes the profiles on a clean exit: stop the service (SIGTERM) before the teardown's kill.
-  if (profile.length > 0) t.teardown(() => gw.stop());
+  const flags = process.env.BENCH_SERVER_FLAGS?.split(' ').filter(Boolean) ?? [];
+  const gw = await spawnGateway(t, config as never, {}, flags);
+  // A CPU profile is written on a clean exit: stop the service (SIGTERM) before the teardown's kill.
+  if (flags.length > 0) t.teardown(() => gw.stop());
   return {
     name: `service (${engine})`,
     url: gw.url,
