@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import typia, { tags } from 'typia';
+import type { InternalErrorCode } from '../errors.js';
 import type { LogLevel } from '../log.js';
 
 type Port = number & tags.Type<'uint32'> & tags.Maximum<65535>;
@@ -147,7 +148,7 @@ export interface Config {
 
 export class ConfigError extends Error {
   override readonly name = 'ConfigError';
-  readonly code = 'CONFIG_INVALID';
+  readonly code = 'CONFIG_INVALID' satisfies InternalErrorCode;
 }
 
 /** Environment names (docs/operations.md, Configuration) and the key each overrides. */
