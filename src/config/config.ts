@@ -47,7 +47,7 @@ export interface Config {
     trackedClients: PositiveInt;
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
     shutdownGraceMs: Count;
-    /** Safety bound of the packages one session may hold (recording costs the same at any count; default 10,000,000); past it, ingest answers 409. */
+    /** Safety bound of the packages one session may hold (recording costs the same at any count); past it, ingest answers 409. */
     packagesPerSession: PositiveInt;
   };
   ingest: {
