@@ -29,7 +29,7 @@ COPY . .
 # Then drop what the runtime never loads: tests, bench, dev dependencies, and the uWS
 # binaries, none of which loads on Node 24 (about 90 MB of the 113 MB package).
 RUN npm run build \
- && rm -rf dist/test dist/bench dist/.tsbuildinfo \
+ && rm -rf dist/test dist/testbed dist/bench dist/.tsbuildinfo \
  && npm prune --omit=dev --no-audit --no-fund \
  && rm -rf node_modules/uWebSockets.js/binaries node_modules/uWebSockets.js/dist/*.node
 

@@ -15,9 +15,9 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import { findEntity } from '../src/entities/catalog.js';
-import { startNats } from '../test/support/nats.js';
-import { distributed, spawnGateway, type GatewayProc } from '../test/support/processes.js';
-import { startS3Process } from '../test/support/s3.js';
+import { startNats } from '../testbed/nats.js';
+import { distributed, spawnGateway, type GatewayProc } from '../testbed/processes.js';
+import { startS3Process } from '../testbed/s3.js';
 import { generateBody } from './bodies.js';
 
 const { values } = parseArgs({

@@ -30,9 +30,9 @@ import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import { findEntity } from '../src/entities/catalog.js';
 import { hashToken } from '../src/http/auth.js';
-import { startNats, startNatsCluster } from '../test/support/nats.js';
-import { distributed, spawnGateway } from '../test/support/processes.js';
-import { startS3Process } from '../test/support/s3.js';
+import { startNats, startNatsCluster } from '../testbed/nats.js';
+import { distributed, spawnGateway } from '../testbed/processes.js';
+import { startS3Process } from '../testbed/s3.js';
 import { generateBody } from './bodies.js';
 import type { PackagesJob, PackagesResult } from './packages-client.js';
 

@@ -13,6 +13,7 @@ import { healthRoutes } from './api/health.js';
 import { metricsRoute } from './api/metrics.js';
 import { type Config, DEMO_CLIENTS_PATH, resolvedWorkers } from './config/config.js';
 import { EmulatedConnector } from './connector/emulator.js';
+import type { InternalErrorCode } from './errors.js';
 import { HttpConnector } from './connector/http-connector.js';
 import type { Connector } from './connector/types.js';
 import { addressList, ClientRegistry } from './http/auth.js';
@@ -35,7 +36,7 @@ const LISTEN_RETRY_MS = 90_000;
 /** The gateway could not bind its address; the message is one line a person can act on. */
 export class ListenError extends Error {
   override readonly name = 'ListenError';
-  readonly code = 'LISTEN_FAILED';
+  readonly code = 'LISTEN_FAILED' satisfies InternalErrorCode;
 }
 
 export interface App {

@@ -39,6 +39,13 @@ export interface InitConflictBody {
   message: string;
 }
 
+/**
+ * Every code a failure carries across a module boundary. HTTP answers: the code and its
+ * status (`ServiceError`; docs/api.md, "Error codes"). Internal failures (status null): a
+ * class elsewhere carries the code (`readonly code = 'X' satisfies InternalErrorCode`), and
+ * the module that catches it matches on the code; none is ever an HTTP body of its own
+ * (docs/operations.md, "Internal error codes").
+ */
 export const ERROR_CODES = {
   AUTH_REQUIRED: 401,
   CLIENT_ID_MISSING: 400,
@@ -79,10 +86,70 @@ export const ERROR_CODES = {
   IDEMPOTENCY_KEY_INVALID: 400,
   IDEMPOTENCY_KEY_IN_PROGRESS: 409,
   IDEMPOTENCY_KEY_REUSED: 422,
+  NOT_READY: 503,
   INTERNAL: 500,
+  // Internal: never an HTTP answer of their own.
+  /** `ClientGone` (session/ingest.ts): the client went away, or was answered, before its package was recorded. */
+  CLIENT_GONE: null,
+  /** `PackageNotRecorded` (uploader): the package's ingest is still under way; the queue hands it out again later. */
+  PACKAGE_NOT_RECORDED: null,
+  /** `LostBatchError` (store/nats/batch-queue.ts): a committed package's batch is gone from the stream. */
+  QUEUE_BATCH_LOST: null,
+  /** `StoreConflictError` (store/ports.ts): a conditional write lost to another writer. */
+  STORE_CONFLICT: null,
+  /** `ConfigError` (config/config.ts): the configuration is invalid; the process prints why and exits 2. */
+  CONFIG_INVALID: null,
+  /** `EdgeUnavailableError` (http/engine.ts): `http.engine` is `uws` and uWebSockets.js cannot load; exit 2. */
+  HTTP_ENGINE_UNAVAILABLE: null,
+  /** `ListenError` (app.ts): the address cannot be bound (in use past the retry window); exit 1. */
+  LISTEN_FAILED: null,
 } as const;
 
-export type ErrorCode = keyof typeof ERROR_CODES;
+type Codes = typeof ERROR_CODES;
+/** The codes of HTTP answers (`ServiceError`). */
+export type ErrorCode = { [K in keyof Codes]: Codes[K] extends number ? K : never }[keyof Codes];
+/** The codes of internal failures (status null). */
+export type InternalErrorCode = Exclude<keyof Codes, ErrorCode>;
+
+/** The message of each HTTP code whose message never varies: the `detail` string, a contract (docs/api.md). */
+export const MESSAGES = {
+  AUTH_REQUIRED: 'User not authenticated',
+  CLIENT_ID_MISSING: 'Client-ID header is missing',
+  IP_NOT_ALLOWED: 'IP address not allowed',
+  SESSION_NOT_INITIALIZED: 'Upload session not initialized',
+  INVALID_UPLOAD_UUID: 'Invalid upload UUID',
+  SESSION_NOT_FOUND: 'Upload session not found',
+  INVALID_SESSION_STATUS: 'Invalid upload session status',
+  UPLOAD_TASKS_IN_PROGRESS: 'Upload tasks are still in progress',
+  NO_ENTITIES: 'No entities were uploaded in this session',
+  WORKFLOW_NOT_RUNNING: 'Workflow is not running',
+  WORKFLOW_STOP_FAILED: 'Failed to stop workflow',
+  /** The Connector refused a start without a text of its own. */
+  CONNECTOR_REJECTED: 'Connector rejected the upload start, please contact support',
+  /** 502: the Connector answered 2xx with a body that is not its JSON (other statuses forward its text). */
+  CONNECTOR_ERROR: 'Invalid response from Connector service',
+  CONNECTOR_UNREACHABLE: 'Failed to connect to Connector service',
+  WEBHOOK_UNAUTHORIZED: 'Invalid webhook signature',
+  INVALID_CONTENT_LENGTH: 'Invalid Content-Length header',
+  INVALID_TRANSFER_ENCODING: 'Invalid Transfer-Encoding header: only chunked is accepted',
+  CONFLICTING_FRAMING: 'Content-Length and Transfer-Encoding together',
+  MALFORMED_REQUEST: 'Malformed HTTP request',
+  INVALID_HOST: 'Missing or repeated Host header',
+  INVALID_FORWARDED_FOR: 'Invalid X-Forwarded-For header',
+  HEADERS_TOO_LARGE: 'Request header fields too large',
+  HTTP_VERSION_NOT_SUPPORTED: 'HTTP version not supported',
+  BODY_TOO_LARGE: 'Request body too large',
+  REQUEST_TIMEOUT: 'Request timeout',
+  RATE_LIMITED: 'Rate limit exceeded',
+  ROUTE_NOT_FOUND: 'Not Found',
+  METHOD_NOT_ALLOWED: 'Method Not Allowed',
+  UNSUPPORTED_MEDIA_TYPE: 'Unsupported Media Type',
+  IDEMPOTENCY_KEY_INVALID: 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters',
+  IDEMPOTENCY_KEY_IN_PROGRESS: 'A request with this Idempotency-Key is in progress',
+  IDEMPOTENCY_KEY_REUSED: 'Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)',
+  NOT_READY: 'Not ready',
+  INTERNAL: 'Internal server error',
+} as const satisfies Partial<Record<ErrorCode, string>>;
 
 export class ServiceError extends Error {
   override readonly name = 'ServiceError';
@@ -105,23 +172,26 @@ export class ServiceError extends Error {
   }
 }
 
-export const INVALID_SESSION_STATUS_MESSAGE = 'Invalid upload session status';
+export const INVALID_SESSION_STATUS_MESSAGE = MESSAGES.INVALID_SESSION_STATUS;
+
+/** A `ServiceError` of a code with a fixed message. */
+const fixed = (code: keyof typeof MESSAGES, opts?: ConstructorParameters<typeof ServiceError>[2]) => new ServiceError(code, MESSAGES[code], opts);
 
 /** Factories, one per code, so call sites never spell a message twice. */
 export const errors = {
-  authRequired: () => new ServiceError('AUTH_REQUIRED', 'User not authenticated'),
-  clientIdMissing: () => new ServiceError('CLIENT_ID_MISSING', 'Client-ID header is missing'),
-  ipNotAllowed: () => new ServiceError('IP_NOT_ALLOWED', 'IP address not allowed'),
-  sessionNotInitialized: () => new ServiceError('SESSION_NOT_INITIALIZED', 'Upload session not initialized'),
-  invalidUploadUuid: () => new ServiceError('INVALID_UPLOAD_UUID', 'Invalid upload UUID'),
-  sessionNotFound: () => new ServiceError('SESSION_NOT_FOUND', 'Upload session not found'),
+  authRequired: () => fixed('AUTH_REQUIRED'),
+  clientIdMissing: () => fixed('CLIENT_ID_MISSING'),
+  ipNotAllowed: () => fixed('IP_NOT_ALLOWED'),
+  sessionNotInitialized: () => fixed('SESSION_NOT_INITIALIZED'),
+  invalidUploadUuid: () => fixed('INVALID_UPLOAD_UUID'),
+  sessionNotFound: () => fixed('SESSION_NOT_FOUND'),
   unknownEntity: (name: string) => new ServiceError('UNKNOWN_ENTITY', `Unknown entity: ${name}`),
   invalidSessionStatus: (expected: string, actual: string | undefined) =>
-    new ServiceError('INVALID_SESSION_STATUS', INVALID_SESSION_STATUS_MESSAGE, {
-      body: { detail: { message: INVALID_SESSION_STATUS_MESSAGE, expected, actual: actual ?? 'UNKNOWN' } },
+    fixed('INVALID_SESSION_STATUS', {
+      body: { detail: { message: MESSAGES.INVALID_SESSION_STATUS, expected, actual: actual ?? 'UNKNOWN' } },
     }),
   initConflict: (body: InitConflictBody) => new ServiceError('INIT_CONFLICT', body.message, { body }),
-  uploadTasksInProgress: () => new ServiceError('UPLOAD_TASKS_IN_PROGRESS', 'Upload tasks are still in progress'),
+  uploadTasksInProgress: () => fixed('UPLOAD_TASKS_IN_PROGRESS'),
   sessionFull: (max: number) =>
     new ServiceError('SESSION_FULL', `Upload session is full: it holds ${max} packages, the most one session can; start the upload, then send the rest in a new session`),
   connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
@@ -138,41 +208,35 @@ export const errors = {
     }),
   dateBeforeMinimum: (minDate: string) =>
     new ServiceError('DATE_BEFORE_MINIMUM', `date_from cannot be earlier than ${minDate}`),
-  noEntities: () => new ServiceError('NO_ENTITIES', 'No entities were uploaded in this session'),
-  workflowNotRunning: () => new ServiceError('WORKFLOW_NOT_RUNNING', 'Workflow is not running'),
-  workflowStopFailed: (statusCode: 404 | 409 | 500) =>
-    new ServiceError('WORKFLOW_STOP_FAILED', 'Failed to stop workflow', { statusCode }),
+  noEntities: () => fixed('NO_ENTITIES'),
+  workflowNotRunning: () => fixed('WORKFLOW_NOT_RUNNING'),
+  workflowStopFailed: (statusCode: 404 | 409 | 500) => fixed('WORKFLOW_STOP_FAILED', { statusCode }),
   connectorError: (statusCode: number, text: string) =>
     new ServiceError('CONNECTOR_ERROR', text, { statusCode }),
-  connectorUnreachable: (cause?: unknown) =>
-    new ServiceError('CONNECTOR_UNREACHABLE', 'Failed to connect to Connector service', { cause }),
-  webhookUnauthorized: () => new ServiceError('WEBHOOK_UNAUTHORIZED', 'Invalid webhook signature'),
-  invalidContentLength: () => new ServiceError('INVALID_CONTENT_LENGTH', 'Invalid Content-Length header'),
-  invalidTransferEncoding: () => new ServiceError('INVALID_TRANSFER_ENCODING', 'Invalid Transfer-Encoding header: only chunked is accepted'),
-  conflictingFraming: () => new ServiceError('CONFLICTING_FRAMING', 'Content-Length and Transfer-Encoding together'),
-  malformedRequest: () => new ServiceError('MALFORMED_REQUEST', 'Malformed HTTP request'),
-  invalidHost: () => new ServiceError('INVALID_HOST', 'Missing or repeated Host header'),
+  connectorUnreachable: (cause?: unknown) => fixed('CONNECTOR_UNREACHABLE', { cause }),
+  webhookUnauthorized: () => fixed('WEBHOOK_UNAUTHORIZED'),
+  invalidContentLength: () => fixed('INVALID_CONTENT_LENGTH'),
+  invalidTransferEncoding: () => fixed('INVALID_TRANSFER_ENCODING'),
+  conflictingFraming: () => fixed('CONFLICTING_FRAMING'),
+  malformedRequest: () => fixed('MALFORMED_REQUEST'),
+  invalidHost: () => fixed('INVALID_HOST'),
   duplicateHeader: (name: string) => new ServiceError('DUPLICATE_HEADER', `Duplicate ${name} header`),
-  invalidForwardedFor: () => new ServiceError('INVALID_FORWARDED_FOR', 'Invalid X-Forwarded-For header'),
-  headersTooLarge: () => new ServiceError('HEADERS_TOO_LARGE', 'Request header fields too large'),
-  httpVersionNotSupported: () => new ServiceError('HTTP_VERSION_NOT_SUPPORTED', 'HTTP version not supported'),
-  bodyTooLarge: () => new ServiceError('BODY_TOO_LARGE', 'Request body too large'),
-  requestTimeout: () => new ServiceError('REQUEST_TIMEOUT', 'Request timeout'),
-  rateLimited: (retryAfterSeconds: number) =>
-    new ServiceError('RATE_LIMITED', 'Rate limit exceeded', { headers: { 'Retry-After': String(retryAfterSeconds) } }),
-  routeNotFound: () => new ServiceError('ROUTE_NOT_FOUND', 'Not Found'),
-  methodNotAllowed: () => new ServiceError('METHOD_NOT_ALLOWED', 'Method Not Allowed'),
-  unsupportedMediaType: () => new ServiceError('UNSUPPORTED_MEDIA_TYPE', 'Unsupported Media Type'),
-  idempotencyKeyInvalid: () =>
-    new ServiceError('IDEMPOTENCY_KEY_INVALID', 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters'),
-  idempotencyKeyInProgress: () =>
-    new ServiceError('IDEMPOTENCY_KEY_IN_PROGRESS', 'A request with this Idempotency-Key is in progress', { headers: { 'Retry-After': '1' } }),
-  idempotencyKeyReused: () =>
-    new ServiceError(
-      'IDEMPOTENCY_KEY_REUSED',
-      'Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)',
-    ),
-  internal: (cause?: unknown) => new ServiceError('INTERNAL', 'Internal server error', { cause }),
+  invalidForwardedFor: () => fixed('INVALID_FORWARDED_FOR'),
+  headersTooLarge: () => fixed('HEADERS_TOO_LARGE'),
+  httpVersionNotSupported: () => fixed('HTTP_VERSION_NOT_SUPPORTED'),
+  bodyTooLarge: () => fixed('BODY_TOO_LARGE'),
+  requestTimeout: () => fixed('REQUEST_TIMEOUT'),
+  rateLimited: (retryAfterSeconds: number) => fixed('RATE_LIMITED', { headers: { 'Retry-After': String(retryAfterSeconds) } }),
+  routeNotFound: () => fixed('ROUTE_NOT_FOUND'),
+  methodNotAllowed: () => fixed('METHOD_NOT_ALLOWED'),
+  unsupportedMediaType: () => fixed('UNSUPPORTED_MEDIA_TYPE'),
+  idempotencyKeyInvalid: () => fixed('IDEMPOTENCY_KEY_INVALID'),
+  idempotencyKeyInProgress: () => fixed('IDEMPOTENCY_KEY_IN_PROGRESS', { headers: { 'Retry-After': '1' } }),
+  idempotencyKeyReused: () => fixed('IDEMPOTENCY_KEY_REUSED'),
+  /** `GET /readyz` 503 (gateway and uploader): `{detail: "Not ready", checks, ...extra}`. */
+  notReady: (checks: Readonly<Record<string, string>>, extra: Readonly<Record<string, unknown>> = {}) =>
+    fixed('NOT_READY', { body: { detail: MESSAGES.NOT_READY, checks, ...extra } }),
+  internal: (cause?: unknown) => fixed('INTERNAL', { cause }),
 };
 
 /**

@@ -7,7 +7,7 @@
  */
 import typia, { tags } from 'typia';
 import { ENTITIES, TYPE_LABELS } from '../entities/catalog.js';
-import type { InitConflictBody, ValidationIssue as Issue } from '../errors.js';
+import { errors, MESSAGES, type InitConflictBody, type ValidationIssue as Issue } from '../errors.js';
 import type { WebhookPayload } from '../connector/types.js';
 import type { CheckResult } from '../observability/readiness.js';
 import type { SessionStatus, StatusView } from '../session/state.js';
@@ -27,7 +27,7 @@ interface InvalidSessionStatusError {
 }
 
 interface InvalidSessionStatusDetail {
-  message: string & tags.Default<'Invalid upload session status'>;
+  message: string & tags.Default<typeof MESSAGES.INVALID_SESSION_STATUS>;
   /** The state the operation requires. */
   expected: SessionStatus;
   /** The session's current state, or `UNKNOWN` when unavailable. */
@@ -36,7 +36,7 @@ interface InvalidSessionStatusDetail {
 
 /** start-upload while ingest requests or background storage writes are still running. */
 interface UploadTasksInProgressError {
-  detail: 'Upload tasks are still in progress';
+  detail: typeof MESSAGES.UPLOAD_TASKS_IN_PROGRESS;
 }
 
 /** Request-body validation failure, in Pydantic v2's shape. */
@@ -190,7 +190,7 @@ interface Ready {
 
 /** `GET /readyz` 503: a check failed or did not answer in time. */
 interface NotReady {
-  detail: 'Not ready';
+  detail: typeof MESSAGES.NOT_READY;
   checks: ReadinessChecks;
   /** The HTTP edge serving (`http.engine`). */
   http_engine: 'uws' | 'node';
@@ -243,13 +243,18 @@ const json = (description: string, body: Json, extra: Json = {}): Json => ({
 const error = (messages: string[], name = 'ErrorDetail', extra: Json = {}): Json =>
   json(messages.map((m) => `- ${m}`).join('\n'), schema(name), extra);
 
-const CLIENT_ID_MISSING = '`Client-ID header is missing`';
-const NOT_INITIALIZED = '`Upload session not initialized`: the client has no active session';
-const IP_NOT_ALLOWED = "`IP address not allowed`: the source address is not in the client's allow-list";
-const WRONG_UUID = "`Invalid upload UUID`: `upload_uuid` is not the client's active session";
+/** A message of errors.ts as the descriptions quote it: in backticks. */
+const q = (code: keyof typeof MESSAGES): string => `\`${MESSAGES[code]}\``;
+/** The message of a factory with a variable part, that part named by a placeholder. */
+const qe = (err: { message: string }): string => `\`${err.message}\``;
+
+const CLIENT_ID_MISSING = q('CLIENT_ID_MISSING');
+const NOT_INITIALIZED = `${q('SESSION_NOT_INITIALIZED')}: the client has no active session`;
+const IP_NOT_ALLOWED = `${q('IP_NOT_ALLOWED')}: the source address is not in the client's allow-list`;
+const WRONG_UUID = `${q('INVALID_UPLOAD_UUID')}: \`upload_uuid\` is not the client's active session`;
 const NOT_UPLOADING = 'The session is not `UPLOADING` (`expected` is `UPLOADING`)';
-const UNREACHABLE = '`Failed to connect to Connector service`: no connection or no answer in time';
-const BAD_CONTENT_LENGTH = '`Invalid Content-Length header` (checked at the edge, before anything else)';
+const UNREACHABLE = `${q('CONNECTOR_UNREACHABLE')}: no connection or no answer in time`;
+const BAD_CONTENT_LENGTH = `${q('INVALID_CONTENT_LENGTH')} (checked at the edge, before anything else)`;
 
 const NO_CACHE: Json = { description: '`no-cache`', schema: { type: 'string' } };
 const RETRY_AFTER: Json = {
@@ -389,7 +394,7 @@ const paths: Json = {
             ]),
           ),
         },
-        '404': error(['`Not Found`: not a file of the page'], 'ErrorDetail'),
+        '404': error([`${q('ROUTE_NOT_FOUND')}: not a file of the page`], 'ErrorDetail'),
         '503': shared('RateLimited'),
       },
     },
@@ -420,12 +425,12 @@ const paths: Json = {
         '503': {
           ...json(
             [
-              '- `Not ready`: a check `failed` or answered with `timeout` (body `NotReady`, no `Retry-After`)',
-              '- `Rate limit exceeded`: the in-flight limit of the client IP (body `ErrorDetail`, with `Retry-After`)',
+              `- ${q('NOT_READY')}: a check \`failed\` or answered with \`timeout\` (body \`NotReady\`, no \`Retry-After\`)`,
+              `- ${q('RATE_LIMITED')}: the in-flight limit of the client IP (body \`ErrorDetail\`, with \`Retry-After\`)`,
             ].join('\n'),
             { anyOf: [schema('NotReady'), schema('ErrorDetail')] },
           ),
-          headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: 'Only with `Rate limit exceeded`.' } },
+          headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: `Only with ${q('RATE_LIMITED')}.` } },
         },
       },
     },
@@ -442,7 +447,7 @@ const paths: Json = {
       security: [{}, { MetricsToken: [] }],
       responses: {
         '200': { description: 'The exposition.', content: { 'text/plain': { schema: { type: 'string' } } } },
-        '401': error(['`User not authenticated`: `metrics.token` is set and `Authorization` is not `Bearer <token>`']),
+        '401': error([`${q('AUTH_REQUIRED')}: \`metrics.token\` is set and \`Authorization\` is not \`Bearer <token>\``]),
         '503': shared('RateLimited'),
       },
     },
@@ -495,8 +500,8 @@ const paths: Json = {
       requestBody: { required: true, content: { 'application/json': { schema: schema('UploadFinishedPayload') } } },
       responses: {
         '200': json('`ok`: applied. `ignored`: the session was not `STARTED` (a repeat or a late call); nothing changed.', schema('WebhookResult')),
-        '401': error(['`Invalid webhook signature`: signature wrong or missing, or timestamp too far from now']),
-        '404': error(['`Upload session not found`: unknown `upload_uuid`']),
+        '401': error([`${q('WEBHOOK_UNAUTHORIZED')}: signature wrong or missing, or timestamp too far from now`]),
+        '404': error([`${q('SESSION_NOT_FOUND')}: unknown \`upload_uuid\``]),
         '408': shared('RequestTimeout'),
         '413': shared('PayloadTooLarge'),
         '422': error(['The body is not a valid payload'], 'ValidationError'),
@@ -519,7 +524,7 @@ const paths: Json = {
         '200': json('The session.', schema('StatusView')),
         '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
         '403': error([IP_NOT_ALLOWED]),
-        '404': error(['`Upload session not found`']),
+        '404': error([q('SESSION_NOT_FOUND')]),
       }),
     },
   },
@@ -542,18 +547,18 @@ const paths: Json = {
       },
       responses: clientResponses({
         '200': json('The Connector\'s JSON answer, unchanged.', schema('ConnectorStartResponse')),
-        ...sessionAccess(['`date_from cannot be earlier than YYYY-MM-DD` (the configured minimum)', '`No entities were uploaded in this session`']),
+        ...sessionAccess([`${qe(errors.dateBeforeMinimum('YYYY-MM-DD'))} (the configured minimum)`, q('NO_ENTITIES')]),
         '409': json(
           [
             `- ${NOT_UPLOADING}: structured \`detail\``,
-            '- `Upload tasks are still in progress`: retry once `upload_tasks_finished` is `true`',
-            '- The Connector rejected the start: its text, or `Connector rejected the upload start, please contact support`',
+            `- ${q('UPLOAD_TASKS_IN_PROGRESS')}: retry once \`upload_tasks_finished\` is \`true\``,
+            `- The Connector rejected the start: its text, or ${q('CONNECTOR_REJECTED')}`,
           ].join('\n'),
           { anyOf: [schema('InvalidSessionStatusError'), schema('UploadTasksInProgressError'), schema('ErrorDetail')] },
         ),
         '422': error(['Invalid `date_from` or `date_to`'], 'ValidationError'),
         '500': error(['The Connector answered 500 (its text is forwarded), or an internal error']),
-        '502': error([UNREACHABLE, '`Invalid response from Connector service`']),
+        '502': error([UNREACHABLE, q('CONNECTOR_ERROR')]),
         default: error(['Any other Connector error status (400–599) is forwarded with a string `detail`']),
       }),
     },
@@ -570,9 +575,9 @@ const paths: Json = {
       responses: clientResponses({
         '200': json('Stop requested.', schema('OperationStarted')),
         ...sessionAccess(),
-        '404': error(['`Workflow is not running`: the session is not `STARTED`', '`Failed to stop workflow`: the Connector does not know the workflow']),
-        '409': error(['`Failed to stop workflow`: the Connector answered 409']),
-        '500': error(['`Failed to stop workflow`: the Connector answered 500 or another error', 'An internal error']),
+        '404': error([`${q('WORKFLOW_NOT_RUNNING')}: the session is not \`STARTED\``, `${q('WORKFLOW_STOP_FAILED')}: the Connector does not know the workflow`]),
+        '409': error([`${q('WORKFLOW_STOP_FAILED')}: the Connector answered 409`]),
+        '500': error([`${q('WORKFLOW_STOP_FAILED')}: the Connector answered 500 or another error`, 'An internal error']),
         '502': error([UNREACHABLE]),
       }),
     },
@@ -626,27 +631,27 @@ const paths: Json = {
       responses: clientResponses({
         '200': { ...json('Every row validated and queued.', schema('IngestResponse')), headers: { 'Idempotent-Replayed': REPLAYED } },
         ...sessionAccess([
-          '`Unknown entity: <entity_name>`',
-          '`Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters` (right after authentication)',
+          qe(errors.unknownEntity('<entity_name>')),
+          `${q('IDEMPOTENCY_KEY_INVALID')} (right after authentication)`,
         ]),
         '409': {
           ...json(
             [
               `- ${NOT_UPLOADING}: structured \`detail\``,
-              '- `A request with this Idempotency-Key is in progress`: still running after a 10 s wait; `Retry-After` says when to ask again',
+              `- ${q('IDEMPOTENCY_KEY_IN_PROGRESS')}: still running after a 10 s wait; \`Retry-After\` says when to ask again`,
             ].join('\n'),
             { anyOf: [schema('InvalidSessionStatusError'), schema('ErrorDetail')] },
           ),
-          headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: 'With `A request with this Idempotency-Key is in progress` only: seconds before asking again.' } },
+          headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: `With ${q('IDEMPOTENCY_KEY_IN_PROGRESS')} only: seconds before asking again.` } },
         },
         '413': {
           ...error([
-            '`Request body too large`: over 32 MiB on the wire, or a gzip body over 256 MiB once inflated',
+            `${q('BODY_TOO_LARGE')}: over 32 MiB on the wire, or a gzip body over 256 MiB once inflated`,
           ]),
           headers: { 'Idempotent-Replayed': REPLAYED },
         },
         '415': error([
-          '`Unsupported Media Type`: a `Content-Encoding` other than `identity`, `gzip` or `x-gzip` (stacked codings included)',
+          `${q('UNSUPPORTED_MEDIA_TYPE')}: a \`Content-Encoding\` other than \`identity\`, \`gzip\` or \`x-gzip\` (stacked codings included)`,
         ]),
         '422': {
           ...json(
@@ -662,7 +667,7 @@ const paths: Json = {
                 'the first refused row; every row is checked, and the body also carries `errors` (the first 100 refused rows ' +
                 'in row order, each `{row, column, message}`, `column` null for a row of the wrong length) and `error_count` ' +
                 '(all of them). An `integer` is a whole number within ±(2^53 − 1); a `number` must be finite.',
-              '- `Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)`',
+              `- ${q('IDEMPOTENCY_KEY_REUSED')}`,
               '',
               'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +
                 'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`).',
@@ -690,8 +695,8 @@ const document = {
       'that it is the client\'s active session. Errors are `{"detail": ...}` except the initialize-session conflict.\n\n' +
       'Limits: body 32 MiB on ingest, 1 MiB otherwise (413); 30 requests/s average, burst 50, 30 concurrent ' +
       'connections per client IP (503 with `Retry-After`); 600 s per request (408). Within `/api/v1` changes are additive.\n\n' +
-      'Any path: an unknown one answers 404 `{"detail":"Not Found"}`, a known one with another method 405 ' +
-      '`{"detail":"Method Not Allowed"}`, a malformed `Content-Length` 400.',
+      `Any path: an unknown one answers 404 \`${JSON.stringify(errors.routeNotFound().body)}\`, a known one with another method 405 ` +
+      `\`${JSON.stringify(errors.methodNotAllowed().body)}\`, a malformed \`Content-Length\` 400.`,
   },
   tags: [
     { name: 'uploading', description: 'Client operations on upload sessions.' },
@@ -754,12 +759,12 @@ const document = {
       },
     },
     responses: {
-      Unauthorized: error(['`User not authenticated`: `Authorization` missing or unknown, or not issued to `Client-Id`']),
-      RequestTimeout: error(['`Request timeout`: the request was not complete within 600 s; the connection is closed']),
-      PayloadTooLarge: error(['`Request body too large`: over 32 MiB (ingest) or 1 MiB (other requests)']),
-      InternalError: error(['`Internal server error`']),
+      Unauthorized: error([`${q('AUTH_REQUIRED')}: \`Authorization\` missing or unknown, or not issued to \`Client-Id\``]),
+      RequestTimeout: error([`${q('REQUEST_TIMEOUT')}: the request was not complete within 600 s; the connection is closed`]),
+      PayloadTooLarge: error([`${q('BODY_TOO_LARGE')}: over 32 MiB (ingest) or 1 MiB (other requests)`]),
+      InternalError: error([q('INTERNAL')]),
       RateLimited: {
-        ...error(['`Rate limit exceeded`: over the request rate or the concurrent connections of the client IP']),
+        ...error([`${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`]),
         headers: { 'Retry-After': RETRY_AFTER },
       },
     },

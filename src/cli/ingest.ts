@@ -10,6 +10,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { IngestClient, CLIENT_VERSION } from '../client/client.js';
+import { CLI_DEFAULTS, CLIENT_DEFAULTS } from '../client/defaults.js';
 import { resolveCredentials, SessionMemory, UsageError, type Credentials } from '../client/cli-config.js';
 import { ApiError, ClientError, describeDetail, isApiError, isClientError } from '../client/errors.js';
 import { fmtCount, fmtInt, PushProgress, type ProgressMode } from '../client/progress.js';
@@ -45,13 +46,13 @@ Commands:
       [--upload UUID | --new]  session: the given one; --new: a new one (fails if one is
                            open); default: the client's open session, else a new one
       [--format csv|ndjson|json]  default from the extension (.csv, .ndjson/.jsonl, .json)
-      [--package-size 8MiB]  largest package body (B, KiB, MiB, KB, MB; at most 32 MiB)
-      [--parallel 2]       packages in flight at once (1-${MAX_PARALLEL})
-      [--rate 20]          requests started per second at most (the service allows 30)
-      [--retries 6]        retries of a package on 408/502/503/504, timeouts, network errors
+      [--package-size ${CLI_DEFAULTS.packageSize}]  largest package body (B, KiB, MiB, KB, MB; at most 32 MiB)
+      [--parallel ${CLI_DEFAULTS.parallel}]       packages in flight at once (1-${MAX_PARALLEL})
+      [--rate ${CLI_DEFAULTS.rate}]          requests started per second at most (the service allows 30)
+      [--retries ${CLI_DEFAULTS.retries}]        retries of a package on 408/502/503/504, timeouts, network errors
       [--gzip]             compress packages on the wire
       [--keep-going]       send the remaining packages after one failed
-  status [UUID] [--watch [--until STATE]] [--interval 2]
+  status [UUID] [--watch [--until STATE]] [--interval ${CLI_DEFAULTS.watchIntervalSeconds}]
                            The session's status; --watch prints each change until the
                            session is DONE, or --until startable (can_start_upload),
                            UPLOADING or STARTED; bounded by --wait-timeout
@@ -72,8 +73,8 @@ Options of every command:
                            ~/.config/ingest/config.json)
   --json                   Machine-readable output on stdout (errors too, as {"error": …})
   --quiet, -q              No progress lines
-  --timeout SECONDS        Deadline of each call (default 30; ingest calls 600)
-  --wait-timeout SECONDS   Bound of --wait and --watch (default 3600)
+  --timeout SECONDS        Deadline of each call (default ${CLI_DEFAULTS.timeoutSeconds}; ingest calls ${CLIENT_DEFAULTS.ingestTimeoutMs / 1000})
+  --wait-timeout SECONDS   Bound of --wait and --watch (default ${CLI_DEFAULTS.waitTimeoutSeconds})
   --help, -h               This help; --version, -V
 
 Without UUID, a command uses the session of the last init or push (per URL and client).
@@ -162,8 +163,8 @@ class Cli {
   ) {
     this.json = values.json === true;
     this.quiet = values.quiet === true;
-    this.timeoutMs = seconds(values.timeout, 'timeout', 30) * 1000;
-    this.waitTimeoutMs = seconds(values['wait-timeout'], 'wait-timeout', 3600) * 1000;
+    this.timeoutMs = seconds(values.timeout, 'timeout', CLI_DEFAULTS.timeoutSeconds) * 1000;
+    this.waitTimeoutMs = seconds(values['wait-timeout'], 'wait-timeout', CLI_DEFAULTS.waitTimeoutSeconds) * 1000;
     this.memory = new SessionMemory(io.env);
   }
 
@@ -223,7 +224,7 @@ class Cli {
   /** The retry policy of single calls (status polls, start, terminate, delete). */
   retry(): RetryPolicy {
     return {
-      retries: 4,
+      retries: CLI_DEFAULTS.callRetries,
       ...(this.signal ? { signal: this.signal } : {}),
       onRetry: (info) => this.note(`${info.error.message}; retry ${info.retry} in ${(info.delayMs / 1000).toFixed(1)} s`),
     };
@@ -342,10 +343,10 @@ async function pushCommand(cli: Cli): Promise<number> {
   const format = (str(v.format) ?? formatFromPath(file)) as SourceFormat | null;
   if (format === null) throw new UsageError(`push: cannot tell the format of ${file}; pass --format ${SOURCE_FORMATS.join('|')}`);
   if (!SOURCE_FORMATS.includes(format)) throw new UsageError(`--format: expected ${SOURCE_FORMATS.join(', ')}, got ${JSON.stringify(format)}`);
-  const packageBytes = parseSize(str(v['package-size']) ?? '8MiB');
-  const parallel = integer(v.parallel, 'parallel', 2, 1, MAX_PARALLEL);
-  const rate = number(v.rate, 'rate', 20, 0.1, MAX_RATE);
-  const retries = integer(v.retries, 'retries', 6, 0, 100);
+  const packageBytes = parseSize(str(v['package-size']) ?? CLI_DEFAULTS.packageSize);
+  const parallel = integer(v.parallel, 'parallel', CLI_DEFAULTS.parallel, 1, MAX_PARALLEL);
+  const rate = number(v.rate, 'rate', CLI_DEFAULTS.rate, 0.1, MAX_RATE);
+  const retries = integer(v.retries, 'retries', CLI_DEFAULTS.retries, 0, 100);
 
   // One socket per package in flight, and one for the session calls.
   const client = await cli.client({ connections: parallel + 1, requestsPerSecond: rate });
@@ -491,7 +492,7 @@ async function statusCommand(cli: Cli): Promise<number> {
     cli.print(status, describeStatus(status));
     return EXIT.OK;
   }
-  const interval = seconds(cli.values.interval, 'interval', 2, 0.2) * 1000;
+  const interval = seconds(cli.values.interval, 'interval', CLI_DEFAULTS.watchIntervalSeconds, 0.2) * 1000;
   let last = '';
   await poll(cli, client, uuid, interval, (status) => {
     const key = JSON.stringify(status);
@@ -511,7 +512,7 @@ async function startCommand(cli: Cli): Promise<number> {
   }
   const client = await cli.client();
   const uuid = await cli.uploadUuid();
-  const interval = seconds(cli.values.interval, 'interval', 1, 0.2) * 1000;
+  const interval = seconds(cli.values.interval, 'interval', CLI_DEFAULTS.waitIntervalSeconds, 0.2) * 1000;
 
   // Wait for can_start_upload; a session that cannot become startable by waiting is sent
   // to start-upload anyway, so that the service says why.
@@ -549,7 +550,7 @@ async function terminateCommand(cli: Cli): Promise<number> {
     cli.print(result, result.message);
     return EXIT.OK;
   }
-  const interval = seconds(cli.values.interval, 'interval', 1, 0.2) * 1000;
+  const interval = seconds(cli.values.interval, 'interval', CLI_DEFAULTS.waitIntervalSeconds, 0.2) * 1000;
   const end = await poll(cli, client, uuid, interval, (s) => s.session_status !== 'STARTED');
   cli.print({ terminate: result, status: end }, `upload ${uuid} is ${end.session_status}`);
   return end.session_status === 'UPLOADING' ? EXIT.OK : EXIT.FAILED;

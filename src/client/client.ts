@@ -9,6 +9,7 @@ import { promisify } from 'node:util';
 import { gzip as gzipCallback } from 'node:zlib';
 import { Pool } from 'undici';
 import { readBounded } from '../bounded-body.js';
+import { CLIENT_DEFAULTS } from './defaults.js';
 import { ApiError, ClientError, isRecord } from './errors.js';
 import { Pacer } from './pacer.js';
 import { withRetry, type RetryPolicy } from './retry.js';
@@ -77,13 +78,13 @@ export class IngestClient {
     this.#basePath = url.pathname.replace(/\/+$/, '') + API_PATH;
     this.clientId = opts.clientId;
     this.#token = opts.token;
-    this.#timeoutMs = opts.timeoutMs || 30_000;
-    this.#ingestTimeoutMs = opts.ingestTimeoutMs || 600_000;
+    this.#timeoutMs = opts.timeoutMs || CLIENT_DEFAULTS.timeoutMs;
+    this.#ingestTimeoutMs = opts.ingestTimeoutMs || CLIENT_DEFAULTS.ingestTimeoutMs;
     this.#userAgent = opts.userAgent ?? `ingest-client/${CLIENT_VERSION}`;
-    this.#pacer = new Pacer(opts.requestsPerSecond ?? 20);
+    this.#pacer = new Pacer(opts.requestsPerSecond ?? CLIENT_DEFAULTS.requestsPerSecond);
     this.#pool = new Pool(url.origin, {
-      connections: opts.connections || 8,
-      connect: { timeout: Math.min(opts.connectTimeoutMs || 10_000, this.#timeoutMs, this.#ingestTimeoutMs) },
+      connections: opts.connections || CLIENT_DEFAULTS.connections,
+      connect: { timeout: Math.min(opts.connectTimeoutMs || CLIENT_DEFAULTS.connectTimeoutMs, this.#timeoutMs, this.#ingestTimeoutMs) },
     });
   }
 

@@ -15,6 +15,7 @@
  * stored, and only the key lets the service answer the repeat without storing it twice.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
+import { RETRY_DEFAULTS } from './defaults.js';
 import { isClientError, type ClientError } from './errors.js';
 
 export interface RetryPolicy {
@@ -62,14 +63,14 @@ export function isRetryable(err: unknown): err is ClientError {
  * stop (the service asked for a longer wait than `maxRetryAfterMs`).
  */
 export function retryDelay(retry: number, err: ClientError, policy: RetryPolicy = {}): number | null {
-  const base = policy.baseDelayMs ?? 500;
-  const max = policy.maxDelayMs ?? 20_000;
+  const base = policy.baseDelayMs ?? RETRY_DEFAULTS.baseDelayMs;
+  const max = policy.maxDelayMs ?? RETRY_DEFAULTS.maxDelayMs;
   const random = policy.random ?? Math.random;
   const ceiling = Math.min(max, base * 2 ** Math.min(retry - 1, 30));
   const backoff = Math.floor(random() * ceiling);
   if (err.retryAfter === null) return backoff;
   const asked = err.retryAfter * 1000;
-  if (asked > (policy.maxRetryAfterMs ?? 120_000)) return null;
+  if (asked > (policy.maxRetryAfterMs ?? RETRY_DEFAULTS.maxRetryAfterMs)) return null;
   return Math.max(asked + Math.floor(random() * RETRY_AFTER_JITTER_MS), backoff);
 }
 
@@ -78,7 +79,7 @@ export function retryDelay(retry: number, err: ClientError, policy: RetryPolicy 
  * retries are spent; the last error is thrown. `attempt` gets the 0-based attempt number.
  */
 export async function withRetry<T>(attempt: (n: number) => Promise<T>, policy: RetryPolicy = {}): Promise<T> {
-  const retries = policy.retries ?? 6;
+  const retries = policy.retries ?? RETRY_DEFAULTS.retries;
   for (let n = 0; ; n++) {
     try {
       return await attempt(n);

@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import typia, { tags } from 'typia';
+import type { InternalErrorCode } from '../errors.js';
 import type { LogLevel } from '../log.js';
 
 type Port = number & tags.Type<'uint32'> & tags.Maximum<65535>;
@@ -46,7 +47,7 @@ export interface Config {
     trackedClients: PositiveInt;
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
     shutdownGraceMs: Count;
-    /** Safety bound of the packages one session may hold (recording costs the same at any count; default 10,000,000); past it, ingest answers 409. */
+    /** Safety bound of the packages one session may hold (recording costs the same at any count); past it, ingest answers 409. */
     packagesPerSession: PositiveInt;
   };
   ingest: {
@@ -147,7 +148,7 @@ export interface Config {
 
 export class ConfigError extends Error {
   override readonly name = 'ConfigError';
-  readonly code = 'CONFIG_INVALID';
+  readonly code = 'CONFIG_INVALID' satisfies InternalErrorCode;
 }
 
 /** Environment names (docs/operations.md, Configuration) and the key each overrides. */

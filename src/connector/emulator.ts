@@ -12,8 +12,8 @@ export interface EmulatedConnectorOptions {
   objects: ObjectStore;
   /** Webhook signing secret (`CONNECTOR_WEBHOOK_SECRET`). */
   secret: string;
-  /** From start to the completion webhook; default 3000. */
-  delayMs?: number;
+  /** From start to the completion webhook (`connector.emulatorDelayMs`). */
+  delayMs: number;
   /** Deadline of one webhook attempt. */
   timeoutMs: number;
   /** Rows of one stored object (NDJSON: a header line, then one line per row). */
@@ -118,7 +118,7 @@ export class EmulatedConnector implements Connector {
 
   private constructor(opts: EmulatedConnectorOptions) {
     this.#opts = opts;
-    this.#delayMs = opts.delayMs ?? 3000;
+    this.#delayMs = opts.delayMs;
     this.#retryDelaysMs = opts.retryDelaysMs ?? [500, 1000, 2000, 4000];
   }
 

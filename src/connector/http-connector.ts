@@ -1,6 +1,6 @@
 import { Pool } from 'undici';
 import { readBounded } from '../bounded-body.js';
-import { errors } from '../errors.js';
+import { errors, MESSAGES } from '../errors.js';
 import type { Connector, WorkflowStart } from './types.js';
 
 export interface HttpConnectorOptions {
@@ -13,9 +13,9 @@ export interface HttpConnectorOptions {
   maxBodyBytes?: number;
 }
 
-const REJECTED_FALLBACK = 'Connector rejected the upload start, please contact support';
+const REJECTED_FALLBACK = MESSAGES.CONNECTOR_REJECTED;
 const ERROR_FALLBACK = 'Connector error';
-const INVALID_RESPONSE = 'Invalid response from Connector service';
+const INVALID_RESPONSE = MESSAGES.CONNECTOR_ERROR;
 
 interface Answer {
   status: number;

@@ -49,7 +49,6 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   const router = new Router(opts.routes, opts.limits);
   const limiter = new ClientLimiter(opts.limits);
   const trusted = opts.trustedProxies ?? null;
-  let nextId = 1;
   const observe = opts.onResponse ?? noResponseObserver;
   const inflight = new Inflight();
 
@@ -78,7 +77,6 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       remoteAddress: head.remoteAddress,
       clientAddress: address,
       params: match.params,
-      id: nextId++,
       requestId,
       context: {},
     };
@@ -129,7 +127,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   /** A head the adapter's parser refused: answered in the contract's shape, logged like any other. */
   const onRefused = (problem: ServiceError, remoteAddress: string): WireReply => {
     const requestId = randomUUID();
-    const req: Request = { method: '-', path: '', query: '', headers: new Map(), remoteAddress, clientAddress: remoteAddress, params: {}, id: nextId++, requestId, context: {} };
+    const req: Request = { method: '-', path: '', query: '', headers: new Map(), remoteAddress, clientAddress: remoteAddress, params: {}, requestId, context: {} };
     observe({ req, route: null, status: problem.statusCode, durationMs: 0 });
     return wireReply(replyFor(problem), requestId);
   };

@@ -24,7 +24,6 @@ export interface Request {
   /** The client's address after the trusted-proxy rule of `clientAddress` (what the per-client limits count). */
   readonly clientAddress: string;
   readonly params: Readonly<Record<string, string>>;
-  readonly id: number;
   /**
    * The request id: the client's `X-Request-Id` when it is sane (1 to 128 of
    * `[A-Za-z0-9._:/+=-]`), else a fresh UUID. Echoed as the `X-Request-Id` response header.

@@ -5,8 +5,9 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { errors, type ServiceError } from '../errors.js';
 import { metricsAccess, type Metrics } from './metrics.js';
-import type { Readiness } from './readiness.js';
+import { HEALTHY_BODY, readyBody, type Readiness } from './readiness.js';
 
 export interface OperatorServerOptions {
   host: string;
@@ -27,24 +28,26 @@ export async function serveOperatorEndpoints(opts: OperatorServerOptions): Promi
   const send = (res: ServerResponse, status: number, body: string, type = 'application/json') => {
     res.writeHead(status, { 'content-type': type, 'content-length': Buffer.byteLength(body) }).end(body);
   };
+  /** The gateway's body and status of `err` (errors.ts). */
+  const fail = (res: ServerResponse, err: ServiceError) => send(res, err.statusCode, JSON.stringify(err.body));
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const path = (req.url ?? '/').split('?')[0];
-    if (req.method !== 'GET') return send(res, 405, JSON.stringify({ detail: 'Method Not Allowed' }));
-    if (path === '/healthz') return send(res, 200, JSON.stringify({ status: 'ok' }));
+    if (req.method !== 'GET') return fail(res, errors.methodNotAllowed());
+    if (path === '/healthz') return send(res, 200, JSON.stringify(HEALTHY_BODY));
     if (path === '/readyz') {
       const { ready, checks } = await opts.readiness.run();
-      return send(res, ready ? 200 : 503, JSON.stringify(ready ? { status: 'ready', checks } : { detail: 'Not ready', checks }));
+      return ready ? send(res, 200, JSON.stringify(readyBody(checks))) : fail(res, errors.notReady(checks));
     }
     if (path === '/metrics' && opts.metrics) {
-      if (!allowed(req.headers.authorization)) return send(res, 401, JSON.stringify({ detail: 'User not authenticated' }));
+      if (!allowed(req.headers.authorization)) return fail(res, errors.authRequired());
       return send(res, 200, await opts.metrics.render(), opts.metrics.contentType);
     }
-    send(res, 404, JSON.stringify({ detail: 'Not Found' }));
+    fail(res, errors.routeNotFound());
   };
   const server = createServer((req, res) => {
     req.resume();
     handle(req, res).catch(() => {
-      if (!res.headersSent) send(res, 500, JSON.stringify({ detail: 'Internal server error' }));
+      if (!res.headersSent) fail(res, errors.internal());
       else res.destroy();
     });
   });

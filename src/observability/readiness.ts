@@ -15,6 +15,14 @@ export interface ReadinessReport {
   checks: Record<string, CheckResult>;
 }
 
+/** `GET /healthz` 200, on the gateway and the uploader alike. */
+export const HEALTHY_BODY = { status: 'ok' } as const;
+
+/** `GET /readyz` 200: `{status: "ready", checks, ...extra}` (the 503 is `errors.notReady`, errors.ts). */
+export function readyBody<T extends object>(checks: ReadinessReport['checks'], extra: T = {} as T): { status: 'ready'; checks: ReadinessReport['checks'] } & T {
+  return { status: 'ready', checks, ...extra };
+}
+
 export class Readiness {
   readonly #checks: ReadonlyMap<string, Check>;
   readonly #timeoutMs: number;

@@ -13,7 +13,7 @@
  * for a retry.
  */
 import { findEntity } from '../entities/catalog.js';
-import { errors, isServiceError, type ServiceError } from '../errors.js';
+import { errors, isServiceError, type InternalErrorCode, type ServiceError } from '../errors.js';
 import type { IngestResult, IngestSink, ValidationPool } from '../ingest/pool.js';
 import type { BatchQueue, PackageMeta } from '../store/ports.js';
 import { objectHeaderLine } from '../uploader/uploader.js';
@@ -56,7 +56,7 @@ export interface IngestAnswer extends StoredAnswer {
 }
 
 /** Code of the failure when the client went away, or was answered otherwise, before its package was recorded. */
-export const CLIENT_GONE = 'CLIENT_GONE';
+export const CLIENT_GONE = 'CLIENT_GONE' satisfies InternalErrorCode;
 
 export class ClientGone extends Error {
   override readonly name = 'ClientGone';

@@ -1,5 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config/config.js';
+import type { InternalErrorCode } from '../errors.js';
 import type { Logger } from '../log.js';
 import { packageVerdict } from '../session/recovery.js';
 import type { Engines } from '../store/engines.js';
@@ -126,7 +127,7 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
 
 class PackageNotRecorded extends Error {
   override readonly name = 'PackageNotRecorded';
-  readonly code = 'PACKAGE_NOT_RECORDED';
+  readonly code = 'PACKAGE_NOT_RECORDED' satisfies InternalErrorCode;
   constructor(packageId: string) {
     super(`Package ${packageId} is not recorded in its session yet`);
   }

@@ -4,7 +4,7 @@ import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore, serverNeedsStreamGuard } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
-import { startNats, startNatsCluster } from '../support/nats.js';
+import { startNats, startNatsCluster } from '../../testbed/nats.js';
 import { batchQueueContract } from './batch-queue.contract.js';
 import { ledgerContract } from './ledger.contract.js';
 import { sessionStoreContract } from './session-store.contract.js';

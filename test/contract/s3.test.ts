@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { CreateMultipartUploadCommand, S3Client, UploadPartCommand } from '@aws-sdk/client-s3';
 import t, { type Test } from 'tap';
 import { MIN_PART_SIZE_BYTES, S3ObjectStore, type S3ObjectStoreOptions } from '../../src/store/s3/object-store.js';
-import { startS3, startS3Process, type S3Endpoint } from '../support/s3.js';
+import { startS3, startS3Process, type S3Endpoint } from '../../testbed/s3.js';
 import { objectStoreContract } from './object-store.contract.js';
 
 const MiB = 1024 * 1024;

@@ -15,8 +15,8 @@ import t, { type Test } from 'tap';
 import type { Config, DeepPartial } from '../../src/config/config.js';
 import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
 import { clientOf, DEMO, DEMO2, products, sendWebhook, startService, waitForStatus, yesterday, type Service } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { startS3 } from '../../testbed/s3.js';
 import { size, until } from '../support/drills.js';
 
 const ROUNDS = size(1, 10);

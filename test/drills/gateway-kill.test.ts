@@ -19,9 +19,9 @@ import t, { type Test } from 'tap';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway, type GatewayProc } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 import {
   drillPackage,
   embeddedQueued,

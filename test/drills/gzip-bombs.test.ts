@@ -21,7 +21,7 @@ import { createGzip } from 'node:zlib';
 import t from 'tap';
 import { request } from 'undici';
 import { API, DEMO, clientOf } from '../support/harness.js';
-import { spawnGateway, type GatewayProc } from '../support/processes.js';
+import { spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 
 const CONCURRENT = 30;
 const GB = 1024 ** 3;

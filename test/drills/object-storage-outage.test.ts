@@ -10,9 +10,9 @@
  */
 import t, { type Test } from 'tap';
 import { clientOf, waitForStatus, yesterday } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway } from '../support/processes.js';
-import { startS3Process, type S3Process } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway } from '../../testbed/processes.js';
+import { startS3Process, type S3Process } from '../../testbed/s3.js';
 import { drillPackage, openS3, packageOfRow, readObjects, since, size } from '../support/drills.js';
 
 const OUTAGE_MS = size(8_000, 30_000);

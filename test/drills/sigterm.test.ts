@@ -14,9 +14,9 @@ import { request } from 'undici';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { API, clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway, type GatewayProc } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 import {
   drillPackage,
   embeddedRecord,

@@ -30,9 +30,9 @@ import { connectNats } from '../../src/store/nats/connection.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import type { BatchQueue, SessionStore } from '../../src/store/ports.js';
 import { API, clientOf, DEMO, products, startService, tempDir, waitForStatus } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 import { embeddedRecord, natsRecords, openS3, readObjects, since, size } from '../support/drills.js';
 
 const ORPHAN = '00000000-0000-4000-8000-00000000dead';

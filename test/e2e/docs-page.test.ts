@@ -11,7 +11,7 @@ import { chromium, type Page } from 'playwright-core';
 import t from 'tap';
 import { openApiDocument } from '../../src/api/openapi.js';
 import { startService, tempDir } from '../support/harness.js';
-import { chromiumPath, installHint } from '../support/prerequisites.js';
+import { chromiumPath, installHint } from '../../testbed/prerequisites.js';
 
 const CHROMIUM = chromiumPath();
 const ARGS = [

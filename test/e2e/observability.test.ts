@@ -10,9 +10,9 @@ import { redactConfig } from '../../src/cli/admin.js';
 import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { jsonLogger } from '../../src/log.js';
 import { API, call, clientOf, DEMO, edgeConfig, HTTP_ENGINE, products, tempDir, waitForStatus, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnUploader } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnUploader } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;

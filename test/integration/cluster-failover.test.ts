@@ -6,9 +6,9 @@
 import t from 'tap';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { clientOf, waitForStatus } from '../support/harness.js';
-import { startNatsCluster } from '../support/nats.js';
-import { distributed, spawnGateway } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNatsCluster } from '../../testbed/nats.js';
+import { distributed, spawnGateway } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 
 const PACKAGES = 500;
 const ROWS = 20;

@@ -9,9 +9,9 @@ import { request } from 'undici';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { countRows } from '../../src/uploader/uploader.js';
 import { API, call, clientOf, DEMO, products, waitForStatus } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway, type GatewayProc } from '../support/processes.js';
-import { startS3, type S3Endpoint } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
+import { startS3, type S3Endpoint } from '../../testbed/s3.js';
 
 const ingest = (gw: { url: string }, uuid: string, entity: string, body: unknown, key: string) =>
   call(gw.url, 'POST', `${API}/${uuid}/${entity}`, { body, headers: { 'idempotency-key': key } });

@@ -2,9 +2,9 @@
 import t from 'tap';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { clientOf, products, waitForStatus } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 
 async function readAll(store: S3ObjectStore, key: string): Promise<string> {
   const chunks: Buffer[] = [];

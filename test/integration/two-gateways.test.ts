@@ -3,9 +3,9 @@ import { PassThrough } from 'node:stream';
 import t from 'tap';
 import { request } from 'undici';
 import { API, clientOf, DEMO, products, waitForStatus, yesterday } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 
 t.test('two gateways share sessions through NATS', async (t) => {
   const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);

@@ -2,9 +2,9 @@
 import t from 'tap';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { clientOf, products, waitForStatus } from '../support/harness.js';
-import { startNats } from '../support/nats.js';
-import { distributed, spawnGateway, spawnUploader } from '../support/processes.js';
-import { startS3 } from '../support/s3.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway, spawnUploader } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
 
 t.test('an uploader killed mid-multipart: after restart the package is stored exactly once', async (t) => {
   const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);

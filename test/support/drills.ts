@@ -15,7 +15,7 @@ import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { countRows, type ObjectHeader } from '../../src/uploader/uploader.js';
-import type { S3Endpoint } from './s3.js';
+import type { S3Endpoint } from '../../testbed/s3.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;

@@ -2,10 +2,8 @@
  * Starts the real service on loopback (port 0, a fresh DATA_DIR) and talks to it over real
  * HTTP. Teardown is registered on the test as soon as each resource exists.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { startApp, type App } from '../../src/app.js';
@@ -17,17 +15,15 @@ import { silentLogger } from '../../src/log.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
-import { startNats } from './nats.js';
-import { startS3 } from './s3.js';
+import { edgeConfig, HTTP_ENGINE, tempDir, WEBHOOK_SECRET, type Teardown } from '../../testbed/env.js';
+import { startNats } from '../../testbed/nats.js';
+import { startS3 } from '../../testbed/s3.js';
+
+export { edgeConfig, HTTP_ENGINE, tempDir, WEBHOOK_SECRET };
 
 export const API = '/api/v1/uploading';
 export const DEMO = { id: 'demo', token: 'demo-token' } as const;
 export const DEMO2 = { id: 'demo-2', token: 'demo-2-token' } as const;
-export const WEBHOOK_SECRET = 'test-webhook-secret-0123456789';
-
-interface Teardown {
-  teardown(fn: () => unknown): void;
-}
 
 export interface Service {
   app: App;
@@ -41,33 +37,11 @@ export interface Service {
   stop(): Promise<void>;
 }
 
-export async function tempDir(t: Teardown, name = 'ingest-'): Promise<string> {
-  const dir = await mkdtemp(join(tmpdir(), name));
-  t.teardown(() => rm(dir, { recursive: true, force: true }));
-  return dir;
-}
-
 /**
  * `TEST_BACKEND=nats-s3` runs the same suites on the distributed engines: each service gets
  * its own fresh nats-server and S3-protocol server (the demo clients via CLIENTS_FILE).
  */
 export const BACKEND = process.env.TEST_BACKEND === 'nats-s3' ? 'nats-s3' : 'embedded';
-
-/**
- * `TEST_HTTP_ENGINE=node` (or `uws`) runs the same suites on that HTTP edge; unset, the
- * configuration's default (`auto`) chooses.
- */
-export const HTTP_ENGINE = ((): Config['http']['engine'] | null => {
-  const engine = process.env.TEST_HTTP_ENGINE;
-  if (engine === undefined || engine === '') return null;
-  if (engine !== 'node' && engine !== 'uws' && engine !== 'auto') throw new Error(`TEST_HTTP_ENGINE: expected node, uws or auto, got ${engine}`);
-  return engine;
-})();
-
-/** The configuration every started service gets: the HTTP edge of `TEST_HTTP_ENGINE`. */
-export function edgeConfig(): DeepPartial<Config> {
-  return HTTP_ENGINE === null ? {} : { http: { engine: HTTP_ENGINE } };
-}
 
 /** The edge adapter the tests' own servers (`listen` directly) run on. */
 export async function testEdge(): Promise<EdgeAdapter> {

@@ -115,3 +115,22 @@ t.test('docs/operations.md: the configuration table has a row for every key of c
   const missing = keys.filter((k) => !rows.has(k));
   t.same(missing, [], 'every key documented');
 });
+
+t.test('docs/operations.md: each documented default is the one of config/default.json (the one source)', async (t) => {
+  const defaults = new Map<string, unknown>();
+  const walk = (node: Record<string, unknown>, at: string[]) => {
+    for (const [k, v] of Object.entries(node)) {
+      if (v !== null && typeof v === 'object' && !Array.isArray(v)) walk(v as Record<string, unknown>, [...at, k]);
+      else defaults.set([...at, k].join('.'), v);
+    }
+  };
+  walk(JSON.parse(read('config/default.json')) as Record<string, unknown>, []);
+  for (const line of read('docs/operations.md').split('\n')) {
+    const m = /^\| `([^`]+)` \|[^|]*\|([^|]*)\|/.exec(line);
+    if (!m || !defaults.has(m[1]!)) continue;
+    const value = defaults.get(m[1]!);
+    const cell = m[2]!.trim();
+    if (typeof value === 'number') t.equal(cell.split(' ')[0]!.replaceAll('`', ''), String(value), `${m[1]}: ${cell}`);
+    else if (typeof value === 'string' || typeof value === 'boolean') t.ok(cell.startsWith(`\`${value}\``), `${m[1]}: ${cell}`);
+  }
+});

@@ -6,17 +6,17 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { DeepPartial, Config } from '../../src/config/config.js';
-import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
-import { edgeConfig, tempDir, WEBHOOK_SECRET } from './harness.js';
+import type { DeepPartial, Config } from '../src/config/config.js';
+import { DEMO_CLIENTS_PATH } from '../src/config/config.js';
+import { edgeConfig, tempDir, WEBHOOK_SECRET } from './env.js';
 import type { S3Endpoint } from './s3.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;
 }
 
-const GATEWAY = fileURLToPath(new URL('../../src/main.js', import.meta.url));
-const UPLOADER = fileURLToPath(new URL('../../src/uploader/main.js', import.meta.url));
+const GATEWAY = fileURLToPath(new URL('../src/main.js', import.meta.url));
+const UPLOADER = fileURLToPath(new URL('../src/uploader/main.js', import.meta.url));
 
 export interface Proc {
   readonly child: ChildProcess;
