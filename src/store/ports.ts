@@ -34,6 +34,7 @@ export function isStoreConflict(err: unknown): boolean {
  * Revisions are positive integers that grow with every write to the key.
  */
 export interface SessionStore {
+  readonly capabilities: SessionStoreCapabilities;
   get<T>(key: string): Promise<Versioned<T> | null>;
   /** Writes only if the key holds no value (never written, or deleted). Throws STORE_CONFLICT otherwise. */
   create<T>(key: string, value: T): Promise<number>;
@@ -42,6 +43,14 @@ export interface SessionStore {
   /** Removes the key; with `revision`, only if it is still current (STORE_CONFLICT otherwise). */
   delete(key: string, revision?: number): Promise<void>;
   close(): Promise<void>;
+}
+
+export interface SessionStoreCapabilities {
+  /**
+   * Only the process that opened the store uses it (the embedded files): whatever leases and
+   * claims it holds at start are a previous process's, so they may be released at once.
+   */
+  readonly singleProcess: boolean;
 }
 
 /** One recorded package in its session's ledger. */
@@ -147,12 +156,16 @@ export interface StoredObject {
   size: number;
 }
 
+export interface ObjectStoreCapabilities {
+  /** `put` is done with each chunk of its body before it asks for the next (so the chunks may share memory). */
+  readonly consumesChunksInTurn: boolean;
+}
+
 /** Object storage. A `put` is atomic: readers see the whole object or none of it. */
 export interface ObjectStore {
   /** Stores the stream under `key`, replacing any object there. Resolves once durable. */
   put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject>;
-  /** `put` is done with each chunk of its body before it asks for the next (so the chunks may share memory). */
-  readonly consumesChunksInTurn?: boolean;
+  readonly capabilities: ObjectStoreCapabilities;
   get(key: string): Promise<AsyncIterable<Uint8Array> | null>;
   /** Objects whose key starts with `prefix`, in key order. */
   list(prefix: string): Promise<StoredObject[]>;

@@ -72,7 +72,7 @@ t.test('FileObjectStore keeps its promise: each chunk is written before it asks 
   t.teardown(remove(dir));
   const store = await FileObjectStore.open(dir);
   t.teardown(() => store.close());
-  t.equal(store.consumesChunksInTurn, true);
+  t.equal(store.capabilities.consumesChunksInTurn, true);
   // One buffer, overwritten the moment the store asks for the next chunk.
   const shared = Buffer.alloc(8);
   async function* inTurn(): AsyncIterable<Uint8Array> {

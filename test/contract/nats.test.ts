@@ -1,6 +1,6 @@
 import t, { type Test } from 'tap';
 import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
-import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue.js';
+import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore, serverNeedsStreamGuard } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';

@@ -13,7 +13,7 @@ import { fsyncDir } from '../../durable-file.js';
  */
 export class FileObjectStore implements ObjectStore {
   /** `put` writes each chunk out before it asks for the next. */
-  readonly consumesChunksInTurn = true;
+  readonly capabilities = { consumesChunksInTurn: true } as const;
   readonly #root: string;
   readonly #tmp: string;
   /** Per directory: its fsync under way, and the one the callers that came meanwhile share. */

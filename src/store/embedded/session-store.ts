@@ -39,6 +39,8 @@ const JOURNAL = /^journal-(\d+)\.ndjson$/;
  * versions before the journal wrote them, is read once at open and folded into a snapshot.
  */
 export class FileSessionStore implements SessionStore {
+  /** The files belong to this process alone. */
+  readonly capabilities = { singleProcess: true } as const;
   readonly #dir: string;
   readonly #compactBytes: number;
   readonly #entries: Map<string, Entry>;

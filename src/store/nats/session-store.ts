@@ -48,6 +48,8 @@ const OPERATION = 'KV-Operation';
  * `retryMs`: a leader election costs a delay, not a failed or doubled write.
  */
 export class NatsSessionStore implements SessionStore {
+  /** Every gateway shares the bucket. */
+  readonly capabilities = { singleProcess: false } as const;
   readonly #ctx: NatsContext;
   readonly #bucket: string;
   readonly #stream: string;

@@ -75,6 +75,8 @@ const defaults = () => ({
  * mid-put leaves an incomplete upload behind, which `abortIncompleteUploads` sweeps.
  */
 export class S3ObjectStore implements ObjectStore {
+  /** `put` gathers chunks into parts, several in flight: it may hold a chunk after asking for the next. */
+  readonly capabilities = { consumesChunksInTurn: false } as const;
   readonly #settings: Settings;
   readonly #client: S3Client;
   readonly #inFlight = new Set<Promise<unknown>>();
