@@ -3,16 +3,16 @@
  * hands their packages to the handler, and acks (then deletes the batches), naks with a
  * growing delay, or drops a package whose batches are gone.
  */
-import { DirectMsgHeaders, nanos, type Msg } from 'nats';
+import { DirectMsgHeaders, type Msg } from 'nats';
+import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
 import type { CommittedPackage, QueueConsumer } from '../../ports.js';
 import type { StreamMessages } from './messages.js';
-import { Puller, respond } from './puller.js';
+import { Puller, quietly } from './puller.js';
 import { readCommit, type CommitRecord } from './record.js';
 import type { QueueSubjects } from './subjects.js';
 
 const MAX_DELAY_MS = 30_000;
 const ACK = Buffer.from('+ACK');
-const WPI = Buffer.from('+WPI');
 
 export interface ConsumerOptions {
   messages: StreamMessages;
@@ -75,7 +75,8 @@ export class NatsConsumer implements QueueConsumer {
 
   async #deliver(msg: Msg, handler: (pkg: CommittedPackage) => Promise<void>): Promise<void> {
     const { messages, subjects, onError } = this.#o;
-    const info = parseAckSubject(msg.reply ?? '');
+    const jm = toJsMsg(msg, messages.ctx.requestTimeoutMs);
+    const { deliveryCount, streamSequence } = jm.info;
     let rec: CommitRecord;
     /** The package's only batch, when the commit message carries it. */
     let inline: Uint8Array | null;
@@ -88,7 +89,7 @@ export class NatsConsumer implements QueueConsumer {
     }
     const batchSubject = subjects.batchOfCommit(msg.subject);
     let lost: Error | undefined;
-    const heartbeat = setInterval(() => respond(msg, WPI), Math.max(100, Math.min(this.#o.ackWaitMs / 3, 30_000)));
+    const heartbeat = setInterval(() => quietly(() => jm.working()), Math.max(100, Math.min(this.#o.ackWaitMs / 3, 30_000)));
     heartbeat.unref(); // the handler's own work keeps the process alive, not its heartbeat
     let ok = false;
     try {
@@ -96,7 +97,7 @@ export class NatsConsumer implements QueueConsumer {
         meta: rec.meta,
         rows: rec.rows,
         bytes: rec.bytes,
-        attempt: info.delivered,
+        attempt: deliveryCount,
         batches: () =>
           inline
             ? (async function* () {
@@ -119,7 +120,7 @@ export class NatsConsumer implements QueueConsumer {
     if (lost) {
       // Redelivery cannot bring batches back: drop the package (ack removes it) and say so, unless a purge already took it.
       const stillThere = await messages
-        .get({ seq: info.streamSeq })
+        .get({ seq: streamSequence })
         .then((sm) => sm !== null)
         .catch(() => true);
       if (stillThere) onError(lost, `drop package ${rec.meta.package_id} of session ${rec.meta.upload_uuid}: its batches are gone`);
@@ -127,8 +128,8 @@ export class NatsConsumer implements QueueConsumer {
       return;
     }
     const delayMs = this.#o.redeliveryDelayMs;
-    const delay = Math.min(delayMs * 2 ** (info.delivered - 1), Math.max(delayMs, MAX_DELAY_MS));
-    respond(msg, Buffer.from(`-NAK ${JSON.stringify({ delay: nanos(delay) })}`));
+    const delay = Math.min(delayMs * 2 ** (deliveryCount - 1), Math.max(delayMs, MAX_DELAY_MS));
+    quietly(() => jm.nak(delay));
   }
 
   async *#read(seqs: number[], subject: string, onLost: (err: Error) => void): AsyncIterable<Uint8Array> {
@@ -173,7 +174,11 @@ export class NatsConsumer implements QueueConsumer {
     }
   }
 
-  /** Acks and waits for the server to confirm; false (reported) when it never did. */
+  /**
+   * Acks and waits for the server to confirm; false (reported) when it never did. Not
+   * `JsMsg.ackAck()`: it marks the message acked before the server answers, so it cannot be
+   * asked again after a timeout.
+   */
   async #ack(msg: Msg): Promise<boolean> {
     const { ctx } = this.#o.messages;
     for (let attempt = 0; attempt < 3; attempt++) {
@@ -189,13 +194,4 @@ export class NatsConsumer implements QueueConsumer {
     }
     return false;
   }
-}
-
-/** `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...`, or with `<domain>.<account hash>` after `ACK` (v2). */
-function parseAckSubject(reply: string): { delivered: number; streamSeq: number } {
-  const t = reply.split('.');
-  const at = t.length === 9 ? 4 : 6;
-  const delivered = Number(t[at]);
-  const streamSeq = Number(t[at + 1]);
-  return { delivered: Number.isInteger(delivered) && delivered > 0 ? delivered : 1, streamSeq };
 }

@@ -1,10 +1,28 @@
 /**
- * The raw pull-consumer protocol (`$JS.API.CONSUMER.MSG.NEXT`) for one `consume` loop.
+ * The pull requests (`$JS.API.CONSUMER.MSG.NEXT`) of one `consume` loop, written by hand.
+ *
+ * Why not nats.js's consumer API (`js.consumers.get(stream, durable)` and its `consume`,
+ * `fetch` or `next`), checked against nats 2.29.3:
+ * - `consume()` pulls the next message as soon as one arrives (its refill threshold is at
+ *   least one message): while the handler uploads a package, another one would wait in this
+ *   process with its ack wait running and no heartbeat. It is redelivered to another
+ *   uploader after the ack wait while this one may still take it: a package stored twice,
+ *   and one held back from idle uploaders meanwhile. We pull one only when the last is done.
+ * - `fetch({ max_messages: 1 })` and `next()` pull one at a time, but stopping them
+ *   unsubscribes the inbox at once: a message the server already sent to a waiting pull is
+ *   then lost to nobody, and only the ack wait (5 min by default) brings it back. A stopping
+ *   uploader (SIGTERM, a rolling restart) would hold back a package that long. Here `stop()`
+ *   ends the wait at once, and `close()` drains the inbox and naks whatever was on its way,
+ *   so another consumer takes it at once. Waiting out the pull's expiry instead would make
+ *   every stop as slow as one pull.
+ * What nats.js does give is used: deliveries are read as its `JsMsg` (delivery count and
+ * stream sequence from `info`, `working()`, `nak(delay)`; see consumer.ts), so no ack
+ * subject is parsed here. The consumer itself is created and updated with `jsm.consumers`.
+ * test/contract/nats-puller.test.ts covers this file.
  */
 import { createInbox, nanos, type Msg, type Subscription } from 'nats';
+import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
 import type { NatsContext } from '../connection.js';
-
-const NAK_NOW = Buffer.from('-NAK');
 
 /**
  * Pull requests of one `consume` loop, one message at a time, on one inbox. `stop()` ends
@@ -74,7 +92,7 @@ export class Puller {
     this.#stopped = true;
     this.#closed = true;
     clearTimeout(this.#timer);
-    for (const msg of this.#ready.splice(0)) respond(msg, NAK_NOW);
+    for (const msg of this.#ready.splice(0)) nakNow(msg);
     if (this.#ctx.nc.isClosed()) return;
     let timer: NodeJS.Timeout | undefined;
     await Promise.race([
@@ -110,7 +128,7 @@ export class Puller {
   #receive(msg: Msg): void {
     if (msg.reply?.startsWith('$JS.ACK.')) {
       if (this.#closed) {
-        respond(msg, NAK_NOW);
+        nakNow(msg);
         return;
       }
       this.#ready.push(msg);
@@ -142,10 +160,15 @@ export class Puller {
   }
 }
 
+/** A delivery this loop will not handle: back to the consumer for anyone to take, at once. */
+function nakNow(msg: Msg): void {
+  quietly(() => toJsMsg(msg).nak());
+}
+
 /** Ack-protocol replies are fire-and-forget: a closed connection drops them, and the ack wait redelivers. */
-export function respond(msg: Msg, payload: Uint8Array): void {
+export function quietly(reply: () => void): void {
   try {
-    msg.respond(payload);
+    reply();
   } catch {
     // see above
   }
