@@ -1,7 +1,7 @@
 import { mkdir, readFile, readdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../../durable-file.js';
-import { StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { StoreError, StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
 import { AppendFile } from './append-file.js';
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
@@ -169,7 +169,7 @@ export class FileSessionStore implements SessionStore {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error('Session store is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
   }
 }
 
@@ -263,6 +263,6 @@ function forEachLine(text: string, apply: (key: string, e: Entry) => void): numb
 }
 
 function checkKey(key: string): string {
-  if (!KEY.test(key)) throw new Error(`Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
+  if (!KEY.test(key)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
   return key;
 }

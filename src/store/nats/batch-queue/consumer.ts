@@ -5,7 +5,7 @@
  */
 import { DirectMsgHeaders, type Msg } from 'nats';
 import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
-import type { CommittedPackage, QueueConsumer } from '../../ports.js';
+import { isStoreError, StoreError, type CommittedPackage, type QueueConsumer } from '../../ports.js';
 import type { StreamMessages } from './messages.js';
 import { Puller, quietly } from './puller.js';
 import { readCommit, type CommitRecord } from './record.js';
@@ -25,11 +25,6 @@ export interface ConsumerOptions {
   /** Makes sure the durable consumer exists (it went away: deleted, not yet on a new leader). */
   ensureConsumer(): Promise<void>;
   onError(err: unknown, what: string): void;
-}
-
-class LostBatchError extends Error {
-  override readonly name = 'LostBatchError';
-  readonly code = 'QUEUE_BATCH_LOST';
 }
 
 export class NatsConsumer implements QueueConsumer {
@@ -136,7 +131,7 @@ export class NatsConsumer implements QueueConsumer {
     const ahead: Promise<Uint8Array>[] = [];
     const fetch = (seq: number): Promise<Uint8Array> => {
       const p = this.#batch(seq, subject).catch((err: unknown) => {
-        if (err instanceof LostBatchError) onLost(err);
+        if (isStoreError(err, 'QUEUE_BATCH_LOST')) onLost(err);
         throw err;
       });
       p.catch(() => {}); // awaited below, or abandoned with the reader
@@ -155,8 +150,8 @@ export class NatsConsumer implements QueueConsumer {
    */
   async #batch(seq: number, subject: string): Promise<Uint8Array> {
     const sm = (await this.#direct(seq)) ?? (await this.#o.messages.get({ seq }));
-    if (!sm) throw new LostBatchError(`Batch ${seq} of ${subject} is gone`);
-    if (sm.subject !== subject) throw new LostBatchError(`Batch ${seq} is not on ${subject}`);
+    if (!sm) throw new StoreError('QUEUE_BATCH_LOST', `Batch ${seq} of ${subject} is gone`);
+    if (sm.subject !== subject) throw new StoreError('QUEUE_BATCH_LOST', `Batch ${seq} is not on ${subject}`);
     return sm.data;
   }
 

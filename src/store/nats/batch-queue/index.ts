@@ -11,7 +11,7 @@ import {
   type StoredMsg,
   type StreamConfig,
 } from 'nats';
-import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueBacklog, QueueConsumer } from '../../ports.js';
+import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
 import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
@@ -113,9 +113,9 @@ export class NatsBatchQueue implements BatchQueue {
   }
 
   static async open(ctx: NatsContext, opts: NatsBatchQueueOptions): Promise<NatsBatchQueue> {
-    if (!NAME.test(opts.stream)) throw new Error(`Invalid stream name ${JSON.stringify(opts.stream)}: allowed are [A-Za-z0-9_-]+`);
-    if (!NAME.test(opts.durable)) throw new Error(`Invalid consumer name ${JSON.stringify(opts.durable)}: allowed are [A-Za-z0-9_-]+`);
-    if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new Error(`Invalid replicas ${opts.replicas} for stream ${opts.stream}`);
+    if (!NAME.test(opts.stream)) throw new StoreError('STORE_MISCONFIGURED', `Invalid stream name ${JSON.stringify(opts.stream)}: allowed are [A-Za-z0-9_-]+`);
+    if (!NAME.test(opts.durable)) throw new StoreError('STORE_MISCONFIGURED', `Invalid consumer name ${JSON.stringify(opts.durable)}: allowed are [A-Za-z0-9_-]+`);
+    if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for stream ${opts.stream}`);
     const q = new NatsBatchQueue(ctx, opts);
     await q.#ensureStream(opts);
     await q.#ensureConsumer();
@@ -263,7 +263,7 @@ export class NatsBatchQueue implements BatchQueue {
       }
     }
     if (config.retention !== RetentionPolicy.Workqueue || config.storage !== StorageType.File) {
-      throw new Error(`Stream ${this.#stream} exists with ${config.retention} retention and ${config.storage} storage; the batch queue needs workqueue and file`);
+      throw new StoreError('STORE_MISCONFIGURED', `Stream ${this.#stream} exists with ${config.retention} retention and ${config.storage} storage; the batch queue needs workqueue and file`);
     }
     const same =
       config.num_replicas === want.num_replicas &&
@@ -304,6 +304,6 @@ export class NatsBatchQueue implements BatchQueue {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error('Batch queue is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Batch queue is closed');
   }
 }

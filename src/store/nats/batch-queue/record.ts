@@ -1,6 +1,6 @@
 /** The commit message: what a consumer needs of a package, written by writer.ts, read by consumer.ts. */
 import { headers, type MsgHdrs } from 'nats';
-import type { PackageMeta } from '../../ports.js';
+import { StoreError, type PackageMeta } from '../../ports.js';
 
 /** Everything a consumer needs, batches named by stream sequence in append order. */
 export interface CommitRecord {
@@ -47,7 +47,7 @@ function parseCommit(data: Uint8Array): CommitRecord {
     !Array.isArray(rec.batches) ||
     !rec.batches.every((s) => Number.isInteger(s) && s > 0)
   ) {
-    throw new Error('Commit message does not describe a package');
+    throw new StoreError('STORE_CORRUPT', 'Commit message does not describe a package');
   }
   return rec;
 }

@@ -8,7 +8,7 @@
  * Client ids are hex-encoded; other ids are used as they are when they are
  * `[A-Za-z0-9_-]+`, else hex-encoded behind a `=` (which plain tokens never contain).
  */
-import type { PackageMeta } from '../../ports.js';
+import { StoreError, type PackageMeta } from '../../ports.js';
 
 /** Stream and consumer names. */
 export const NAME = /^[A-Za-z0-9_-]+$/;
@@ -63,11 +63,11 @@ export class QueueSubjects {
 
 /** `<client hex>.<upload_uuid>.<entity>.<package_id>`: the subject tail shared by a package's batches and commit. */
 export function packageTail(meta: PackageMeta): string {
-  if (meta.client_id === '') throw new Error('Invalid client_id: empty');
+  if (meta.client_id === '') throw new StoreError('STORE_INVALID_KEY', 'Invalid client_id: empty');
   return `${Buffer.from(meta.client_id, 'utf8').toString('hex')}.${token(meta.upload_uuid)}.${token(meta.entity)}.${token(meta.package_id)}`;
 }
 
 export function token(id: string): string {
-  if (id === '') throw new Error('Invalid id: empty');
+  if (id === '') throw new StoreError('STORE_INVALID_KEY', 'Invalid id: empty');
   return PLAIN_TOKEN.test(id) ? id : `=${Buffer.from(id, 'utf8').toString('hex')}`;
 }

@@ -1,5 +1,5 @@
 /** A package being written to the stream: batches as they come, then one commit message. */
-import type { PackageMeta, PackageWriter } from '../../ports.js';
+import { StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
 import { INLINE_BATCH_BYTES, type CommitRecord } from './record.js';
 
 export interface WriterHooks {
@@ -52,7 +52,7 @@ export class NatsWriter implements PackageWriter {
       const inline = this.#seqs.length === 0 ? this.#held : null;
       if (!inline) await this.#publishHeld();
       await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs] }, inline ?? undefined);
-      if (this.#dropped) throw new Error(`Package ${this.meta.package_id} was purged before its commit completed`);
+      if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
     } catch (err) {
       // Not committed as far as the caller knows, so it must not be delivered either.
       await this.#hooks.remove().catch(() => {});
@@ -84,7 +84,7 @@ export class NatsWriter implements PackageWriter {
   }
 
   #live(): void {
-    if (this.#dropped) throw new Error(`Package ${this.meta.package_id} was purged or aborted`);
-    if (this.#done) throw new Error(`Package ${this.meta.package_id} is already committed`);
+    if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged or aborted`);
+    if (this.#done) throw new StoreError('QUEUE_PACKAGE_COMMITTED', `Package ${this.meta.package_id} is already committed`);
   }
 }
