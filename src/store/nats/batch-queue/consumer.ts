@@ -31,10 +31,13 @@ export class NatsConsumer implements QueueConsumer {
   readonly #o: ConsumerOptions;
   readonly #puller: Puller;
   readonly #loop: Promise<void>;
+  /** Called once the loop has ended (the queue forgets this consumer). */
+  readonly #onStopped: () => void;
   #stopping: Promise<void> | undefined;
 
-  constructor(opts: ConsumerOptions, handler: (pkg: CommittedPackage) => Promise<void>, private readonly onStopped: () => void) {
+  constructor(opts: ConsumerOptions, handler: (pkg: CommittedPackage) => Promise<void>, onStopped: () => void) {
     this.#o = opts;
+    this.#onStopped = onStopped;
     this.#puller = new Puller(opts.messages.ctx, opts.messages.stream, opts.durable, opts.pullExpiresMs);
     this.#loop = this.#run(handler);
   }
@@ -43,7 +46,7 @@ export class NatsConsumer implements QueueConsumer {
     return (this.#stopping ??= (async () => {
       this.#puller.stop();
       await this.#loop;
-      this.onStopped();
+      this.#onStopped();
     })());
   }
 
