@@ -94,7 +94,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     const metrics = config.metrics.enabled
       ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs })
       : null;
-    if (engines.describe.sessions === 'file') {
+    if (sessions.capabilities.singleProcess) {
       // One process owns the embedded files: the leases in them are the previous process's.
       const recovered = await recoverLeftovers(sessions, ledger, clients.ids(), clock);
       if (recovered > 0) log.warn('released in-flight ingests and completed recordings of the previous process', { sessions: recovered });
@@ -165,7 +165,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       service,
       ...config.idempotency,
       // The embedded files belong to this process alone: another instance's claim is a dead one's.
-      singleInstance: engines.describe.sessions === 'file',
+      singleInstance: sessions.capabilities.singleProcess,
       clock,
       onBackgroundError: (err, what) => log.error(`background task failed: ${what}`, { err }),
     });

@@ -12,7 +12,7 @@ import { FileBatchQueue } from './embedded/batch-queue.js';
 import { FileLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
 import { FileSessionStore } from './embedded/session-store.js';
-import { NatsBatchQueue } from './nats/batch-queue.js';
+import { NatsBatchQueue } from './nats/batch-queue/index.js';
 import { connectNats, type NatsHandle } from './nats/connection.js';
 import { NatsLedger } from './nats/ledger.js';
 import { NatsSessionStore } from './nats/session-store.js';

@@ -11,21 +11,65 @@ export interface Versioned<T> {
 }
 
 /**
- * Code of the error thrown by `create` when the key exists and by `update`/`delete` when
- * the revision is stale. Callers re-read and retry (or answer) on it.
+ * Codes of the errors the stores throw (`StoreError.code`). Callers match on the code, never on
+ * the message.
+ * - `STORE_CLOSED`: the store (or queue, ledger, file) was closed; nothing more goes through it.
+ * - `STORE_CONFLICT`: `create` found the key there, or `update`/`delete` named a stale
+ *   revision. Callers re-read and retry (or answer) on it.
+ * - `STORE_INVALID_KEY`: a key, id or object key the store cannot take (a caller's bug).
+ * - `STORE_MISCONFIGURED`: options, or what exists under the configured names (a stream of
+ *   the wrong kind, a missing bucket), that the store cannot work with; at open.
+ * - `STORE_UNAVAILABLE`: the backing system does not answer or refuses for now (NATS down,
+ *   object storage unusable, objects it would not delete); worth another try later.
+ * - `STORE_CORRUPT`: stored bytes are not what the store wrote (a file shorter than its
+ *   index says, a commit message that describes no package).
+ * - `QUEUE_PACKAGE_DROPPED`: the package being written was purged (its session deleted) or
+ *   aborted; it is never delivered.
+ * - `QUEUE_PACKAGE_COMMITTED`: the package was already committed; no more appends.
+ * - `QUEUE_BATCH_LOST`: a committed package's batches are gone; redelivery cannot help.
  */
+export const STORE_ERROR_CODES = [
+  'STORE_CLOSED',
+  'STORE_CONFLICT',
+  'STORE_INVALID_KEY',
+  'STORE_MISCONFIGURED',
+  'STORE_UNAVAILABLE',
+  'STORE_CORRUPT',
+  'QUEUE_PACKAGE_DROPPED',
+  'QUEUE_PACKAGE_COMMITTED',
+  'QUEUE_BATCH_LOST',
+] as const;
+
+export type StoreErrorCode = (typeof STORE_ERROR_CODES)[number];
+
+export class StoreError extends Error {
+  override readonly name: string = 'StoreError';
+  readonly code: StoreErrorCode;
+  constructor(code: StoreErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+  }
+}
+
+/** A `StoreError`, of `code` when given (by its code: errors that crossed a worker or a copy of this module count too). */
+export function isStoreError(err: unknown, code?: StoreErrorCode): err is StoreError {
+  const c = typeof err === 'object' && err !== null ? (err as { code?: unknown }).code : undefined;
+  return code === undefined ? err instanceof StoreError : c === code;
+}
+
+/** Code of the error thrown by `create` when the key exists and by `update`/`delete` when the revision is stale. */
 export const STORE_CONFLICT = 'STORE_CONFLICT';
 
-export class StoreConflictError extends Error {
+export class StoreConflictError extends StoreError {
   override readonly name = 'StoreConflictError';
-  readonly code = STORE_CONFLICT;
+  override readonly code = STORE_CONFLICT;
   constructor(key: string, options?: { cause?: unknown }) {
-    super(`Conflicting write to ${key}`, options);
+    super(STORE_CONFLICT, `Conflicting write to ${key}`, options);
   }
 }
 
 export function isStoreConflict(err: unknown): boolean {
-  return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === STORE_CONFLICT;
+  return isStoreError(err, STORE_CONFLICT);
 }
 
 /**
@@ -34,6 +78,7 @@ export function isStoreConflict(err: unknown): boolean {
  * Revisions are positive integers that grow with every write to the key.
  */
 export interface SessionStore {
+  readonly capabilities: SessionStoreCapabilities;
   get<T>(key: string): Promise<Versioned<T> | null>;
   /** Writes only if the key holds no value (never written, or deleted). Throws STORE_CONFLICT otherwise. */
   create<T>(key: string, value: T): Promise<number>;
@@ -42,6 +87,14 @@ export interface SessionStore {
   /** Removes the key; with `revision`, only if it is still current (STORE_CONFLICT otherwise). */
   delete(key: string, revision?: number): Promise<void>;
   close(): Promise<void>;
+}
+
+export interface SessionStoreCapabilities {
+  /**
+   * Only the process that opened the store uses it (the embedded files): whatever leases and
+   * claims it holds at start are a previous process's, so they may be released at once.
+   */
+  readonly singleProcess: boolean;
 }
 
 /** One recorded package in its session's ledger. */
@@ -147,12 +200,16 @@ export interface StoredObject {
   size: number;
 }
 
+export interface ObjectStoreCapabilities {
+  /** `put` is done with each chunk of its body before it asks for the next (so the chunks may share memory). */
+  readonly consumesChunksInTurn: boolean;
+}
+
 /** Object storage. A `put` is atomic: readers see the whole object or none of it. */
 export interface ObjectStore {
   /** Stores the stream under `key`, replacing any object there. Resolves once durable. */
   put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject>;
-  /** `put` is done with each chunk of its body before it asks for the next (so the chunks may share memory). */
-  readonly consumesChunksInTurn?: boolean;
+  readonly capabilities: ObjectStoreCapabilities;
   get(key: string): Promise<AsyncIterable<Uint8Array> | null>;
   /** Objects whose key starts with `prefix`, in key order. */
   list(prefix: string): Promise<StoredObject[]>;

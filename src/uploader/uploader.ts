@@ -109,7 +109,7 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
       }
       if (decided === 'store') {
         const started = performance.now();
-        await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg, objects.consumesChunksInTurn === true));
+        await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg, objects.capabilities.consumesChunksInTurn));
         observer?.stored(performance.now() - started);
       } else if (decided === 'drop') {
         observer?.abandoned();

@@ -136,14 +136,20 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     t.same(await firstDelivery, batches);
   });
 
+  t.test(`${name}: a closed queue refuses new packages`, async (t) => {
+    const { q, close } = await setup(t);
+    await close(q);
+    await t.rejects(q.open(meta('u1', 'pkg-a')), { code: 'STORE_CLOSED' });
+  });
+
   t.test(`${name}: abort leaves nothing`, async (t) => {
     const { q } = await setup(t);
     const w = await q.open(meta('u1', 'pkg-a'));
     await w.append(Buffer.from('["a1"]\n'));
     await w.abort();
     await t.resolves(w.abort(), 'abort twice');
-    await t.rejects(w.append(Buffer.from('["a2"]\n')), 'no append after abort');
-    await t.rejects(w.commit({ rows: 1, bytes: 7 }), 'no commit after abort');
+    await t.rejects(w.append(Buffer.from('["a2"]\n')), { code: 'QUEUE_PACKAGE_DROPPED' }, 'no append after abort');
+    await t.rejects(w.commit({ rows: 1, bytes: 7 }), { code: 'QUEUE_PACKAGE_DROPPED' }, 'no commit after abort');
     t.equal(await q.pending('u1'), 0);
     await commit(q, meta('u1', 'pkg-b'), ['["b1"]\n']);
     const rec = record(t, q);

@@ -102,7 +102,7 @@ export function ledgerContract(t: Test, name: string, factory: LedgerFactory): v
 
   t.test(`${name}: refuses ids that are not keys`, async (t) => {
     const { ledger } = await setup(t);
-    await t.rejects(ledger.append('../x', [entry('p-1')]));
-    await t.rejects(ledger.get('a b', 'p-1'));
+    await t.rejects(ledger.append('../x', [entry('p-1')]), { code: 'STORE_INVALID_KEY' });
+    await t.rejects(ledger.get('a b', 'p-1'), { code: 'STORE_INVALID_KEY' });
   });
 }

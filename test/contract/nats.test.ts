@@ -1,6 +1,6 @@
 import t, { type Test } from 'tap';
 import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
-import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue.js';
+import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore, serverNeedsStreamGuard } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
@@ -296,13 +296,17 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   const stream = unique('LOST');
   t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
   const errors: string[] = [];
+  let lost: unknown;
   let dropped!: () => void;
   const drop = new Promise<void>((resolve) => (dropped = resolve));
   const q = await openQueue(t, h, {
     ...queueOpts(stream),
-    onError: (_err, what) => {
+    onError: (err, what) => {
       errors.push(what);
-      if (what.startsWith('drop package')) dropped();
+      if (what.startsWith('drop package')) {
+        lost = err;
+        dropped();
+      }
     },
   });
   // Two batches: a package of one small batch travels inside its commit message.
@@ -321,6 +325,7 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   t.equal(await q.pending('u1'), 0, 'dropped');
   t.equal(attempts, 1, 'once');
   t.match(errors, [/drop package p1 of session u1: its batches are gone/]);
+  t.match(lost, { code: 'QUEUE_BATCH_LOST' });
 });
 
 t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader', async (t) => {

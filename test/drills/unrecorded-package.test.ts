@@ -25,7 +25,7 @@ import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
-import { NatsBatchQueue } from '../../src/store/nats/batch-queue.js';
+import { NatsBatchQueue } from '../../src/store/nats/batch-queue/index.js';
 import { connectNats } from '../../src/store/nats/connection.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import type { BatchQueue, SessionStore } from '../../src/store/ports.js';

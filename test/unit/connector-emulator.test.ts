@@ -19,6 +19,8 @@ const SECRET = 'emulator-secret';
 function memoryStore(objects: Record<string, string>): ObjectStore {
   const data = new Map(Object.entries(objects).map(([k, v]) => [k, Buffer.from(v)]));
   return {
+    // Keeps every chunk of the body until the end.
+    capabilities: { consumesChunksInTurn: false },
     async put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject> {
       const chunks: Uint8Array[] = [];
       for await (const c of body) chunks.push(c);

@@ -188,6 +188,7 @@ t.test('a running attempt renews its lease', async (t) => {
   let written: () => void = () => {};
   const store = r.sessions;
   const sessions: SessionStore = {
+    capabilities: store.capabilities,
     get: (k) => store.get(k),
     create: (k, value) => store.create(k, value),
     delete: (k, revision) => store.delete(k, revision),

@@ -28,6 +28,7 @@ const noConnector: Connector = {
 function counting(store: SessionStore): SessionStore & { updates: number } {
   const counted = {
     updates: 0,
+    capabilities: store.capabilities,
     get: store.get.bind(store),
     create: store.create.bind(store),
     update: <T>(key: string, value: T, revision: number) => {

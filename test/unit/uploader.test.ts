@@ -46,6 +46,7 @@ function observed(inner: ObjectStore, failFirst: Set<string>) {
         waiters.splice(0).forEach((w) => w());
       }
     },
+    capabilities: inner.capabilities,
     get: (key) => inner.get(key),
     list: (prefix) => inner.list(prefix),
     deletePrefix: (prefix) => inner.deletePrefix(prefix),

@@ -1,6 +1,7 @@
 import { open, type FileHandle } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { fsyncDir } from '../../durable-file.js';
+import { StoreError } from '../ports.js';
 
 /**
  * An append-only file with group commit: `write` places bytes at the end at once (offsets
@@ -146,7 +147,7 @@ export class AppendFile {
   async read(buf: Uint8Array, offset: number): Promise<void> {
     for (let done = 0; done < buf.byteLength; ) {
       const { bytesRead } = await this.#fh.read(buf, done, buf.byteLength - done, offset + done);
-      if (bytesRead === 0) throw new Error(`${this.path}: read past the end (${offset + done})`);
+      if (bytesRead === 0) throw new StoreError('STORE_CORRUPT', `${this.path}: read past the end (${offset + done})`);
       done += bytesRead;
     }
   }
@@ -195,7 +196,7 @@ export class AppendFile {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error(`${this.path} is closed`);
+    if (this.#closed) throw new StoreError('STORE_CLOSED', `${this.path} is closed`);
     if (this.#broken) throw this.#broken;
   }
 }

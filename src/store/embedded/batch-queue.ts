@@ -1,7 +1,7 @@
 import { mkdir, readFile, readdir, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../../durable-file.js';
-import type { BatchQueue, CommittedPackage, PackageMeta, PackageWriter, QueueBacklog, QueueConsumer } from '../ports.js';
+import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../ports.js';
 import { AppendFile } from './append-file.js';
 
 export interface FileBatchQueueOptions {
@@ -194,7 +194,7 @@ export class FileBatchQueue implements BatchQueue {
   async #commit(writer: FileWriter, totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[]): Promise<void> {
     // The batches first, then the line that makes them a package.
     for (const segment of new Set(batches.map((b) => b.segment))) await (await segment.file).sync();
-    if (writer.dropped) throw new Error(`Package ${writer.meta.package_id} was dropped before its commit completed`);
+    if (writer.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${writer.meta.package_id} was dropped before its commit completed`);
     const rec: CommitRecord = {
       t: 'c',
       seq: ++this.#seq,
@@ -210,7 +210,7 @@ export class FileBatchQueue implements BatchQueue {
       this.#add({ ...rec, attempt: 0, notBefore: 0, inFlight: false, purged: false });
       this.#wake();
     });
-    if (writer.dropped) throw new Error(`Package ${writer.meta.package_id} was dropped before its commit completed`);
+    if (writer.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${writer.meta.package_id} was dropped before its commit completed`);
   }
 
   #add(e: Entry): void {
@@ -431,7 +431,7 @@ export class FileBatchQueue implements BatchQueue {
     const shared = reuse ? Buffer.allocUnsafe(batches.reduce((max, b) => Math.max(max, b[2]), 0)) : null;
     for (const [no, offset, length] of batches) {
       const segment = this.#segments.get(no);
-      if (!segment) throw new Error(`Segment ${no} of a pending package is gone`);
+      if (!segment) throw new StoreError('QUEUE_BATCH_LOST', `Segment ${no} of a pending package is gone`);
       const buf = shared ? shared.subarray(0, length) : Buffer.allocUnsafe(length);
       await (await segment.file).read(buf, offset);
       yield buf;
@@ -457,7 +457,7 @@ export class FileBatchQueue implements BatchQueue {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error('Batch queue is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Batch queue is closed');
   }
 }
 
@@ -531,11 +531,11 @@ class FileWriter implements PackageWriter {
   }
 
   #live(): void {
-    if (this.dropped) throw new Error(`Package ${this.meta.package_id} was purged or aborted`);
-    if (this.#done) throw new Error(`Package ${this.meta.package_id} is already committed`);
+    if (this.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged or aborted`);
+    if (this.#done) throw new StoreError('QUEUE_PACKAGE_COMMITTED', `Package ${this.meta.package_id} is already committed`);
   }
 }
 
 function checkId(name: string, id: string): void {
-  if (!ID.test(id) || id === '.' || id === '..') throw new Error(`Invalid ${name} ${JSON.stringify(id)}: allowed are [A-Za-z0-9_.=-]+`);
+  if (!ID.test(id) || id === '.' || id === '..') throw new StoreError('STORE_INVALID_KEY', `Invalid ${name} ${JSON.stringify(id)}: allowed are [A-Za-z0-9_.=-]+`);
 }

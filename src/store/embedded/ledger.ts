@@ -2,7 +2,7 @@ import { createReadStream } from 'node:fs';
 import { mkdir, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import type { LedgerEntry, PackageLedger } from '../ports.js';
+import { StoreError, type LedgerEntry, type PackageLedger } from '../ports.js';
 import { AppendFile } from './append-file.js';
 
 export interface FileLedgerOptions {
@@ -203,7 +203,7 @@ export class FileLedger implements PackageLedger {
   }
 
   #check(uploadUuid: string): void {
-    if (this.#closed) throw new Error('Ledger is closed');
-    if (!ID.test(uploadUuid) || uploadUuid === '.' || uploadUuid === '..') throw new Error(`Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Ledger is closed');
+    if (!ID.test(uploadUuid) || uploadUuid === '.' || uploadUuid === '..') throw new StoreError('STORE_INVALID_KEY', `Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
   }
 }

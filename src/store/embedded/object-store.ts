@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, open, readdir, rename, rm, rmdir, stat, unlink } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import type { ObjectStore, StoredObject } from '../ports.js';
+import { StoreError, type ObjectStore, type StoredObject } from '../ports.js';
 import { fsyncDir } from '../../durable-file.js';
 
 /**
@@ -13,7 +13,7 @@ import { fsyncDir } from '../../durable-file.js';
  */
 export class FileObjectStore implements ObjectStore {
   /** `put` writes each chunk out before it asks for the next. */
-  readonly consumesChunksInTurn = true;
+  readonly capabilities = { consumesChunksInTurn: true } as const;
   readonly #root: string;
   readonly #tmp: string;
   /** Per directory: its fsync under way, and the one the callers that came meanwhile share. */
@@ -176,14 +176,14 @@ export class FileObjectStore implements ObjectStore {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error('Object store is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Object store is closed');
   }
 
   #path(key: string): string {
     this.#check();
     const segments = key.split('/');
     if (segments.some((s) => s === '' || s === '.' || s === '..')) {
-      throw new Error(`Invalid object key ${JSON.stringify(key)}: no empty, "." or ".." segments, no leading or trailing "/"`);
+      throw new StoreError('STORE_INVALID_KEY', `Invalid object key ${JSON.stringify(key)}: no empty, "." or ".." segments, no leading or trailing "/"`);
     }
     const last = segments.pop() as string;
     return join(this.#root, ...segments.map(escapeSegment), `${escapeSegment(last)}~`);

@@ -1,7 +1,7 @@
 import { mkdir, readFile, readdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../../durable-file.js';
-import { StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { StoreError, StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
 import { AppendFile } from './append-file.js';
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
@@ -39,6 +39,8 @@ const JOURNAL = /^journal-(\d+)\.ndjson$/;
  * versions before the journal wrote them, is read once at open and folded into a snapshot.
  */
 export class FileSessionStore implements SessionStore {
+  /** The files belong to this process alone. */
+  readonly capabilities = { singleProcess: true } as const;
   readonly #dir: string;
   readonly #compactBytes: number;
   readonly #entries: Map<string, Entry>;
@@ -167,7 +169,7 @@ export class FileSessionStore implements SessionStore {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error('Session store is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
   }
 }
 
@@ -261,6 +263,6 @@ function forEachLine(text: string, apply: (key: string, e: Entry) => void): numb
 }
 
 function checkKey(key: string): string {
-  if (!KEY.test(key)) throw new Error(`Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
+  if (!KEY.test(key)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
   return key;
 }

@@ -4,6 +4,7 @@
  * timeout, so nothing waits on a NATS that does not answer.
  */
 import { connect, type JetStreamClient, type JetStreamManager, type MsgHdrs, type NatsConnection, type PubAck } from 'nats';
+import { StoreError } from '../ports.js';
 
 export interface NatsConnectOptions {
   /** Comma-separated server URLs; `nats://user:pass@host:port` or `nats://token@host:port` carry credentials. */
@@ -73,11 +74,11 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
       jsm,
       requestTimeoutMs,
       async probe(timeoutMs) {
-        if (nc.isClosed()) throw new Error('NATS connection is closed');
-        if (!connected) throw new Error('NATS is disconnected (reconnecting)');
+        if (nc.isClosed()) throw new StoreError('STORE_UNAVAILABLE', 'NATS connection is closed');
+        if (!connected) throw new StoreError('STORE_UNAVAILABLE', 'NATS is disconnected (reconnecting)');
         const answer = await nc.request('$JS.API.INFO', undefined, { timeout: timeoutMs });
         const info = answer.json<{ error?: { description?: string } }>();
-        if (info.error) throw new Error(`JetStream: ${info.error.description ?? 'error'}`);
+        if (info.error) throw new StoreError('STORE_UNAVAILABLE', `JetStream: ${info.error.description ?? 'error'}`);
       },
       async close() {
         if (nc.isClosed()) return;
@@ -106,7 +107,7 @@ function parseServers(list: string): { servers: string[]; auth: { user?: string;
     try {
       url = new URL(withScheme);
     } catch {
-      throw new Error(`Invalid NATS server URL ${JSON.stringify(raw.replace(/\/\/[^@/]*@/, '//***@'))}`);
+      throw new StoreError('STORE_MISCONFIGURED', `Invalid NATS server URL ${JSON.stringify(raw.replace(/\/\/[^@/]*@/, '//***@'))}`);
     }
     if (url.username && !auth.user && !auth.token) {
       const user = decodeURIComponent(url.username);
@@ -114,7 +115,7 @@ function parseServers(list: string): { servers: string[]; auth: { user?: string;
     }
     servers.push(`${url.protocol}//${url.host}`);
   }
-  if (servers.length === 0) throw new Error('No NATS server URL given');
+  if (servers.length === 0) throw new StoreError('STORE_MISCONFIGURED', 'No NATS server URL given');
   return { servers, auth };
 }
 

@@ -1,5 +1,5 @@
 import { StorageType, type KV, type KvEntry } from 'nats';
-import type { LedgerEntry, PackageLedger } from '../ports.js';
+import { StoreError, type LedgerEntry, type PackageLedger } from '../ports.js';
 import { withRetry, type NatsContext } from './connection.js';
 
 export interface NatsLedgerOptions {
@@ -36,7 +36,7 @@ export class NatsLedger implements PackageLedger {
   }
 
   static async open(ctx: NatsContext, opts: NatsLedgerOptions): Promise<NatsLedger> {
-    if (!ID.test(opts.bucket)) throw new Error(`Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
+    if (!ID.test(opts.bucket)) throw new StoreError('STORE_MISCONFIGURED', `Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
     const retryMs = opts.retryMs ?? 10_000;
     const kv = await withRetry(ctx, retryMs, () =>
       ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
@@ -111,12 +111,12 @@ export class NatsLedger implements PackageLedger {
   }
 
   #key(uploadUuid: string, packageId: string): string {
-    if (!ID.test(packageId)) throw new Error(`Invalid package_id ${JSON.stringify(packageId)}`);
+    if (!ID.test(packageId)) throw new StoreError('STORE_INVALID_KEY', `Invalid package_id ${JSON.stringify(packageId)}`);
     return `${uploadUuid}.${packageId}`;
   }
 
   #check(uploadUuid: string): void {
-    if (this.#closed) throw new Error('Ledger is closed');
-    if (!ID.test(uploadUuid)) throw new Error(`Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Ledger is closed');
+    if (!ID.test(uploadUuid)) throw new StoreError('STORE_INVALID_KEY', `Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
   }
 }

@@ -1,5 +1,5 @@
 import { headers, nuid, StorageType, type MsgHdrs } from 'nats';
-import { StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { StoreError, StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, JS_WRONG_LAST_SEQUENCE, jsErrorCode, publishOnce, withRetry, type NatsContext } from './connection.js';
 
 export interface NatsSessionStoreOptions {
@@ -48,6 +48,8 @@ const OPERATION = 'KV-Operation';
  * `retryMs`: a leader election costs a delay, not a failed or doubled write.
  */
 export class NatsSessionStore implements SessionStore {
+  /** Every gateway shares the bucket. */
+  readonly capabilities = { singleProcess: false } as const;
   readonly #ctx: NatsContext;
   readonly #bucket: string;
   readonly #stream: string;
@@ -69,8 +71,8 @@ export class NatsSessionStore implements SessionStore {
   }
 
   static async open(ctx: NatsContext, opts: NatsSessionStoreOptions): Promise<NatsSessionStore> {
-    if (!/^[A-Za-z0-9_-]+$/.test(opts.bucket)) throw new Error(`Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
-    if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new Error(`Invalid replicas ${opts.replicas} for bucket ${opts.bucket}`);
+    if (!/^[A-Za-z0-9_-]+$/.test(opts.bucket)) throw new StoreError('STORE_MISCONFIGURED', `Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
+    if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for bucket ${opts.bucket}`);
     const retryMs = opts.retryMs ?? 10_000;
     // Without direct get, reads are answered by the leader only: no stale read from a lagging replica.
     await withRetry(ctx, retryMs, () =>
@@ -193,12 +195,12 @@ export class NatsSessionStore implements SessionStore {
   }
 
   #check(): void {
-    if (this.#closed) throw new Error('Session store is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
   }
 }
 
 function checkKey(key: string): string {
-  if (!KEY.test(key)) throw new Error(`Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
+  if (!KEY.test(key)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key ${JSON.stringify(key)}: allowed are [A-Za-z0-9_.=-]+`);
   return key;
 }
 

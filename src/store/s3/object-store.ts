@@ -11,7 +11,7 @@ import {
   type BucketLocationConstraint,
 } from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
-import type { ObjectStore, StoredObject } from '../ports.js';
+import { StoreError, type ObjectStore, type StoredObject } from '../ports.js';
 
 const MiB = 1024 * 1024;
 /** S3's smallest part (every part but the last). */
@@ -75,6 +75,8 @@ const defaults = () => ({
  * mid-put leaves an incomplete upload behind, which `abortIncompleteUploads` sweeps.
  */
 export class S3ObjectStore implements ObjectStore {
+  /** `put` gathers chunks into parts, several in flight: it may hold a chunk after asking for the next. */
+  readonly capabilities = { consumesChunksInTurn: false } as const;
   readonly #settings: Settings;
   readonly #client: S3Client;
   readonly #inFlight = new Set<Promise<unknown>>();
@@ -212,7 +214,7 @@ export class S3ObjectStore implements ObjectStore {
         const failed = res.Errors ?? [];
         if (failed.length > 0) {
           const first = failed[0];
-          throw new Error(
+          throw new StoreError('STORE_UNAVAILABLE',
             `Could not delete ${failed.length} of ${page.length} objects under ${JSON.stringify(prefix)}; ` +
               `first ${JSON.stringify(first?.Key)}: ${first?.Code} ${first?.Message}`,
           );
@@ -266,7 +268,7 @@ export class S3ObjectStore implements ObjectStore {
 
   /** Readiness: HeadBucket answers within `timeoutMs` (one attempt's worth of the SDK's retries, cut at the deadline). */
   async probe(timeoutMs: number): Promise<void> {
-    if (this.#closed) throw new Error('Object store is closed');
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Object store is closed');
     await this.#client.send(new HeadBucketCommand({ Bucket: this.#settings.bucket }), { abortSignal: AbortSignal.timeout(timeoutMs) });
   }
 
@@ -279,7 +281,7 @@ export class S3ObjectStore implements ObjectStore {
   }
 
   #track<T>(op: () => Promise<T>): Promise<T> {
-    if (this.#closed) return Promise.reject(new Error('Object store is closed'));
+    if (this.#closed) return Promise.reject(new StoreError('STORE_CLOSED', 'Object store is closed'));
     const p = op();
     this.#inFlight.add(p);
     const done = () => this.#inFlight.delete(p);
@@ -334,11 +336,11 @@ export class S3ObjectStore implements ObjectStore {
         return true;
       } catch (err) {
         if (statusOf(err) === 404) return false;
-        throw new Error(`Object storage at ${endpoint} is not usable (HeadBucket ${bucket}): ${describe(err)}`, { cause: err });
+        throw new StoreError('STORE_UNAVAILABLE', `Object storage at ${endpoint} is not usable (HeadBucket ${bucket}): ${describe(err)}`, { cause: err });
       }
     };
     if (await head()) return;
-    if (!create) throw new Error(`Bucket ${JSON.stringify(bucket)} does not exist at ${endpoint}`);
+    if (!create) throw new StoreError('STORE_MISCONFIGURED', `Bucket ${JSON.stringify(bucket)} does not exist at ${endpoint}`);
     try {
       await this.#client.send(
         new CreateBucketCommand({
@@ -352,7 +354,7 @@ export class S3ObjectStore implements ObjectStore {
     } catch (err) {
       // Another process may have created it first (BucketAlreadyExists / AlreadyOwnedByYou).
       if (await head()) return;
-      throw new Error(`Could not create bucket ${JSON.stringify(bucket)} at ${endpoint}: ${describe(err)}`, { cause: err });
+      throw new StoreError('STORE_UNAVAILABLE', `Could not create bucket ${JSON.stringify(bucket)} at ${endpoint}: ${describe(err)}`, { cause: err });
     }
   }
 }
@@ -364,12 +366,12 @@ export class S3ObjectStore implements ObjectStore {
 function checkKey(key: string): void {
   const segments = key.split('/');
   if (segments.some((s) => s === '' || s === '.' || s === '..')) {
-    throw new Error(`Invalid object key ${JSON.stringify(key)}: no empty, "." or ".." segments, no leading or trailing "/"`);
+    throw new StoreError('STORE_INVALID_KEY', `Invalid object key ${JSON.stringify(key)}: no empty, "." or ".." segments, no leading or trailing "/"`);
   }
 }
 
 function checkOptions(options: S3ObjectStoreOptions): Settings {
-  if (typeof options !== 'object' || options === null) throw new TypeError('S3ObjectStore options: expected an object');
+  if (typeof options !== 'object' || options === null) throw new StoreError('STORE_MISCONFIGURED', 'S3ObjectStore options: expected an object');
   const known = new Set([
     'endpoint',
     'bucket',
@@ -383,12 +385,12 @@ function checkOptions(options: S3ObjectStoreOptions): Settings {
     'maxAttempts',
   ]);
   for (const k of Object.keys(options)) {
-    if (!known.has(k)) throw new TypeError(`S3ObjectStore option ${k}: unknown option`);
+    if (!known.has(k)) throw new StoreError('STORE_MISCONFIGURED', `S3ObjectStore option ${k}: unknown option`);
   }
   const merged = { ...defaults(), ...stripUndefined(options) };
   const fail = (key: string, expected: string, got: unknown): never => {
     const shown = key === 'secretAccessKey' ? typeof got : JSON.stringify(got);
-    throw new TypeError(`S3ObjectStore option ${key}: expected ${expected}, got ${shown}`);
+    throw new StoreError('STORE_MISCONFIGURED', `S3ObjectStore option ${key}: expected ${expected}, got ${shown}`);
   };
   const nonEmpty = (key: 'endpoint' | 'bucket' | 'region'): string => {
     const v = merged[key];

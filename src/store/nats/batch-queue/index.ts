@@ -1,0 +1,309 @@
+import {
+  AckPolicy,
+  DeliverPolicy,
+  DiscardPolicy,
+  nanos,
+  ReplayPolicy,
+  RetentionPolicy,
+  StorageType,
+  type ConsumerConfig,
+  type MsgRequest,
+  type StoredMsg,
+  type StreamConfig,
+} from 'nats';
+import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
+import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
+import { NatsConsumer } from './consumer.js';
+import { StreamMessages } from './messages.js';
+import { inlineCommitHeaders } from './record.js';
+import { NAME, packageTail, QueueSubjects, token } from './subjects.js';
+import { sweepOrphans } from './sweeper.js';
+import { NatsWriter } from './writer.js';
+
+export interface NatsBatchQueueOptions {
+  /** Stream name (`[A-Za-z0-9_-]+`); it is also the first token of every subject. */
+  stream: string;
+  /** Replicas of the stream (its consumer follows). Applied to an existing stream too. */
+  replicas: number;
+  /** The one durable pull consumer every `consume` of every process shares. */
+  durable: string;
+  /**
+   * Hard age limit of every message, committed or not (default 0: none). Orphaned batches are
+   * removed by the sweep below; set this only as a last resort: it drops committed packages
+   * that no uploader took in time.
+   */
+  maxAgeMs?: number;
+  /** Size limit of the stream (default: none). When full, appends fail; nothing queued is dropped. */
+  maxBytes?: number;
+  /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
+  redeliveryDelayMs?: number;
+  /** Ack wait of the consumer; heartbeats while a handler runs keep a slow upload its package (default 300000). */
+  ackWaitMs?: number;
+  /** Packages handed out and not yet acked, over all consumers of all processes (default 1000). */
+  maxAckPending?: number;
+  /** How long one publish, read or delete keeps retrying through transient failures (default 10000). */
+  retryMs?: number;
+  /** Expiry of one pull request; an idle consumer asks again after it (default 10000, at least 1000). */
+  pullExpiresMs?: number;
+  /** Batches of a package with no commit and no append for this long belong to a dead writer (default 3600000). */
+  orphanAfterMs?: number;
+  /** How often this instance sweeps orphaned batches away (default 600000; 0: never, call `sweep()` yourself). */
+  sweepIntervalMs?: number;
+  /** Batches read ahead of the one the handler consumes (default 3: with the one in hand, 2 MiB of 512 KiB batches). */
+  readAhead?: number;
+  /** Background failures: sweeps, acks, deletes after an ack, dropped packages. */
+  onError?: (err: unknown, what: string) => void;
+}
+
+const JS_STREAM_NOT_FOUND = 10059;
+const JS_CONSUMER_NOT_FOUND = 10014;
+const JS_STREAM_NAME_IN_USE = 10058;
+
+/**
+ * `BatchQueue` on one JetStream stream with work-queue retention and file storage.
+ *
+ * Subjects (subjects.ts): a package's batches on `<stream>.b.<tail>`, its commit on
+ * `<stream>.c.<tail>`. The writer (writer.ts) publishes batches as they come; nothing reads
+ * `b` subjects by subscription, so they stay invisible. `commit` publishes one message on the
+ * `c` subject with the meta, the totals and the batches' stream sequences (record.ts), and
+ * that message is what the one durable pull consumer (filtered on `<stream>.c.>`; a
+ * work-queue stream allows no overlapping consumers) hands out (consumer.ts, puller.ts). The
+ * handler reads the batches by sequence (direct get, falling back to the leader). Success:
+ * the commit is acked (which removes it), then the batches are deleted; a crash in between
+ * leaves batches without a commit, which the sweep (sweeper.ts) removes. Failure: nak with a
+ * growing delay. `pending(uuid)` counts the session's commit messages still in the stream
+ * (the one in a handler included); `purge(uuid)` and `abort` delete the matching messages
+ * one by one (see `StreamMessages.deleteMatching` for why not a filtered purge).
+ *
+ * Package ids must be unique (they are random UUIDs): the message ids dedupe on them.
+ */
+export class NatsBatchQueue implements BatchQueue {
+  readonly #ctx: NatsContext;
+  readonly #subjects: QueueSubjects;
+  readonly #messages: StreamMessages;
+  readonly #stream: string;
+  readonly #durable: string;
+  readonly #retryMs: number;
+  readonly #delayMs: number;
+  readonly #ackWaitMs: number;
+  readonly #pullExpiresMs: number;
+  readonly #orphanAfterMs: number;
+  readonly #readAhead: number;
+  readonly #maxAckPending: number;
+  readonly #onError: (err: unknown, what: string) => void;
+  readonly #writers = new Set<NatsWriter>();
+  readonly #consumers = new Set<QueueConsumer>();
+  #sweeper: NodeJS.Timeout | undefined;
+  #closed = false;
+
+  private constructor(ctx: NatsContext, opts: NatsBatchQueueOptions) {
+    this.#ctx = ctx;
+    this.#stream = opts.stream;
+    this.#subjects = new QueueSubjects(opts.stream);
+    this.#durable = opts.durable;
+    this.#retryMs = opts.retryMs ?? 10_000;
+    this.#messages = new StreamMessages(ctx, opts.stream, this.#retryMs);
+    this.#delayMs = opts.redeliveryDelayMs ?? 1000;
+    this.#ackWaitMs = opts.ackWaitMs ?? 300_000;
+    this.#pullExpiresMs = Math.max(1000, opts.pullExpiresMs ?? 10_000);
+    this.#orphanAfterMs = opts.orphanAfterMs ?? 3_600_000;
+    this.#readAhead = Math.max(0, opts.readAhead ?? 3);
+    this.#maxAckPending = opts.maxAckPending ?? 1000;
+    this.#onError = opts.onError ?? (() => {});
+  }
+
+  static async open(ctx: NatsContext, opts: NatsBatchQueueOptions): Promise<NatsBatchQueue> {
+    if (!NAME.test(opts.stream)) throw new StoreError('STORE_MISCONFIGURED', `Invalid stream name ${JSON.stringify(opts.stream)}: allowed are [A-Za-z0-9_-]+`);
+    if (!NAME.test(opts.durable)) throw new StoreError('STORE_MISCONFIGURED', `Invalid consumer name ${JSON.stringify(opts.durable)}: allowed are [A-Za-z0-9_-]+`);
+    if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for stream ${opts.stream}`);
+    const q = new NatsBatchQueue(ctx, opts);
+    await q.#ensureStream(opts);
+    await q.#ensureConsumer();
+    const every = opts.sweepIntervalMs ?? 600_000;
+    if (every > 0) {
+      q.#sweeper = setInterval(() => {
+        q.sweep().catch((err: unknown) => q.#onError(err, 'sweep orphaned batches'));
+      }, every);
+      q.#sweeper.unref();
+    }
+    return q;
+  }
+
+  async open(meta: PackageMeta): Promise<PackageWriter> {
+    this.#check();
+    const copy: PackageMeta = {
+      package_id: meta.package_id,
+      client_id: meta.client_id,
+      upload_uuid: meta.upload_uuid,
+      entity: meta.entity,
+      columns: [...meta.columns],
+    };
+    const tail = packageTail(copy);
+    const messages = this.#messages;
+    const writer: NatsWriter = new NatsWriter(copy, {
+      append: async (batch, n) => (await messages.publish(this.#subjects.batch(tail), batch, `${copy.package_id}:${n}`)).seq,
+      commit: async (rec, inline) => {
+        const subject = this.#subjects.commit(tail);
+        if (!inline) await messages.publish(subject, Buffer.from(JSON.stringify(rec)), `${copy.package_id}:commit`);
+        else await messages.publish(subject, inline, `${copy.package_id}:commit`, () => inlineCommitHeaders(rec));
+      },
+      remove: () => messages.deleteMatching(this.#subjects.package(tail)),
+      forget: () => this.#writers.delete(writer),
+    });
+    this.#writers.add(writer);
+    return writer;
+  }
+
+  consume(handler: (pkg: CommittedPackage) => Promise<void>): QueueConsumer {
+    this.#check();
+    const consumer: NatsConsumer = new NatsConsumer(
+      {
+        messages: this.#messages,
+        subjects: this.#subjects,
+        durable: this.#durable,
+        redeliveryDelayMs: this.#delayMs,
+        ackWaitMs: this.#ackWaitMs,
+        pullExpiresMs: this.#pullExpiresMs,
+        readAhead: this.#readAhead,
+        ensureConsumer: () => this.#ensureConsumer(),
+        onError: this.#onError,
+      },
+      handler,
+      () => this.#consumers.delete(consumer),
+    );
+    this.#consumers.add(consumer);
+    return consumer;
+  }
+
+  async pending(uploadUuid: string): Promise<number> {
+    this.#check();
+    const counts = await this.#messages.subjects(this.#subjects.sessionCommits(uploadUuid));
+    let n = 0;
+    for (const count of counts.values()) n += count;
+    return n;
+  }
+
+  /**
+   * From the consumer's counters (not yet delivered + delivered and not acked: the commits
+   * still in the stream), and the first commit message after its ack floor. One attempt
+   * each, bounded by the request timeout: a scrape should not wait out a NATS outage.
+   */
+  async backlog(): Promise<QueueBacklog> {
+    this.#check();
+    const info = await this.#ctx.jsm.consumers.info(this.#stream, this.#durable);
+    const packages = info.num_pending + info.num_ack_pending;
+    if (packages === 0) return { packages, oldestAgeMs: null };
+    let oldest: StoredMsg | null = null;
+    try {
+      oldest = await this.#ctx.jsm.streams.getMessage(this.#stream, {
+        seq: info.ack_floor.stream_seq + 1,
+        next_by_subj: this.#subjects.commits,
+      } as MsgRequest);
+    } catch (err) {
+      if (jsErrorCode(err) !== JS_NO_MESSAGE_FOUND) throw err;
+    }
+    return { packages, oldestAgeMs: oldest ? Math.max(0, Date.now() - oldest.time.getTime()) : null };
+  }
+
+  async purge(uploadUuid: string): Promise<void> {
+    this.#check();
+    for (const w of this.#writers) if (w.meta.upload_uuid === uploadUuid) w.drop();
+    await this.#messages.deleteMatching(this.#subjects.session(uploadUuid));
+  }
+
+  /**
+   * Removes orphaned batches (sweeper.ts): packages with batches but no commit whose newest
+   * batch is older than `orphanAfterMs`. Returns how many packages it removed. Safe to run
+   * anywhere, any time.
+   */
+  async sweep(now = Date.now()): Promise<number> {
+    this.#check();
+    return sweepOrphans(this.#messages, this.#subjects, this.#orphanAfterMs, now);
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    clearInterval(this.#sweeper);
+    await Promise.all([...this.#consumers].map((c) => c.stop()));
+    await Promise.allSettled([...this.#writers].map((w) => w.abort()));
+  }
+
+  async #ensureStream(opts: NatsBatchQueueOptions): Promise<void> {
+    const { jsm } = this.#ctx;
+    const want = {
+      subjects: this.#subjects.all,
+      num_replicas: opts.replicas,
+      max_age: nanos(opts.maxAgeMs ?? 0),
+      max_bytes: opts.maxBytes ?? -1,
+      allow_direct: true,
+    };
+    let config: StreamConfig;
+    try {
+      config = (await withRetry(this.#ctx, this.#retryMs, () => jsm.streams.info(this.#stream))).config;
+    } catch (err) {
+      if (jsErrorCode(err) !== JS_STREAM_NOT_FOUND) throw err;
+      try {
+        await withRetry(this.#ctx, this.#retryMs, () =>
+          jsm.streams.add({
+            name: this.#stream,
+            ...want,
+            retention: RetentionPolicy.Workqueue,
+            storage: StorageType.File,
+            // Never drop queued data to make room: a full stream refuses new appends instead.
+            discard: DiscardPolicy.New,
+            duplicate_window: nanos(120_000),
+          }),
+        );
+        return;
+      } catch (addErr) {
+        // Another process created it first: check that one instead.
+        if (jsErrorCode(addErr) !== JS_STREAM_NAME_IN_USE) throw addErr;
+        config = (await withRetry(this.#ctx, this.#retryMs, () => jsm.streams.info(this.#stream))).config;
+      }
+    }
+    if (config.retention !== RetentionPolicy.Workqueue || config.storage !== StorageType.File) {
+      throw new StoreError('STORE_MISCONFIGURED', `Stream ${this.#stream} exists with ${config.retention} retention and ${config.storage} storage; the batch queue needs workqueue and file`);
+    }
+    const same =
+      config.num_replicas === want.num_replicas &&
+      config.max_age === want.max_age &&
+      config.max_bytes === want.max_bytes &&
+      config.allow_direct === want.allow_direct &&
+      want.subjects.every((s) => config.subjects?.includes(s));
+    if (!same) {
+      const subjects = [...new Set([...(config.subjects ?? []), ...want.subjects])];
+      await withRetry(this.#ctx, this.#retryMs, () => jsm.streams.update(this.#stream, { ...config, ...want, subjects }));
+    }
+  }
+
+  async #ensureConsumer(): Promise<void> {
+    const { jsm } = this.#ctx;
+    const want: Partial<ConsumerConfig> = {
+      durable_name: this.#durable,
+      filter_subject: this.#subjects.commits,
+      ack_policy: AckPolicy.Explicit,
+      ack_wait: nanos(this.#ackWaitMs),
+      deliver_policy: DeliverPolicy.All,
+      replay_policy: ReplayPolicy.Instant,
+      max_deliver: -1,
+      max_ack_pending: this.#maxAckPending,
+    };
+    try {
+      const { config } = await withRetry(this.#ctx, this.#retryMs, () => jsm.consumers.info(this.#stream, this.#durable));
+      if (config.ack_wait !== want.ack_wait || config.max_ack_pending !== want.max_ack_pending) {
+        await withRetry(this.#ctx, this.#retryMs, () =>
+          jsm.consumers.update(this.#stream, this.#durable, { ack_wait: want.ack_wait!, max_ack_pending: this.#maxAckPending }),
+        );
+      }
+    } catch (err) {
+      if (jsErrorCode(err) !== JS_CONSUMER_NOT_FOUND) throw err;
+      // Creating a durable with the same config is idempotent, so racing processes agree.
+      await withRetry(this.#ctx, this.#retryMs, () => jsm.consumers.add(this.#stream, want));
+    }
+  }
+
+  #check(): void {
+    if (this.#closed) throw new StoreError('STORE_CLOSED', 'Batch queue is closed');
+  }
+}

@@ -1,0 +1,90 @@
+/** A package being written to the stream: batches as they come, then one commit message. */
+import { StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
+import { INLINE_BATCH_BYTES, type CommitRecord } from './record.js';
+
+export interface WriterHooks {
+  /** Publishes batch number `n`; resolves with its stream sequence. */
+  append(batch: Uint8Array, n: number): Promise<number>;
+  /** Publishes the commit; `inline` is the package's only batch, carried in the commit message itself. */
+  commit(rec: CommitRecord, inline?: Uint8Array): Promise<void>;
+  /** Purges whatever the package has in the stream, batches and commit. */
+  remove(): Promise<void>;
+  forget(): void;
+}
+
+export class NatsWriter implements PackageWriter {
+  readonly meta: PackageMeta;
+  readonly #hooks: WriterHooks;
+  readonly #seqs: number[] = [];
+  /**
+   * The last batch appended, not yet published: if the package ends with no other, it goes
+   * inside the commit message (one publish, one round trip, for a small package).
+   */
+  #held: Uint8Array | null = null;
+  /** Appends run one after another, in call order, even when the caller does not await. */
+  #tail: Promise<void> = Promise.resolve();
+  #done = false;
+  /** Purged or aborted: whatever the writer does next, the package must not be seen. */
+  #dropped = false;
+
+  constructor(meta: PackageMeta, hooks: WriterHooks) {
+    this.meta = meta;
+    this.#hooks = hooks;
+  }
+
+  append(batch: Uint8Array): Promise<void> {
+    const run = this.#tail.then(async () => {
+      this.#live();
+      await this.#publishHeld();
+      // A small batch may travel with the commit: kept as a copy (the caller may reuse its memory once this resolves).
+      if (batch.byteLength <= INLINE_BATCH_BYTES) this.#held = Uint8Array.prototype.slice.call(batch);
+      else this.#seqs.push(await this.#hooks.append(batch, this.#seqs.length));
+    });
+    this.#tail = run.catch(() => {});
+    return run;
+  }
+
+  async commit(totals: { rows: number; bytes: number }): Promise<void> {
+    await this.#tail;
+    this.#live();
+    this.#done = true;
+    try {
+      const inline = this.#seqs.length === 0 ? this.#held : null;
+      if (!inline) await this.#publishHeld();
+      await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs] }, inline ?? undefined);
+      if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
+    } catch (err) {
+      // Not committed as far as the caller knows, so it must not be delivered either.
+      await this.#hooks.remove().catch(() => {});
+      throw err;
+    } finally {
+      this.#held = null;
+      this.#hooks.forget();
+    }
+  }
+
+  async abort(): Promise<void> {
+    this.#done = true;
+    this.drop();
+    await this.#tail;
+    this.#held = null;
+    await this.#hooks.remove();
+  }
+
+  drop(): void {
+    this.#dropped = true;
+    this.#hooks.forget();
+  }
+
+  async #publishHeld(): Promise<void> {
+    const held = this.#held;
+    if (!held) return;
+    this.#held = null;
+    this.#seqs.push(await this.#hooks.append(held, this.#seqs.length));
+  }
+
+  #live(): void {
+    if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged or aborted`);
+    if (this.#done) throw new StoreError('QUEUE_PACKAGE_COMMITTED', `Package ${this.meta.package_id} is already committed`);
+  }
+}
