@@ -1,5 +1,5 @@
 import type { BodyStream, Reply, Request, StreamingHandler } from '../http/types.js';
-import type { IngestResult, IngestSink } from '../ingest/pool.js';
+import type { IngestResult, IngestSink } from '../ingest/types.js';
 import { parseIdempotencyKey } from '../session/idempotency.js';
 import { ClientGone, type IngestBody } from '../session/ingest.js';
 import { authenticate, type ApiDeps } from './context.js';

@@ -11,15 +11,12 @@
 import { Buffer } from 'node:buffer';
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
-import type { EntitySpec } from '../entities/catalog.js';
 import { errors, isServiceError } from '../errors.js';
-import type { PackageWriter } from '../store/ports.js';
 import { GunzipIngest } from './gzip.js';
 import { MemoryBudget } from './memory.js';
-import { StreamingIngest, type Engine, type IngestStats } from './stream.js';
+import { StreamingIngest } from './stream.js';
 import type { Task, WorkerData } from './tasks.js';
-
-export type { IngestStats } from './stream.js';
+import type { Engine, IngestOptions, IngestResult, IngestSink, IngestStats } from './types.js';
 
 export const DEFAULT_BATCH_BYTES = 512 * 1024;
 export const DEFAULT_PIECE_BYTES = 1024 * 1024;
@@ -84,48 +81,6 @@ export interface ValidationPoolOptions {
    * task reject that task's `end()` instead.
    */
   onError?: (err: unknown) => void;
-}
-
-export interface IngestResult {
-  rows: number;
-  /** Encoded bytes appended to the writer. */
-  bytes: number;
-  columns: string[];
-  writer: PackageWriter;
-}
-
-export interface IngestSink {
-  /** A body chunk; copy it if kept past the call (uWS reuses the memory). false = caller should pause until onDrain fires. */
-  write(chunk: Uint8Array): boolean;
-  onDrain(cb: () => void): void;
-  /** The answer is an error already decided (not JSON, too large, out of memory, aborted): more bytes change nothing. */
-  readonly decided: boolean;
-  /**
-   * Body complete. Resolves when every row passed and every batch was appended to the
-   * writer (NOT committed: the caller commits). Rejects with a ServiceError:
-   * INVALID_PAYLOAD or VALIDATION_FAILED (422), BODY_TOO_LARGE past `maxBodyBytes` (or the
-   * inflated bound of a gzip body), whatever ServiceError `open` or the writer threw,
-   * else INTERNAL (worker crash, store failure, `abort()`; `cause` says which). On any
-   * rejection the writer, if opened, has been aborted. Calling it again returns the same
-   * promise. The writer is opened with the first batch, so it may be open (and then
-   * aborted) even when the answer is a 422; nothing is committed either way.
-   */
-  end(): Promise<IngestResult>;
-  /**
-   * Client went away: release buffered chunks, cancel the tasks (AbortSignal to piscina),
-   * abort the writer. Later writes are ignored. A no-op once `end()` has resolved: the
-   * writer is then the caller's.
-   */
-  abort(): void;
-}
-
-export interface IngestOptions {
-  entity: EntitySpec;
-  /** Opens the package with the client's columns, when the first batch is ready (or at the end). */
-  open: (columns: string[]) => Promise<PackageWriter>;
-  maxBodyBytes?: number;
-  /** The body's `Content-Encoding` (already checked: only these two are served). */
-  encoding?: 'identity' | 'gzip';
 }
 
 const WORKER = new URL('../../workers/validate.js', import.meta.url).href;

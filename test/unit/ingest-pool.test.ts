@@ -4,7 +4,8 @@ import { pathToFileURL } from 'node:url';
 import t from 'tap';
 import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
 import { errors, type ServiceError } from '../../src/errors.js';
-import { ValidationPool, type IngestResult, type IngestSink } from '../../src/ingest/pool.js';
+import { ValidationPool } from '../../src/ingest/pool.js';
+import type { IngestResult, IngestSink } from '../../src/ingest/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
 
 const entity = (name: string): EntitySpec => findEntity(name)!;
