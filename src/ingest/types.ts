@@ -1,6 +1,6 @@
 /**
- * The contracts of ingest: what a request's body is fed into (`IngestSink`), what opens one
- * (`IngestOptions`), what it gives back (`IngestResult`), and what the pool lends each sink
+ * The contracts of ingest: what a request's body is fed into (`IngestSink`, also the HTTP
+ * edge's body sink), what opens one (`IngestOptions`), what it gives back (`IngestResult`), and what the pool lends each sink
  * (`Engine`). Types only: the pool (`pool.ts`) and the sinks (`stream.ts`, `gzip.ts`)
  * import them from here, never from each other.
  */
@@ -18,7 +18,15 @@ export interface IngestResult {
   writer: PackageWriter;
 }
 
-export interface IngestSink {
+/**
+ * Where a body's chunks go: an ingest's sink, and what the HTTP edge pipes a streaming
+ * body into (`BodyStream.pipe` in `http/types.ts`), with no adapter between. The edge stops
+ * reading from the socket while `write` returns false, until the sink calls back
+ * `onDrain`; it calls `end()` once the body is complete and `abort()` when it never will be
+ * (the client went away, or the edge answered first: a limit, a timeout). `R` is what
+ * `end()` resolves with: an ingest's `IngestResult` (the edge only waits for it to settle).
+ */
+export interface IngestSink<R = IngestResult> {
   /** A body chunk; copy it if kept past the call (uWS reuses the memory). false = caller should pause until onDrain fires. */
   write(chunk: Uint8Array): boolean;
   onDrain(cb: () => void): void;
@@ -35,7 +43,7 @@ export interface IngestSink {
    * promise. The writer is opened with the first batch, so it may be open (and then
    * aborted) even when the answer is a 422; nothing is committed either way.
    */
-  end(): Promise<IngestResult>;
+  end(): Promise<R>;
   /**
    * Client went away: release buffered chunks, cancel the tasks (AbortSignal to piscina),
    * abort the writer. Later writes are ignored. A no-op once `end()` has resolved: the
