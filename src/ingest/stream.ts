@@ -72,7 +72,7 @@ export class StreamingIngest implements IngestSink {
   readonly #engine: Engine;
   readonly #abort = new AbortController();
   #phase: Phase = 'head';
-  #received = 0;
+  /** Past the bytes one request may hold whole (`memory.ts`): 413. */
   #tooLarge = false;
   /** The process's memory budget refused what the sink had to hold: 503. */
   #noMemory = false;
@@ -139,13 +139,6 @@ export class StreamingIngest implements IngestSink {
 
   write(chunk: Uint8Array): boolean {
     if (this.#closed || this.#ended) return true;
-    this.#received += chunk.byteLength;
-    const max = this.#options.maxBodyBytes;
-    if (max !== undefined && this.#received > max) {
-      this.#tooLarge = true;
-      this.#drop();
-      return true;
-    }
     this.#take(chunk);
     if (this.#backlog) this.#full = true;
     return !this.#full;

@@ -35,13 +35,14 @@ export interface IngestSink<R = IngestResult> {
   /**
    * Body complete. Resolves when every row passed and every batch was appended to the
    * writer (NOT committed: the caller commits). Rejects with a ServiceError:
-   * INVALID_PAYLOAD or VALIDATION_FAILED (422), BODY_TOO_LARGE past `maxBodyBytes`, past
-   * the bytes one request may hold whole or the inflated bound of a gzip body,
-   * RATE_LIMITED (503) when the process's memory budget refused what it had to hold,
-   * whatever ServiceError `open` or the writer threw, else INTERNAL (worker crash, store failure, `abort()`; `cause` says which). On any
-   * rejection the writer, if opened, has been aborted. Calling it again returns the same
-   * promise. The writer is opened with the first batch, so it may be open (and then
-   * aborted) even when the answer is a 422; nothing is committed either way.
+   * INVALID_PAYLOAD or VALIDATION_FAILED (422), BODY_TOO_LARGE past the bytes one request
+   * may hold whole or the inflated bound of a gzip body (the wire bytes are the HTTP
+   * edge's to limit), RATE_LIMITED (503) when the process's memory budget refused what it
+   * had to hold, whatever ServiceError `open` or the writer threw, else INTERNAL (worker
+   * crash, store failure, `abort()`; `cause` says which). On any rejection the writer, if
+   * opened, has been aborted. Calling it again returns the same promise. The writer is
+   * opened with the first batch, so it may be open (and then aborted) even when the answer
+   * is a 422; nothing is committed either way.
    */
   end(): Promise<R>;
   /**
@@ -56,7 +57,6 @@ export interface IngestOptions {
   entity: EntitySpec;
   /** Opens the package with the client's columns, when the first batch is ready (or at the end). */
   open: (columns: string[]) => Promise<PackageWriter>;
-  maxBodyBytes?: number;
   /** The body's `Content-Encoding` (already checked: only these two are served). */
   encoding?: 'identity' | 'gzip';
 }
