@@ -12,6 +12,7 @@
  */
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
+import { defaultConfig } from '../config/config.js';
 import { Admission } from './admission.js';
 import { BufferPool } from './buffers.js';
 import { GunzipIngest } from './gzip.js';
@@ -22,14 +23,22 @@ import { StreamingIngest } from './stream.js';
 import type { Task, WorkerData } from './tasks.js';
 import type { Engine, IngestOptions, IngestSink, IngestStats } from './types.js';
 
-export const DEFAULT_BATCH_BYTES = 512 * 1024;
-export const DEFAULT_PIECE_BYTES = 1024 * 1024;
-export const DEFAULT_PIECES_PER_REQUEST = 4;
-export const DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024;
+/** The service's defaults (config/default.json): an option left out takes the value the service runs with. */
+const DEFAULTS = defaultConfig();
+export const DEFAULT_BATCH_BYTES = DEFAULTS.ingest.batchBytes;
+export const DEFAULT_PIECE_BYTES = DEFAULTS.ingest.pieceBytes;
+export const DEFAULT_PIECES_PER_REQUEST = DEFAULTS.ingest.piecesPerRequest;
+export const DEFAULT_MAX_DECOMPRESSED_BYTES = DEFAULTS.ingest.maxDecompressedBytes;
+export const DEFAULT_MEMORY_BUDGET_BYTES = DEFAULTS.ingest.memoryBudgetBytes;
+/** The plain body limit of ingest (`limits.ingestBodyBytes`): a gzip body may hold no more. */
+export const DEFAULT_MAX_HELD_BYTES = DEFAULTS.limits.ingestBodyBytes;
+// TODO(config): the config layer has no `ingest.cancelAfterMs` (src/config/config.ts,
+// config/default.json); until it does, the value lives here and app.ts leaves it out.
 export const DEFAULT_CANCEL_AFTER_MS = 1000;
-export const DEFAULT_MEMORY_BUDGET_BYTES = 256 * 1024 * 1024;
-export const DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024;
-/** Heads (bytes before `data`'s elements) longer than this go to the one-shot path. */
+/**
+ * Heads (bytes before `data`'s elements) longer than this go to the one-shot path.
+ * TODO(config): no `ingest.headBytes` in the config layer either (only tests set it).
+ */
 const HEAD_BYTES = 64 * 1024;
 /** Skeletons (head + tail) up to this size are checked on the main thread. */
 const INLINE_SKELETON_BYTES = 64 * 1024;
@@ -39,23 +48,23 @@ export interface ValidationPoolOptions {
   workers: number;
   /** Sinks that may be open beyond one per worker; past `workers + maxQueue`, a new sink fails with RATE_LIMITED (503). */
   maxQueue: number;
-  /** Upper bound of one stored batch in bytes (whole NDJSON lines); default 512 KiB. */
+  /** Upper bound of one stored batch in bytes (whole NDJSON lines); default `ingest.batchBytes` (512 KiB). */
   batchBytes?: number;
-  /** Target size of a piece of rows sent to a worker; default 1 MiB. */
+  /** Target size of a piece of rows sent to a worker; default `ingest.pieceBytes` (1 MiB). */
   pieceBytes?: number;
-  /** Pieces one request may have in flight (dispatched, not yet stored); default 4. */
+  /** Pieces one request may have in flight (dispatched, not yet stored); default `ingest.piecesPerRequest` (4). */
   piecesPerRequest?: number;
-  /** Tasks the pool runs or queues at once, all requests together; 0 (default) = two per worker. */
+  /** Tasks the pool runs or queues at once, all requests together; 0 = two per worker; default `ingest.poolPieces` (0). */
   poolPieces?: number;
-  /** Bound of a gzip body once inflated (413 past it); default 256 MiB. */
+  /** Bound of a gzip body once inflated (413 past it); default `ingest.maxDecompressedBytes` (256 MiB). */
   maxDecompressedBytes?: number;
   /**
    * Bytes all sinks together may hold whole (see `memory.ts`: bodies of a layout that is not
    * streamed, bytes after `data`, rows longer than a piece), inflated bytes counted; a request
-   * that needs more answers 503. Default 256 MiB.
+   * that needs more answers 503. Default `ingest.memoryBudgetBytes` (256 MiB).
    */
   memoryBudgetBytes?: number;
-  /** Bytes one request may hold whole (413 past it): the plain body limit, so gzip gets no more. Default 32 MiB. */
+  /** Bytes one request may hold whole (413 past it): the plain body limit, so gzip gets no more. Default `limits.ingestBodyBytes` (32 MiB). */
   maxHeldBytes?: number;
   /** Heads longer than this are validated in one task; default 64 KiB. Tests lower it. */
   headBytes?: number;
@@ -67,14 +76,14 @@ export interface ValidationPoolOptions {
   cancelAfterMs?: number;
   /**
    * Steps of niceness the worker threads add to their own (Linux: per thread; capped at 19;
-   * default 0, unchanged).
-   * Above 0, the main thread (HTTP, status polls, the uploader) runs first whenever it has
+   * default 0, unchanged: deliberately not the service's `ingest.workerNice`, so a pool built
+   * without it, as in the tests, leaves its threads alone). Above 0, the main thread (HTTP, status polls, the uploader) runs first whenever it has
    * work, and the workers take the rest of the CPU.
    */
   workerNice?: number;
   /**
    * Rows are checked and encoded by the byte-level scanner generated from the entity's
-   * schema, with `JSON.parse` + typia for what it declines (default true). false: by
+   * schema, with `JSON.parse` + typia for what it declines (default `ingest.rowScanner`, true). false: by
    * `JSON.parse` + typia only, the reference path (tests and the bench compare the two).
    */
   rowScanner?: boolean;
@@ -113,14 +122,14 @@ export class ValidationPool {
       batchBytes = DEFAULT_BATCH_BYTES,
       pieceBytes = DEFAULT_PIECE_BYTES,
       piecesPerRequest = DEFAULT_PIECES_PER_REQUEST,
-      poolPieces = 0,
+      poolPieces = DEFAULTS.ingest.poolPieces,
       maxDecompressedBytes = DEFAULT_MAX_DECOMPRESSED_BYTES,
       memoryBudgetBytes = DEFAULT_MEMORY_BUDGET_BYTES,
       maxHeldBytes = DEFAULT_MAX_HELD_BYTES,
       headBytes = HEAD_BYTES,
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       workerNice = 0,
-      rowScanner = true,
+      rowScanner = DEFAULTS.ingest.rowScanner,
       filename = WORKER,
       onError = () => {},
     } = options;
