@@ -16,11 +16,6 @@ export class BufferPool implements Buffers {
     this.#maxFree = maxFree;
   }
 
-  /** Idle buffers kept for reuse. */
-  get free(): number {
-    return this.#free.length;
-  }
-
   take(): ArrayBuffer {
     return this.#free.pop() ?? (Buffer.allocUnsafeSlow(this.bufferBytes).buffer as ArrayBuffer);
   }
