@@ -7,7 +7,8 @@
  */
 import { loadEdge, type EngineChoice } from '../src/http/engine.js';
 import { listen } from '../src/http/server.js';
-import type { BodySink, Route } from '../src/http/types.js';
+import type { Route } from '../src/http/types.js';
+import type { IngestSink } from '../src/ingest/types.js';
 
 const engine = (process.argv[2] ?? 'node') as EngineChoice;
 const edge = await loadEdge(engine);
@@ -17,19 +18,21 @@ const sink: Route = {
   method: 'POST',
   pattern: '/sink',
   body: 'streaming',
-  handler: (_req, body) =>
-    new Promise((resolve) => {
-      let bytes = 0;
-      const counter: BodySink = {
-        write: (chunk) => {
-          bytes += chunk.byteLength;
-          return true;
-        },
-        onDrain: () => {},
-        finish: (complete) => resolve({ status: complete ? 200 : 400, body: { bytes } }),
-      };
-      body.pipe(counter);
-    }),
+  handler: async (_req, body) => {
+    let bytes = 0;
+    const counter: IngestSink<void> = {
+      write: (chunk) => {
+        bytes += chunk.byteLength;
+        return true;
+      },
+      onDrain: () => {},
+      decided: false,
+      end: async () => {},
+      abort: () => {},
+    };
+    const complete = await body.pipe(counter);
+    return { status: complete ? 200 : 400, body: { bytes } };
+  },
 };
 
 const server = await listen({

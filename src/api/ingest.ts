@@ -1,5 +1,5 @@
 import type { BodyStream, Reply, Request, StreamingHandler } from '../http/types.js';
-import type { IngestResult, IngestSink } from '../ingest/pool.js';
+import type { IngestSink } from '../ingest/types.js';
 import { parseIdempotencyKey } from '../session/idempotency.js';
 import { ClientGone, type IngestBody } from '../session/ingest.js';
 import { authenticate, type ApiDeps } from './context.js';
@@ -49,24 +49,13 @@ function contentEncoding(header: string | undefined): 'identity' | 'gzip' | null
   return null;
 }
 
-/** The edge's body stream as the use case reads it. */
+/** The edge's body stream as the use case reads it: the sink is piped into the edge as it is. */
 function ingestBody(body: BodyStream): IngestBody {
   return {
     discard: () => body.discard(),
-    feed: (sink: IngestSink) =>
-      new Promise<IngestResult>((resolve, reject) => {
-        body.pipe({
-          write: (chunk) => sink.write(chunk),
-          onDrain: (cb) => sink.onDrain(cb),
-          finish: (complete) => {
-            if (complete) {
-              sink.end().then(resolve, reject);
-            } else {
-              sink.abort();
-              reject(new ClientGone('Client went away before the body ended'));
-            }
-          },
-        });
-      }),
+    feed: async (sink: IngestSink) => {
+      if (!(await body.pipe(sink))) throw new ClientGone('Client went away before the body ended');
+      return sink.end();
+    },
   };
 }

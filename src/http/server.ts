@@ -7,12 +7,12 @@
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { errors, isServiceError, ServiceError } from '../errors.js';
+import type { IngestSink } from '../ingest/types.js';
 import { clientAddress } from './auth.js';
 import { ClientLimiter, type ClientSlot } from './client-limiter.js';
 import { checkHead } from './request-head.js';
 import { isRatedPath, Router } from './router.js';
 import type {
-  BodySink,
   BodyStream,
   BufferedHandler,
   Reply,
@@ -27,7 +27,6 @@ import type {
 } from './types.js';
 
 export type {
-  BodySink,
   BodyStream,
   BufferedHandler,
   EdgeName,
@@ -207,7 +206,9 @@ class Exchange {
   private windowBytes = 0;
   private readonly windowNeeds: number;
   private slot: ClientSlot | undefined;
-  private sink: BodySink | undefined;
+  private sink: IngestSink<unknown> | undefined;
+  /** Settles `pipe`'s promise: true once the sink's `end()` settled, false when the body was abandoned first. */
+  private piped: ((ended: boolean) => void) | undefined;
   private early: Uint8Array[] = [];
   private received = 0;
   private bodyDone = false;
@@ -284,23 +285,26 @@ class Exchange {
         return;
       }
       if (chunk.byteLength > 0 && !this.sink.write(chunk)) this.pause();
-      if (isLast) this.sink.finish(true);
+      if (isLast) this.endBody(this.sink);
     });
     const body: BodyStream = {
-      pipe: (sink) => {
-        if (this.finished) {
-          sink.finish(false);
-          return;
-        }
-        this.sink = sink;
-        sink.onDrain(() => this.resume());
-        const early = this.early;
-        this.early = [];
-        let full = false;
-        for (const chunk of early) full = !sink.write(chunk) || full;
-        if (this.bodyDone) sink.finish(true);
-        else if (!full) this.resume();
-      },
+      pipe: (sink) =>
+        new Promise<boolean>((resolve) => {
+          if (this.finished) {
+            sink.abort();
+            resolve(false);
+            return;
+          }
+          this.sink = sink;
+          this.piped = resolve;
+          sink.onDrain(() => this.resume());
+          const early = this.early;
+          this.early = [];
+          let full = false;
+          for (const chunk of early) full = !sink.write(chunk) || full;
+          if (this.bodyDone) this.endBody(sink);
+          else if (!full) this.resume();
+        }),
       discard: () => {
         this.discarding = true;
         this.early = [];
@@ -308,6 +312,13 @@ class Exchange {
       },
     };
     this.settle(handler(this.req, body, this.abort.signal));
+  }
+
+  /** The body is complete: the sink's `end()`, whose outcome the handler reads from the sink itself. */
+  private endBody(sink: IngestSink<unknown>): void {
+    const piped = this.piped;
+    const settled = () => piped?.(true);
+    sink.end().then(settled, settled);
   }
 
   /**
@@ -387,8 +398,11 @@ class Exchange {
     }
     if (!responded || !this.bodyDone) {
       this.abort.abort();
-      this.sink?.finish(false);
+      // The client left, or the body was not read to its end: the sink drops what it holds and runs.
+      this.sink?.abort();
+      this.piped?.(false);
       this.sink = undefined;
+      this.piped = undefined;
     }
     this.early = [];
   }

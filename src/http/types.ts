@@ -8,6 +8,7 @@
  */
 import type { BlockList } from 'node:net';
 import type { ServiceError } from '../errors.js';
+import type { IngestSink } from '../ingest/types.js';
 import type { ClientLimits } from './client-limiter.js';
 
 /** The adapters: `uws` (uWebSockets.js, where its native binary loads) and `node` (`node:http`, llhttp). */
@@ -56,22 +57,16 @@ export interface Reply {
   raw?: { contentType: string };
 }
 
-/**
- * Where a streaming route sends body chunks. The edge stops reading from the socket while
- * `write` returns false, until the sink calls back `onDrain`. The ingest's `IngestSink` has
- * this shape.
- */
-export interface BodySink {
-  /** A chunk of the body, valid only during the call (the sink copies what it keeps). False: stop sending until `onDrain`. */
-  write(chunk: Uint8Array): boolean;
-  onDrain(cb: () => void): void;
-  /** The body ended (true) or will never end: the client went away, or a limit was hit (false). */
-  finish(complete: boolean): void;
-}
-
 export interface BodyStream {
-  /** Starts delivering the body (chunks that arrived earlier first). Call once. */
-  pipe(sink: BodySink): void;
+  /**
+   * Starts delivering the body to `sink` (chunks that arrived earlier first). Call once.
+   * Reading from the socket stops while `write` returns false, until the sink's `onDrain`.
+   * The sink's `end()` is called once the body is complete, its `abort()` when the body
+   * will never be (the client went away, or a limit or a timeout was answered first).
+   * Resolves true once `end()` has settled (its outcome is the caller's to read from
+   * `end()`), false when the body was abandoned first.
+   */
+  pipe(sink: IngestSink<unknown>): Promise<boolean>;
   /** Discards the body; the connection is closed after the response. */
   discard(): void;
 }

@@ -13,7 +13,7 @@ import { Buffer } from 'node:buffer';
 import { createGunzip, type Gunzip } from 'node:zlib';
 import { INVALID_JSON } from '../entities/validators.js';
 import { errors } from '../errors.js';
-import type { IngestResult, IngestSink } from './pool.js';
+import type { IngestResult, IngestSink } from './types.js';
 
 const OUTPUT_CHUNK = 256 * 1024;
 

@@ -5,30 +5,40 @@
  * validated and encoded in the workers (see `stream.ts`); gzip bodies are inflated on the
  * way in (`gzip.ts`). The pool bounds the work in flight: each sink keeps at most
  * `piecesPerRequest` pieces out, the pool runs at most `poolPieces` tasks at once (the
- * rest wait here, in order, before any byte is transferred), and at most
- * `workers + maxQueue` sinks are open at a time (past that, `createIngest` refuses).
+ * rest wait in the scheduler, in order, before any byte is transferred: `scheduler.ts`), and
+ * at most `workers + maxQueue` sinks are open at a time (past that, `createIngest` refuses:
+ * `admission.ts`). Piece buffers are reused (`buffers.ts`); every sink is counted into the
+ * totals by a decorator (`metrics.ts`).
  */
-import { Buffer } from 'node:buffer';
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
-import type { EntitySpec } from '../entities/catalog.js';
-import { errors, isServiceError } from '../errors.js';
-import type { PackageWriter } from '../store/ports.js';
+import { defaultConfig } from '../config/config.js';
+import { Admission } from './admission.js';
+import { BufferPool } from './buffers.js';
 import { GunzipIngest } from './gzip.js';
 import { MemoryBudget } from './memory.js';
-import { StreamingIngest, type Engine, type IngestStats } from './stream.js';
+import { CountedIngest, type IngestTotals } from './metrics.js';
+import { Scheduler } from './scheduler.js';
+import { StreamingIngest } from './stream.js';
 import type { Task, WorkerData } from './tasks.js';
+import type { Engine, IngestOptions, IngestSink, IngestStats } from './types.js';
 
-export type { IngestStats } from './stream.js';
-
-export const DEFAULT_BATCH_BYTES = 512 * 1024;
-export const DEFAULT_PIECE_BYTES = 1024 * 1024;
-export const DEFAULT_PIECES_PER_REQUEST = 4;
-export const DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024;
+/** The service's defaults (config/default.json): an option left out takes the value the service runs with. */
+const DEFAULTS = defaultConfig();
+export const DEFAULT_BATCH_BYTES: number = DEFAULTS.ingest.batchBytes;
+export const DEFAULT_PIECE_BYTES: number = DEFAULTS.ingest.pieceBytes;
+export const DEFAULT_PIECES_PER_REQUEST: number = DEFAULTS.ingest.piecesPerRequest;
+export const DEFAULT_MAX_DECOMPRESSED_BYTES: number = DEFAULTS.ingest.maxDecompressedBytes;
+export const DEFAULT_MEMORY_BUDGET_BYTES: number = DEFAULTS.ingest.memoryBudgetBytes;
+/** The plain body limit of ingest (`limits.ingestBodyBytes`): a gzip body may hold no more. */
+export const DEFAULT_MAX_HELD_BYTES: number = DEFAULTS.limits.ingestBodyBytes;
+// TODO(config): the config layer has no `ingest.cancelAfterMs` (src/config/config.ts,
+// config/default.json); until it does, the value lives here and app.ts leaves it out.
 export const DEFAULT_CANCEL_AFTER_MS = 1000;
-export const DEFAULT_MEMORY_BUDGET_BYTES = 256 * 1024 * 1024;
-export const DEFAULT_MAX_HELD_BYTES = 32 * 1024 * 1024;
-/** Heads (bytes before `data`'s elements) longer than this go to the one-shot path. */
+/**
+ * Heads (bytes before `data`'s elements) longer than this go to the one-shot path.
+ * TODO(config): no `ingest.headBytes` in the config layer either (only tests set it).
+ */
 const HEAD_BYTES = 64 * 1024;
 /** Skeletons (head + tail) up to this size are checked on the main thread. */
 const INLINE_SKELETON_BYTES = 64 * 1024;
@@ -38,23 +48,23 @@ export interface ValidationPoolOptions {
   workers: number;
   /** Sinks that may be open beyond one per worker; past `workers + maxQueue`, a new sink fails with RATE_LIMITED (503). */
   maxQueue: number;
-  /** Upper bound of one stored batch in bytes (whole NDJSON lines); default 512 KiB. */
+  /** Upper bound of one stored batch in bytes (whole NDJSON lines); default `ingest.batchBytes` (512 KiB). */
   batchBytes?: number;
-  /** Target size of a piece of rows sent to a worker; default 1 MiB. */
+  /** Target size of a piece of rows sent to a worker; default `ingest.pieceBytes` (1 MiB). */
   pieceBytes?: number;
-  /** Pieces one request may have in flight (dispatched, not yet stored); default 4. */
+  /** Pieces one request may have in flight (dispatched, not yet stored); default `ingest.piecesPerRequest` (4). */
   piecesPerRequest?: number;
-  /** Tasks the pool runs or queues at once, all requests together; 0 (default) = two per worker. */
+  /** Tasks the pool runs or queues at once, all requests together; 0 = two per worker; default `ingest.poolPieces` (0). */
   poolPieces?: number;
-  /** Bound of a gzip body once inflated (413 past it); default 256 MiB. */
+  /** Bound of a gzip body once inflated (413 past it); default `ingest.maxDecompressedBytes` (256 MiB). */
   maxDecompressedBytes?: number;
   /**
    * Bytes all sinks together may hold whole (see `memory.ts`: bodies of a layout that is not
    * streamed, bytes after `data`, rows longer than a piece), inflated bytes counted; a request
-   * that needs more answers 503. Default 256 MiB.
+   * that needs more answers 503. Default `ingest.memoryBudgetBytes` (256 MiB).
    */
   memoryBudgetBytes?: number;
-  /** Bytes one request may hold whole (413 past it): the plain body limit, so gzip gets no more. Default 32 MiB. */
+  /** Bytes one request may hold whole (413 past it): the plain body limit, so gzip gets no more. Default `limits.ingestBodyBytes` (32 MiB). */
   maxHeldBytes?: number;
   /** Heads longer than this are validated in one task; default 64 KiB. Tests lower it. */
   headBytes?: number;
@@ -66,14 +76,14 @@ export interface ValidationPoolOptions {
   cancelAfterMs?: number;
   /**
    * Steps of niceness the worker threads add to their own (Linux: per thread; capped at 19;
-   * default 0, unchanged).
-   * Above 0, the main thread (HTTP, status polls, the uploader) runs first whenever it has
+   * default 0, unchanged: deliberately not the service's `ingest.workerNice`, so a pool built
+   * without it, as in the tests, leaves its threads alone). Above 0, the main thread (HTTP, status polls, the uploader) runs first whenever it has
    * work, and the workers take the rest of the CPU.
    */
   workerNice?: number;
   /**
    * Rows are checked and encoded by the byte-level scanner generated from the entity's
-   * schema, with `JSON.parse` + typia for what it declines (default true). false: by
+   * schema, with `JSON.parse` + typia for what it declines (default `ingest.rowScanner`, true). false: by
    * `JSON.parse` + typia only, the reference path (tests and the bench compare the two).
    */
   rowScanner?: boolean;
@@ -86,48 +96,6 @@ export interface ValidationPoolOptions {
   onError?: (err: unknown) => void;
 }
 
-export interface IngestResult {
-  rows: number;
-  /** Encoded bytes appended to the writer. */
-  bytes: number;
-  columns: string[];
-  writer: PackageWriter;
-}
-
-export interface IngestSink {
-  /** A body chunk; copy it if kept past the call (uWS reuses the memory). false = caller should pause until onDrain fires. */
-  write(chunk: Uint8Array): boolean;
-  onDrain(cb: () => void): void;
-  /** The answer is an error already decided (not JSON, too large, out of memory, aborted): more bytes change nothing. */
-  readonly decided: boolean;
-  /**
-   * Body complete. Resolves when every row passed and every batch was appended to the
-   * writer (NOT committed: the caller commits). Rejects with a ServiceError:
-   * INVALID_PAYLOAD or VALIDATION_FAILED (422), BODY_TOO_LARGE past `maxBodyBytes` (or the
-   * inflated bound of a gzip body), whatever ServiceError `open` or the writer threw,
-   * else INTERNAL (worker crash, store failure, `abort()`; `cause` says which). On any
-   * rejection the writer, if opened, has been aborted. Calling it again returns the same
-   * promise. The writer is opened with the first batch, so it may be open (and then
-   * aborted) even when the answer is a 422; nothing is committed either way.
-   */
-  end(): Promise<IngestResult>;
-  /**
-   * Client went away: release buffered chunks, cancel the tasks (AbortSignal to piscina),
-   * abort the writer. Later writes are ignored. A no-op once `end()` has resolved: the
-   * writer is then the caller's.
-   */
-  abort(): void;
-}
-
-export interface IngestOptions {
-  entity: EntitySpec;
-  /** Opens the package with the client's columns, when the first batch is ready (or at the end). */
-  open: (columns: string[]) => Promise<PackageWriter>;
-  maxBodyBytes?: number;
-  /** The body's `Content-Encoding` (already checked: only these two are served). */
-  encoding?: 'identity' | 'gzip';
-}
-
 const WORKER = new URL('../../workers/validate.js', import.meta.url).href;
 
 export class ValidationPool {
@@ -135,21 +103,15 @@ export class ValidationPool {
   readonly #batchBytes: number;
   readonly #pieceBytes: number;
   readonly #piecesPerRequest: number;
-  readonly #poolPieces: number;
   readonly #maxDecompressedBytes: number;
   readonly #headBytes: number;
   readonly #cancelAfterMs: number;
   readonly #stats: IngestStats = { pieces: 0, continuations: 0, scanned: 0, oneShots: 0, skeletonTasks: 0 };
   readonly #totals: IngestTotals = { accepted: 0, rejected: 0, failed: 0, rows: 0, bodyBytes: 0, encodedBytes: 0 };
   #busyMs = 0;
-  // Admission is counted here rather than left to piscina's maxQueue, whose errors carry no code.
-  #open = 0;
-  readonly #capacity: number;
-  #running = 0;
-  readonly #waiting: Waiter[] = [];
-  readonly #bufferBytes: number;
-  readonly #free: ArrayBuffer[] = [];
-  readonly #maxFree: number;
+  readonly #admission: Admission;
+  readonly #scheduler: Scheduler;
+  readonly #buffers: BufferPool;
   readonly #memory: MemoryBudget;
   readonly #tids: Int32Array;
 
@@ -160,14 +122,14 @@ export class ValidationPool {
       batchBytes = DEFAULT_BATCH_BYTES,
       pieceBytes = DEFAULT_PIECE_BYTES,
       piecesPerRequest = DEFAULT_PIECES_PER_REQUEST,
-      poolPieces = 0,
+      poolPieces = DEFAULTS.ingest.poolPieces,
       maxDecompressedBytes = DEFAULT_MAX_DECOMPRESSED_BYTES,
       memoryBudgetBytes = DEFAULT_MEMORY_BUDGET_BYTES,
       maxHeldBytes = DEFAULT_MAX_HELD_BYTES,
       headBytes = HEAD_BYTES,
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       workerNice = 0,
-      rowScanner = true,
+      rowScanner = DEFAULTS.ingest.rowScanner,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -184,19 +146,19 @@ export class ValidationPool {
     requireInteger('cancelAfterMs', cancelAfterMs, 0);
     requireInteger('workerNice', workerNice, 0);
     const threads = workers === 0 ? availableParallelism() : workers;
+    const tasks = poolPieces === 0 ? 2 * threads : poolPieces;
     this.#batchBytes = batchBytes;
     this.#pieceBytes = pieceBytes;
     this.#piecesPerRequest = piecesPerRequest;
-    this.#poolPieces = poolPieces === 0 ? 2 * threads : poolPieces;
     this.#maxDecompressedBytes = maxDecompressedBytes;
     this.#memory = new MemoryBudget(memoryBudgetBytes, maxHeldBytes);
     this.#headBytes = headBytes;
     this.#cancelAfterMs = cancelAfterMs;
-    this.#capacity = threads + maxQueue;
-    // Room past the target for the rest of the row the cut waits for.
-    this.#bufferBytes = pieceBytes + Math.min(pieceBytes, 64 * 1024);
-    // A running task holds two: its piece and the buffer its lines go to.
-    this.#maxFree = 4 * this.#poolPieces + 8;
+    this.#admission = new Admission(threads + maxQueue);
+    this.#scheduler = new Scheduler(tasks);
+    // Room past the target for the rest of the row the cut waits for; a running task holds
+    // two buffers (its piece and the one its lines go to).
+    this.#buffers = new BufferPool(pieceBytes + Math.min(pieceBytes, 64 * 1024), 4 * tasks + 8);
     this.#tids = new Int32Array(new SharedArrayBuffer(4 * (1 + 4 * threads + 64)));
     const workerData: WorkerData = { nice: workerNice, rowScanner, tids: this.#tids };
     this.#pool = new Piscina({ filename, minThreads: threads, maxThreads: threads, workerData });
@@ -208,13 +170,11 @@ export class ValidationPool {
    * sinks are open already, so the request is answered before its body is read.
    */
   createIngest(options: IngestOptions): IngestSink {
-    if (this.#open >= this.#capacity) throw errors.rateLimited(1);
-    this.#open++;
-    let released = false;
+    const leave = this.#admission.admit();
     const memory = this.#memory.account();
     const engine: Engine = {
       run: (task, transfer, signal, priority) => this.#run(task, transfer, signal, priority),
-      buffers: { take: () => this.#take(), give: (buffer) => this.#give(buffer) },
+      buffers: this.#buffers,
       memory,
       stats: this.#stats,
       pieceBytes: this.#pieceBytes,
@@ -223,10 +183,8 @@ export class ValidationPool {
       headBytes: this.#headBytes,
       inlineSkeletonBytes: INLINE_SKELETON_BYTES,
       release: () => {
-        if (released) return;
-        released = true;
         memory.release();
-        this.#open--;
+        leave();
       },
     };
     const sink = new StreamingIngest(options, engine);
@@ -240,7 +198,7 @@ export class ValidationPool {
 
   /** The bounds: worker threads, ingest requests open at once, tasks running or queued at once. */
   get capacity(): { workers: number; requests: number; tasks: number } {
-    return { workers: this.#pool.maxThreads, requests: this.#capacity, tasks: this.#poolPieces };
+    return { workers: this.#pool.maxThreads, requests: this.#admission.capacity, tasks: this.#scheduler.slots };
   }
 
   /**
@@ -268,9 +226,9 @@ export class ValidationPool {
   /** What the pool holds right now (a fresh snapshot): all zero and `threads` full when idle. */
   get load(): PoolLoad {
     return {
-      open: this.#open,
-      running: this.#running,
-      waiting: this.#waiting.length,
+      open: this.#admission.open,
+      running: this.#scheduler.running,
+      waiting: this.#scheduler.waiting,
       queued: this.#pool.queueSize,
       threads: this.#pool.threads.length,
       threadIds: this.#pool.threads.map((w) => w.threadId),
@@ -285,8 +243,7 @@ export class ValidationPool {
 
   async #run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R> {
     signal.throwIfAborted();
-    if (this.#running < this.#poolPieces) this.#running++;
-    else await this.#slot(signal, priority);
+    if (!this.#scheduler.tryAcquire()) await this.#scheduler.acquire(signal, priority);
     // A task handed to piscina is not cancelled the moment its request goes away: piscina
     // cancels a running task by terminating its worker thread, and starting a new one costs
     // ~200 ms of CPU (more than a 1 MiB piece takes to finish), so a client aborting its
@@ -304,122 +261,8 @@ export class ValidationPool {
     } finally {
       signal.removeEventListener('abort', onAbort);
       clearTimeout(timer);
-      this.#running--;
-      this.#next();
+      this.#scheduler.release();
     }
-  }
-
-  /** Waits for a task slot; the slot is counted when granted. */
-  #slot(signal: AbortSignal, priority: boolean): Promise<void> {
-    return new Promise((resolve, reject) => {
-      signal.throwIfAborted();
-      const waiter: Waiter = {
-        grant: () => {
-          signal.removeEventListener('abort', onAbort);
-          resolve();
-        },
-      };
-      const onAbort = () => {
-        const at = this.#waiting.indexOf(waiter);
-        if (at >= 0) this.#waiting.splice(at, 1);
-        reject(signal.reason);
-      };
-      signal.addEventListener('abort', onAbort, { once: true });
-      if (priority) this.#waiting.unshift(waiter);
-      else this.#waiting.push(waiter);
-    });
-  }
-
-  #next(): void {
-    while (this.#running < this.#poolPieces && this.#waiting.length > 0) {
-      this.#running++;
-      this.#waiting.shift()!.grant();
-    }
-  }
-
-  #take(): ArrayBuffer {
-    return this.#free.pop() ?? (Buffer.allocUnsafeSlow(this.#bufferBytes).buffer as ArrayBuffer);
-  }
-
-  #give(buffer: ArrayBuffer): void {
-    // A transferred (detached) buffer has byteLength 0 and is never kept.
-    if (buffer.byteLength === this.#bufferBytes && this.#free.length < this.#maxFree) this.#free.push(buffer);
-  }
-}
-
-interface Waiter {
-  grant(): void;
-}
-
-export interface IngestTotals {
-  /** Packages whose every row passed. */
-  accepted: number;
-  /** Packages answered 422 or 413 (a bad row, not JSON, too large). */
-  rejected: number;
-  /** Packages that ended otherwise: client gone, worker or store failure. */
-  failed: number;
-  /** Rows of accepted packages. */
-  rows: number;
-  /** Request body bytes of accepted packages, as received (compressed when gzip). */
-  bodyBytes: number;
-  /** NDJSON bytes of accepted packages appended to the queue. */
-  encodedBytes: number;
-}
-
-/** Counts a sink's package into the pool's totals once, when it settles: counters, not per-row work. */
-class CountedIngest implements IngestSink {
-  readonly #inner: IngestSink;
-  readonly #totals: IngestTotals;
-  #bodyBytes = 0;
-  #counted = false;
-  #ended: Promise<IngestResult> | null = null;
-
-  constructor(inner: IngestSink, totals: IngestTotals) {
-    this.#inner = inner;
-    this.#totals = totals;
-  }
-
-  write(chunk: Uint8Array): boolean {
-    this.#bodyBytes += chunk.byteLength;
-    return this.#inner.write(chunk);
-  }
-
-  onDrain(cb: () => void): void {
-    this.#inner.onDrain(cb);
-  }
-
-  get decided(): boolean {
-    return this.#inner.decided;
-  }
-
-  end(): Promise<IngestResult> {
-    return (this.#ended ??= this.#inner.end().then(
-      (result) => {
-        if (this.#count('accepted')) {
-          this.#totals.rows += result.rows;
-          this.#totals.bodyBytes += this.#bodyBytes;
-          this.#totals.encodedBytes += result.bytes;
-        }
-        return result;
-      },
-      (err: unknown) => {
-        const code = isServiceError(err) ? err.code : null;
-        this.#count(code === 'INVALID_PAYLOAD' || code === 'VALIDATION_FAILED' || code === 'BODY_TOO_LARGE' ? 'rejected' : 'failed');
-        throw err;
-      },
-    ));
-  }
-
-  abort(): void {
-    this.#inner.abort();
-    if (!this.#ended) this.#count('failed');
-  }
-
-  #count(outcome: 'accepted' | 'rejected' | 'failed'): boolean {
-    if (this.#counted) return false;
-    this.#counted = true;
-    this.#totals[outcome]++;
-    return true;
   }
 }
 
@@ -428,7 +271,7 @@ export interface PoolLoad {
   open: number;
   /** Tasks handed to piscina and not yet settled (running or in its queue). */
   running: number;
-  /** Tasks waiting here for a slot, before any byte was transferred. */
+  /** Tasks waiting in the scheduler for a slot, before any byte was transferred. */
   waiting: number;
   /** Of `running`, those still in piscina's queue. */
   queued: number;

@@ -35,44 +35,11 @@ import { Buffer } from 'node:buffer';
 import { INVALID_JSON, bodyIssue, columnsError, duplicateKeyMessage, rowNotListIssue } from '../entities/validators.js';
 import { ROW_ERRORS_MAX, errors, isServiceError, type RowError, type ServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
-import { PieceCutter, type Buffers } from './cutter.js';
+import { PieceCutter } from './cutter.js';
 import { HeadScanner } from './head.js';
-import type { MemoryAccount } from './memory.js';
 import { SENTINEL, SENTINEL_JSON, checkSkeleton, type SkeletonFacts } from './skeleton.js';
 import { Mode, type BodyResult, type Lines, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
-import type { IngestOptions, IngestResult, IngestSink } from './pool.js';
-
-/** Counters of the pool, cheap to keep: tests and the tuning notes of docs/operations.md read them. */
-export interface IngestStats {
-  /** Row tasks run, continuations included. */
-  pieces: number;
-  /** Row tasks that completed an element a wrong cut had split (the slower path). */
-  continuations: number;
-  /** Row tasks the byte-level scanner answered (the others took `JSON.parse` + typia). */
-  scanned: number;
-  /** Bodies validated in one task (layouts the sink does not stream). */
-  oneShots: number;
-  /** Skeletons too large to check on the main thread. */
-  skeletonTasks: number;
-}
-
-/** What the pool lends one sink. */
-export interface Engine {
-  /** Runs a task when the pool has room for it (priority: before waiting pieces), transferring `transfer`. */
-  run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R>;
-  readonly buffers: Buffers;
-  /** What the sink holds whole (see `memory.ts`); released by `release()`. */
-  readonly memory: MemoryAccount;
-  readonly stats: IngestStats;
-  readonly pieceBytes: number;
-  readonly piecesPerRequest: number;
-  readonly batchBytes: number;
-  readonly headBytes: number;
-  /** Skeletons up to this size are checked on the main thread. */
-  readonly inlineSkeletonBytes: number;
-  /** Gives back the sink's admission; called once, when the sink is done. */
-  release(): void;
-}
+import type { Engine, IngestOptions, IngestResult, IngestSink } from './types.js';
 
 interface Part {
   buffer: ArrayBuffer;
@@ -105,7 +72,7 @@ export class StreamingIngest implements IngestSink {
   readonly #engine: Engine;
   readonly #abort = new AbortController();
   #phase: Phase = 'head';
-  #received = 0;
+  /** Past the bytes one request may hold whole (`memory.ts`): 413. */
   #tooLarge = false;
   /** The process's memory budget refused what the sink had to hold: 503. */
   #noMemory = false;
@@ -172,13 +139,6 @@ export class StreamingIngest implements IngestSink {
 
   write(chunk: Uint8Array): boolean {
     if (this.#closed || this.#ended) return true;
-    this.#received += chunk.byteLength;
-    const max = this.#options.maxBodyBytes;
-    if (max !== undefined && this.#received > max) {
-      this.#tooLarge = true;
-      this.#drop();
-      return true;
-    }
     this.#take(chunk);
     if (this.#backlog) this.#full = true;
     return !this.#full;

@@ -11,7 +11,8 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Connector } from '../connector/types.js';
-import type { IngestTotals, PoolLoad } from '../ingest/pool.js';
+import type { IngestTotals } from '../ingest/metrics.js';
+import type { PoolLoad } from '../ingest/pool.js';
 import type { QueueBacklog } from '../store/ports.js';
 import type { UploaderObserver } from '../uploader/uploader.js';
 

@@ -14,7 +14,8 @@
  */
 import { findEntity } from '../entities/catalog.js';
 import { errors, isServiceError, type InternalErrorCode, type ServiceError } from '../errors.js';
-import type { IngestResult, IngestSink, ValidationPool } from '../ingest/pool.js';
+import type { ValidationPool } from '../ingest/pool.js';
+import type { IngestResult, IngestSink } from '../ingest/types.js';
 import type { BatchQueue, PackageMeta } from '../store/ports.js';
 import { objectHeaderLine } from '../uploader/uploader.js';
 import type { Attempt, IdempotentIngests, RequestFingerprint, StoredAnswer } from './idempotency.js';

@@ -8,7 +8,7 @@ import { AckPolicy, DeliverPolicy, nanos, RetentionPolicy, StorageType, type Msg
 import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
 import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
 import { Puller } from '../../src/store/nats/batch-queue/puller.js';
-import { startNats } from '../support/nats.js';
+import { startNats } from '../../testbed/nats.js';
 
 const server = await startNats(t);
 let n = 0;

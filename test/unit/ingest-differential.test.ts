@@ -23,7 +23,8 @@ import { gunzipSync, gzipSync } from 'node:zlib';
 import t, { type Test } from 'tap';
 import { ENTITIES, type ColumnType, type EntitySpec } from '../../src/entities/catalog.js';
 import { errors, isServiceError } from '../../src/errors.js';
-import { ValidationPool, type IngestSink } from '../../src/ingest/pool.js';
+import { ValidationPool } from '../../src/ingest/pool.js';
+import type { IngestSink } from '../../src/ingest/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
 import { validateBody } from '../../workers/validate.js';
 

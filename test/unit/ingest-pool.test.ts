@@ -4,7 +4,8 @@ import { pathToFileURL } from 'node:url';
 import t from 'tap';
 import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
 import { errors, type ServiceError } from '../../src/errors.js';
-import { ValidationPool, type IngestResult, type IngestSink } from '../../src/ingest/pool.js';
+import { ValidationPool } from '../../src/ingest/pool.js';
+import type { IngestResult, IngestSink } from '../../src/ingest/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
 
 const entity = (name: string): EntitySpec => findEntity(name)!;
@@ -53,7 +54,7 @@ interface Started {
   writers: FakeWriter[];
 }
 
-function start(pool: ValidationPool, name: string | EntitySpec, opts: { maxBodyBytes?: number; onAppend?: (b: Uint8Array) => Promise<void> } = {}): Started {
+function start(pool: ValidationPool, name: string | EntitySpec, opts: { onAppend?: (b: Uint8Array) => Promise<void> } = {}): Started {
   const writers: FakeWriter[] = [];
   const sink = pool.createIngest({
     entity: typeof name === 'string' ? entity(name) : name,
@@ -62,7 +63,6 @@ function start(pool: ValidationPool, name: string | EntitySpec, opts: { maxBodyB
       writers.push(writer);
       return writer;
     },
-    ...(opts.maxBodyBytes === undefined ? {} : { maxBodyBytes: opts.maxBodyBytes }),
   });
   return { sink, writers };
 }
@@ -190,15 +190,6 @@ t.test('batches: whole lines, at most batchBytes, a longer line alone', async (t
   );
   t.equal(result.bytes, 142);
   t.equal(new Set(writers[0]!.memory).size, 1, 'the batches of a piece are views of the one buffer its lines were written to: no copy per batch');
-});
-
-t.test('maxBodyBytes: over the limit fails with BODY_TOO_LARGE, at the limit passes', async (t) => {
-  const body = '{"columns":["catalog_id","name"],"data":[["a","b"]]}';
-  const at = start(pool, 'catalogs', { maxBodyBytes: body.length });
-  t.equal((await send(at.sink, body)).rows, 1);
-  const over = start(pool, 'catalogs', { maxBodyBytes: body.length - 1 });
-  await t.rejects(send(over.sink, body), { code: 'BODY_TOO_LARGE', statusCode: 413 });
-  t.equal(over.writers.length, 0);
 });
 
 const VALID = '{"columns":["catalog_id","name"],"data":[["a","b"]]}';
