@@ -93,10 +93,25 @@ export const ERROR_CODES = {
   CLIENT_GONE: null,
   /** `PackageNotRecorded` (uploader): the package's ingest is still under way; the queue hands it out again later. */
   PACKAGE_NOT_RECORDED: null,
-  /** `LostBatchError` (store/nats/batch-queue.ts): a committed package's batch is gone from the stream. */
-  QUEUE_BATCH_LOST: null,
-  /** `StoreConflictError` (store/ports.ts): a conditional write lost to another writer. */
+  // The store port's (`StoreError`, store/ports.ts: `STORE_ERROR_CODES`).
+  /** A store, queue, ledger or file used after its close (the process is stopping). */
+  STORE_CLOSED: null,
+  /** `StoreConflictError`: a conditional write lost to another writer; the caller re-reads and retries. */
   STORE_CONFLICT: null,
+  /** A key or id the store cannot take (a caller's bug). */
+  STORE_INVALID_KEY: null,
+  /** Bad store options or names at open: wrong stream kind, missing bucket. */
+  STORE_MISCONFIGURED: null,
+  /** NATS or the object store is down or refusing. */
+  STORE_UNAVAILABLE: null,
+  /** Stored bytes are not what was written. */
+  STORE_CORRUPT: null,
+  /** The package was dropped (its session deleted) before its commit completed. */
+  QUEUE_PACKAGE_DROPPED: null,
+  /** A batch appended to a package after its commit. */
+  QUEUE_PACKAGE_COMMITTED: null,
+  /** A committed package's batches are gone from the queue. */
+  QUEUE_BATCH_LOST: null,
   /** `ConfigError` (config/config.ts): the configuration is invalid; the process prints why and exits 2. */
   CONFIG_INVALID: null,
   /** `EdgeUnavailableError` (http/engine.ts): `http.engine` is `uws` and uWebSockets.js cannot load; exit 2. */

@@ -6,6 +6,7 @@
  */
 import { createRequire } from 'node:module';
 import { dirname, join } from 'node:path';
+import type { InternalErrorCode } from '../errors.js';
 import { nodeEdge } from './node-edge.js';
 import type { EdgeAdapter } from './types.js';
 import type { UwsModule } from './uws-edge.js';
@@ -20,7 +21,7 @@ export interface LoadedEdge {
 
 export class EdgeUnavailableError extends Error {
   override readonly name = 'EdgeUnavailableError';
-  readonly code = 'HTTP_ENGINE_UNAVAILABLE';
+  readonly code = 'HTTP_ENGINE_UNAVAILABLE' satisfies InternalErrorCode;
 }
 
 /** `abi`: the Node ABI whose uWS binary to load (this Node's; another only in tests). */

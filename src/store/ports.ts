@@ -3,6 +3,7 @@
  * distributed one (NATS JetStream KV / JetStream stream / S3); both pass the same contract
  * suites in test/contract/. Nothing above these interfaces knows which adapter it runs on.
  */
+import type { InternalErrorCode } from '../errors.js';
 
 /** A value together with the revision that a compare-and-set must name. */
 export interface Versioned<T> {
@@ -38,7 +39,7 @@ export const STORE_ERROR_CODES = [
   'QUEUE_PACKAGE_DROPPED',
   'QUEUE_PACKAGE_COMMITTED',
   'QUEUE_BATCH_LOST',
-] as const;
+] as const satisfies readonly InternalErrorCode[];
 
 export type StoreErrorCode = (typeof STORE_ERROR_CODES)[number];
 
@@ -62,7 +63,7 @@ export const STORE_CONFLICT = 'STORE_CONFLICT';
 
 export class StoreConflictError extends StoreError {
   override readonly name = 'StoreConflictError';
-  override readonly code = STORE_CONFLICT;
+  override readonly code = STORE_CONFLICT satisfies InternalErrorCode;
   constructor(key: string, options?: { cause?: unknown }) {
     super(STORE_CONFLICT, `Conflicting write to ${key}`, options);
   }

@@ -15,7 +15,7 @@ let n = 0;
 
 /** A work-queue stream with one durable pull consumer, ack wait 60 s: a redelivery sooner comes from a nak. */
 async function rig(t: Test): Promise<{ h: NatsHandle; stream: string; durable: string; publish(body: string): Promise<number> }> {
-  const h = await connectNats({ servers: server.url, name: 'puller-test' });
+  const h = await connectNats({ servers: server.url, name: 'puller-test', requestTimeoutMs: 5000 });
   t.teardown(() => h.close());
   const stream = `PULL${++n}_${process.pid}`;
   const durable = 'uploader';

@@ -16,7 +16,7 @@ interface Teardown {
 }
 
 async function connection(t: Teardown, servers = server.url): Promise<NatsHandle> {
-  const h = await connectNats({ servers, name: 'contract-test' });
+  const h = await connectNats({ servers, name: 'contract-test', requestTimeoutMs: 5000 });
   t.teardown(() => h.close());
   return h;
 }
@@ -29,7 +29,7 @@ sessionStoreContract(t, 'NatsSessionStore', async () => {
   const bucket = unique('sessions');
   const handles: NatsHandle[] = [];
   const open = async () => {
-    const h = await connectNats({ servers: server.url, name: 'contract-test' });
+    const h = await connectNats({ servers: server.url, name: 'contract-test', requestTimeoutMs: 5000 });
     handles.push(h);
     return NatsSessionStore.open(h, { bucket, replicas: 1 });
   };
@@ -47,7 +47,7 @@ ledgerContract(t, 'NatsLedger', async () => {
   const bucket = unique('ledger');
   const handles: NatsHandle[] = [];
   const open = async () => {
-    const h = await connectNats({ servers: server.url, name: 'contract-test' });
+    const h = await connectNats({ servers: server.url, name: 'contract-test', requestTimeoutMs: 5000 });
     handles.push(h);
     return NatsLedger.open(h, { bucket, replicas: 1 });
   };
@@ -66,6 +66,8 @@ const queueOpts = (stream: string): NatsBatchQueueOptions => ({
   durable: 'uploader',
   replicas: 1,
   redeliveryDelayMs: 5,
+  // Long: a redelivery in these tests comes from a nak or a closed consumer, never from the clock.
+  ackWaitMs: 300_000,
   sweepIntervalMs: 0,
 });
 
@@ -73,7 +75,7 @@ batchQueueContract(t, 'NatsBatchQueue', async () => {
   const stream = unique('QUEUE');
   const handles: NatsHandle[] = [];
   const open = async () => {
-    const h = await connectNats({ servers: server.url, name: 'contract-test' });
+    const h = await connectNats({ servers: server.url, name: 'contract-test', requestTimeoutMs: 5000 });
     handles.push(h);
     return NatsBatchQueue.open(h, queueOpts(stream));
   };
@@ -240,7 +242,7 @@ t.test('NatsBatchQueue: batches near the batch size limit round-trip byte for by
 t.test('NatsBatchQueue: a package in the hands of a crashed process is delivered again after the ack wait', async (t) => {
   const stream = unique('CRASH');
   const opts = { ...queueOpts(stream), ackWaitMs: 1000 };
-  const crashing = await connectNats({ servers: server.url, name: 'crashing' });
+  const crashing = await connectNats({ servers: server.url, name: 'crashing', requestTimeoutMs: 5000 });
   const q1 = await NatsBatchQueue.open(crashing, opts);
   await commit(q1, meta('u1', 'p1'), [Buffer.from('["p1"]\n')]);
   let taken!: () => void;

@@ -124,7 +124,7 @@ t.test('NATS + S3: the orphan waits for its lease, is revoked and dropped; a lat
   t.equal((await c.ingest(uuid, 'products', products(3))).status, 200);
   await waitForStatus(gw, uuid, (b) => b.upload_tasks_finished);
 
-  const handle = await connectNats({ servers: nats.url, name: 'drill-forger' });
+  const handle = await connectNats({ servers: nats.url, name: 'drill-forger', requestTimeoutMs: 5000 });
   t.teardown(() => handle.close());
   const sessions = await NatsSessionStore.open(handle, { bucket: 'ingest_sessions', replicas: 1 });
   const queue = await NatsBatchQueue.open(handle, { stream: 'INGEST', durable: 'uploader', replicas: 1, ackWaitMs: 30_000, sweepIntervalMs: 0 });

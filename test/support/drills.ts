@@ -139,7 +139,7 @@ export async function embeddedQueued(dataDir: string): Promise<Map<string, Set<s
 
 /** A reader of sessions on NATS KV (the buckets of the default configuration). */
 export async function natsRecords(t: Teardown, url: string): Promise<(uploadUuid: string) => Promise<RecordedSession | null>> {
-  const nats = await connectNats({ servers: url, name: 'drill-reader' });
+  const nats = await connectNats({ servers: url, name: 'drill-reader', requestTimeoutMs: 5000 });
   t.teardown(() => nats.close());
   const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas: 1 });
   const ledger = await NatsLedger.open(nats, { bucket: 'ingest_ledger', replicas: 1 });

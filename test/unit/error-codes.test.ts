@@ -138,10 +138,24 @@ t.test('every internal code is reachable: an error class carries it, and some mo
   const carried = new Map<string, string[]>();
   for (const [path, text] of files) {
     if (path.startsWith(join('src', 'client')) || path.startsWith(join('src', 'cli'))) continue; // the client side has its own codes
-    for (const m of text.matchAll(/class (\w+) extends Error \{([\s\S]*?)\n\}/g)) {
-      const [, name, body] = m as unknown as [string, string, string];
+    for (const m of text.matchAll(/class (\w+) extends (\w*Error) \{([\s\S]*?)\n\}/g)) {
+      const [, name, base, body] = m as unknown as [string, string, string, string];
+      // Every error class of the service: on Error, or on another of them (StoreConflictError on StoreError).
+      if (name === 'ServiceError' || base === 'ServiceError') continue;
+      // A class typed by a list of codes (`readonly code: StoreErrorCode`) carries each code of
+      // the list, reached where it is made with that code (`new StoreError('STORE_CLOSED', …)`).
+      const listed = /readonly code: (\w+);/.exec(body)?.[1];
+      const list = listed && new RegExp(`type ${listed} = \\(typeof (\\w+)\\)\\[number\\]`).exec(text)?.[1];
+      if (list) {
+        const codes = [...(new RegExp(`const ${list} = \\[([^\\]]*)\\]`).exec(text)?.[1] ?? '').matchAll(/'([A-Z_]+)'/g)].map((c) => c[1]!);
+        t.ok(codes.length > 0, `${path}: ${name}'s codes are the literals of ${list}`);
+        for (const code of codes) {
+          t.ok(code in ERROR_CODES, `${path}: ${name}'s ${code} is in ERROR_CODES`);
+          carried.set(code, [...(carried.get(code) ?? []), `${name}('${code}'`]);
+        }
+        continue;
+      }
       const init = /readonly code(?:: \w+)? = ([^;]+);/.exec(body)?.[1]?.replace(/ satisfies \w+$/, '').trim();
-      if (name === 'ServiceError') continue;
       if (!t.ok(init, `${path}: ${name} carries a code`) || !init) continue;
       const code = /^'([A-Z_]+)'$/.exec(init)?.[1] ?? new RegExp(`const ${init} = '([A-Z_]+)'`).exec(text)?.[1];
       if (!t.ok(code, `${path}: ${name}'s code is a literal`) || !code) continue;
@@ -151,7 +165,7 @@ t.test('every internal code is reachable: an error class carries it, and some mo
   }
   for (const code of internalCodes) {
     const classes = carried.get(code) ?? [];
-    const thrown = classes.some((name) => [...files.values()].some((text) => text.includes(`new ${name}(`)));
+    const thrown = classes.some((name) => [...files.values()].some((text) => text.includes(name.includes('(') ? `new ${name}` : `new ${name}(`)));
     t.ok(thrown, `${code}: carried by ${classes.join(', ') || 'no class'}, which something throws`);
   }
 });

@@ -11,13 +11,14 @@ export interface NatsConnectOptions {
   servers: string;
   /** Connection name shown by the server's monitoring (e.g. `ingest-gateway`). */
   name: string;
-  /** Timeout of every JetStream request and publish acknowledgement (default 5000). */
-  requestTimeoutMs?: number;
-  /** Timeout of the first connect (default 5000). Later reconnects never give up. */
-  connectTimeoutMs?: number;
-  /** How long `close()` lets in-flight messages drain before it closes hard (default 5000). */
-  drainTimeoutMs?: number;
+  /** Timeout of every JetStream request and publish acknowledgement (`nats.requestTimeoutMs`). */
+  requestTimeoutMs: number;
 }
+
+/** Timeout of the first connect; later reconnects never give up. */
+const CONNECT_TIMEOUT_MS = 5000;
+/** How long `close()` lets in-flight messages drain before it closes hard. */
+const DRAIN_TIMEOUT_MS = 5000;
 
 /** What the adapters need of a connection. `requestTimeoutMs` bounds their own requests. */
 export interface NatsContext {
@@ -38,13 +39,13 @@ export interface NatsHandle extends NatsContext {
 }
 
 export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle> {
-  const requestTimeoutMs = opts.requestTimeoutMs ?? 5000;
+  const { requestTimeoutMs } = opts;
   const { servers, auth } = parseServers(opts.servers);
   const nc = await connect({
     servers,
     name: opts.name,
     ...auth,
-    timeout: opts.connectTimeoutMs ?? 5000,
+    timeout: CONNECT_TIMEOUT_MS,
     reconnect: true,
     maxReconnectAttempts: -1,
     reconnectTimeWait: 1000,
@@ -60,7 +61,6 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
     // jetstreamManager() asks $JS.API.INFO: fails here, at start, when JetStream is off.
     const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs });
     const js = nc.jetstream({ timeout: requestTimeoutMs });
-    const drainTimeoutMs = opts.drainTimeoutMs ?? 5000;
     let connected = true;
     void (async () => {
       for await (const s of nc.status()) {
@@ -84,7 +84,7 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
         if (nc.isClosed()) return;
         let timer: NodeJS.Timeout | undefined;
         const drained = nc.drain().catch(() => undefined);
-        const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), drainTimeoutMs)));
+        const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), DRAIN_TIMEOUT_MS)));
         const outcome = await Promise.race([drained, late]);
         clearTimeout(timer);
         // A drain refused (the connection is down, reconnecting) leaves it open, and reconnecting forever.

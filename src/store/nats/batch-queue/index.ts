@@ -27,33 +27,26 @@ export interface NatsBatchQueueOptions {
   replicas: number;
   /** The one durable pull consumer every `consume` of every process shares. */
   durable: string;
-  /**
-   * Hard age limit of every message, committed or not (default 0: none). Orphaned batches are
-   * removed by the sweep below; set this only as a last resort: it drops committed packages
-   * that no uploader took in time.
-   */
-  maxAgeMs?: number;
-  /** Size limit of the stream (default: none). When full, appends fail; nothing queued is dropped. */
-  maxBytes?: number;
   /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
   redeliveryDelayMs?: number;
-  /** Ack wait of the consumer; heartbeats while a handler runs keep a slow upload its package (default 300000). */
-  ackWaitMs?: number;
-  /** Packages handed out and not yet acked, over all consumers of all processes (default 1000). */
-  maxAckPending?: number;
+  /** Ack wait of the consumer (`nats.ackWaitMs`); heartbeats while a handler runs keep a slow upload its package. */
+  ackWaitMs: number;
   /** How long one publish, read or delete keeps retrying through transient failures (default 10000). */
   retryMs?: number;
-  /** Expiry of one pull request; an idle consumer asks again after it (default 10000, at least 1000). */
-  pullExpiresMs?: number;
   /** Batches of a package with no commit and no append for this long belong to a dead writer (default 3600000). */
   orphanAfterMs?: number;
   /** How often this instance sweeps orphaned batches away (default 600000; 0: never, call `sweep()` yourself). */
   sweepIntervalMs?: number;
-  /** Batches read ahead of the one the handler consumes (default 3: with the one in hand, 2 MiB of 512 KiB batches). */
-  readAhead?: number;
   /** Background failures: sweeps, acks, deletes after an ack, dropped packages. */
   onError?: (err: unknown, what: string) => void;
 }
+
+/** Packages handed out and not yet acked, over all consumers of all processes. */
+const MAX_ACK_PENDING = 1000;
+/** Expiry of one pull request; an idle consumer asks again after it. */
+const PULL_EXPIRES_MS = 10_000;
+/** Batches read ahead of the one the handler consumes: with the one in hand, 2 MiB of 512 KiB batches. */
+const READ_AHEAD = 3;
 
 const JS_STREAM_NOT_FOUND = 10059;
 const JS_CONSUMER_NOT_FOUND = 10014;
@@ -86,10 +79,7 @@ export class NatsBatchQueue implements BatchQueue {
   readonly #retryMs: number;
   readonly #delayMs: number;
   readonly #ackWaitMs: number;
-  readonly #pullExpiresMs: number;
   readonly #orphanAfterMs: number;
-  readonly #readAhead: number;
-  readonly #maxAckPending: number;
   readonly #onError: (err: unknown, what: string) => void;
   readonly #writers = new Set<NatsWriter>();
   readonly #consumers = new Set<QueueConsumer>();
@@ -104,11 +94,8 @@ export class NatsBatchQueue implements BatchQueue {
     this.#retryMs = opts.retryMs ?? 10_000;
     this.#messages = new StreamMessages(ctx, opts.stream, this.#retryMs);
     this.#delayMs = opts.redeliveryDelayMs ?? 1000;
-    this.#ackWaitMs = opts.ackWaitMs ?? 300_000;
-    this.#pullExpiresMs = Math.max(1000, opts.pullExpiresMs ?? 10_000);
+    this.#ackWaitMs = opts.ackWaitMs;
     this.#orphanAfterMs = opts.orphanAfterMs ?? 3_600_000;
-    this.#readAhead = Math.max(0, opts.readAhead ?? 3);
-    this.#maxAckPending = opts.maxAckPending ?? 1000;
     this.#onError = opts.onError ?? (() => {});
   }
 
@@ -163,8 +150,8 @@ export class NatsBatchQueue implements BatchQueue {
         durable: this.#durable,
         redeliveryDelayMs: this.#delayMs,
         ackWaitMs: this.#ackWaitMs,
-        pullExpiresMs: this.#pullExpiresMs,
-        readAhead: this.#readAhead,
+        pullExpiresMs: PULL_EXPIRES_MS,
+        readAhead: READ_AHEAD,
         ensureConsumer: () => this.#ensureConsumer(),
         onError: this.#onError,
       },
@@ -234,8 +221,9 @@ export class NatsBatchQueue implements BatchQueue {
     const want = {
       subjects: this.#subjects.all,
       num_replicas: opts.replicas,
-      max_age: nanos(opts.maxAgeMs ?? 0),
-      max_bytes: opts.maxBytes ?? -1,
+      // No age or size limit: a committed package stays until an uploader took it; orphans are swept.
+      max_age: 0,
+      max_bytes: -1,
       allow_direct: true,
     };
     let config: StreamConfig;
@@ -287,13 +275,13 @@ export class NatsBatchQueue implements BatchQueue {
       deliver_policy: DeliverPolicy.All,
       replay_policy: ReplayPolicy.Instant,
       max_deliver: -1,
-      max_ack_pending: this.#maxAckPending,
+      max_ack_pending: MAX_ACK_PENDING,
     };
     try {
       const { config } = await withRetry(this.#ctx, this.#retryMs, () => jsm.consumers.info(this.#stream, this.#durable));
       if (config.ack_wait !== want.ack_wait || config.max_ack_pending !== want.max_ack_pending) {
         await withRetry(this.#ctx, this.#retryMs, () =>
-          jsm.consumers.update(this.#stream, this.#durable, { ack_wait: want.ack_wait!, max_ack_pending: this.#maxAckPending }),
+          jsm.consumers.update(this.#stream, this.#durable, { ack_wait: want.ack_wait!, max_ack_pending: MAX_ACK_PENDING }),
         );
       }
     } catch (err) {

@@ -2,7 +2,7 @@
  * Orphans: batches of a package whose gateway died before commit or abort. Every instance
  * sweeps now and then: a `b` subject with no `c` subject whose newest batch is older than
  * `orphanAfterMs` (far beyond the longest request) is deleted up to that batch. Committed
- * packages never expire (unless the stream's `maxAgeMs` says so).
+ * packages never expire.
  */
 import type { StreamMessages } from './messages.js';
 import type { QueueSubjects } from './subjects.js';
