@@ -17,7 +17,8 @@
  * the server's CPU ms per package (all its threads, from /proc).
  *
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
- * --grow N (20000), --out DIR (bench/results), --no-peer. `BENCH_SERVER_FLAGS` adds Node flags
+ * --grow N (20000), --out DIR (bench/results), --no-peer, --inline-bytes LIST (the service once per
+ * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none). `BENCH_SERVER_FLAGS` adds Node flags
  * to the service (as for `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`.
  */
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
@@ -45,6 +46,7 @@ const { values } = parseArgs({
     out: { type: 'string', default: 'bench/results' },
     'no-peer': { type: 'boolean', default: false },
     clients: { type: 'string', default: '2' },
+    'inline-bytes': { type: 'string', default: '' },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -52,6 +54,8 @@ const SCENARIOS = values.scenario!.split(',');
 const DURATION_MS = Number(values.duration) * 1000;
 const GROW = Number(values.grow);
 const CLIENT_PROCS = Number(values.clients);
+/** `ingest.inlineBytes` of the service, one measurement each (e.g. `32768,0`: the short way against none); empty: the default. */
+const INLINE: (number | undefined)[] = values['inline-bytes'] ? values['inline-bytes'].split(',').map(Number) : [undefined];
 const SESSIONS = 16;
 const API = '/api/v1/uploading';
 const CLIENT = fileURLToPath(new URL('./packages-client.js', import.meta.url));
@@ -204,13 +208,18 @@ async function delayProxy(upstreamPort: number, delayMs: number): Promise<{ url:
   return { url: `nats://127.0.0.1:${(server.address() as { port: number }).port}`, server };
 }
 
-async function startService(engine: string, dir: string): Promise<Target> {
+async function startService(engine: string, dir: string, inlineBytes?: number): Promise<Target> {
   const clientsFile = join(dir, 'clients.json');
   await writeFile(
     clientsFile,
     JSON.stringify({ clients: [...clients, grower].map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: ['127.0.0.0/8', '::1/128'], min_date: '2020-01-01' })) }),
   );
-  const relaxed = { clientsFile, limits: { requestsPerSecond: 0, concurrentPerClient: 0 }, log: { level: 'warn' } };
+  const relaxed = {
+    clientsFile,
+    limits: { requestsPerSecond: 0, concurrentPerClient: 0 },
+    log: { level: 'warn' },
+    ...(inlineBytes === undefined ? {} : { ingest: { inlineBytes } }),
+  };
   let config: Record<string, unknown>;
   if (engine === 'embedded') {
     config = { ...relaxed, connector: { webhookSecret: null } };
@@ -233,7 +242,7 @@ async function startService(engine: string, dir: string): Promise<Target> {
   // A CPU profile is written on a clean exit: stop the service (SIGTERM) before the teardown's kill.
   if (flags.length > 0) t.teardown(() => gw.stop());
   return {
-    name: `service (${engine})`,
+    name: `service (${engine}${inlineBytes === undefined ? '' : `, inlineBytes ${inlineBytes}`})`,
     url: gw.url,
     pid: gw.child.pid!,
     session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
@@ -280,11 +289,13 @@ try {
   say('');
   say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | packages |');
   say('|---|---|---:|---:|---:|---:|---:|');
-  const targets: (() => Promise<Target>)[] = ENGINES.map((e) => async () => {
-    const dir = join(work, e);
-    await mkdir(dir, { recursive: true });
-    return startService(e, dir);
-  });
+  const targets: (() => Promise<Target>)[] = ENGINES.flatMap((e) =>
+    INLINE.map((inline) => async () => {
+      const dir = join(work, `${e}-${inline ?? 'default'}`);
+      await mkdir(dir, { recursive: true });
+      return startService(e, dir, inline);
+    }),
+  );
   if (!values['no-peer']) targets.push(() => startPeer(work));
   const notes: string[] = [];
   for (const make of targets) {

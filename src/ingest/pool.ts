@@ -18,9 +18,10 @@ import { BufferPool } from './buffers.js';
 import { GunzipIngest } from './gzip.js';
 import { MemoryBudget } from './memory.js';
 import { CountedIngest, type IngestTotals } from './metrics.js';
+import { processRows } from '../../workers/rows.js';
 import { Scheduler } from './scheduler.js';
 import { StreamingIngest } from './stream.js';
-import type { Task, WorkerData } from './tasks.js';
+import type { RowsTask, Task, WorkerData } from './tasks.js';
 import type { Engine, IngestOptions, IngestSink, IngestStats } from './types.js';
 
 /** The service's defaults (config/default.json): an option left out takes the value the service runs with. */
@@ -87,6 +88,12 @@ export interface ValidationPoolOptions {
    * `JSON.parse` + typia only, the reference path (tests and the bench compare the two).
    */
   rowScanner?: boolean;
+  /**
+   * Row tasks of at most this many bytes run on the main thread, without a worker's round
+   * trip (the short way of small packages); 0: every task goes to a worker. Default
+   * `ingest.inlineBytes`.
+   */
+  inlineBytes?: number;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -106,7 +113,9 @@ export class ValidationPool {
   readonly #maxDecompressedBytes: number;
   readonly #headBytes: number;
   readonly #cancelAfterMs: number;
-  readonly #stats: IngestStats = { pieces: 0, continuations: 0, scanned: 0, oneShots: 0, skeletonTasks: 0 };
+  readonly #stats: IngestStats = { pieces: 0, continuations: 0, scanned: 0, oneShots: 0, skeletonTasks: 0, inline: 0 };
+  readonly #inlineBytes: number;
+  readonly #rowScanner: boolean;
   readonly #totals: IngestTotals = { accepted: 0, rejected: 0, failed: 0, rows: 0, bodyBytes: 0, encodedBytes: 0 };
   #busyMs = 0;
   readonly #admission: Admission;
@@ -130,6 +139,8 @@ export class ValidationPool {
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       workerNice = 0,
       rowScanner = DEFAULTS.ingest.rowScanner,
+      // The short way runs the built-in row code: with another worker module, every task goes to it.
+      inlineBytes = options.filename === undefined ? DEFAULTS.ingest.inlineBytes : 0,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -145,6 +156,9 @@ export class ValidationPool {
     requireInteger('headBytes', headBytes, 1);
     requireInteger('cancelAfterMs', cancelAfterMs, 0);
     requireInteger('workerNice', workerNice, 0);
+    requireInteger('inlineBytes', inlineBytes, 0);
+    this.#inlineBytes = inlineBytes;
+    this.#rowScanner = rowScanner;
     const threads = workers === 0 ? availableParallelism() : workers;
     const tasks = poolPieces === 0 ? 2 * threads : poolPieces;
     this.#batchBytes = batchBytes;
@@ -243,6 +257,12 @@ export class ValidationPool {
 
   async #run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R> {
     signal.throwIfAborted();
+    if (task.kind === 'rows' && rowsBytes(task) <= this.#inlineBytes) {
+      // The short way: a small package's rows cost less to scan here than a worker's round
+      // trip costs the main thread (posting, waking the worker, taking the answer back).
+      this.#stats.inline++;
+      return processRows(task, this.#rowScanner) as R;
+    }
     if (!this.#scheduler.tryAcquire()) await this.#scheduler.acquire(signal, priority);
     // A task handed to piscina is not cancelled the moment its request goes away: piscina
     // cancels a running task by terminating its worker thread, and starting a new one costs
@@ -287,4 +307,11 @@ function requireInteger(key: string, value: unknown, min: number): void {
   if (!Number.isSafeInteger(value) || (value as number) < min) {
     throw new TypeError(`ValidationPool option ${key} must be an integer >= ${min}, got ${String(value)}`);
   }
+}
+
+/** The bytes a row task scans. */
+function rowsBytes(task: RowsTask): number {
+  let bytes = 0;
+  for (let i = 0; i < task.ranges.length; i += 2) bytes += task.ranges[i + 1]! - task.ranges[i]!;
+  return bytes;
 }

@@ -73,6 +73,8 @@ export interface IngestStats {
   oneShots: number;
   /** Skeletons too large to check on the main thread. */
   skeletonTasks: number;
+  /** Row tasks small enough to run on the main thread (`inlineBytes`), without a worker's round trip. */
+  inline: number;
 }
 
 /** What the pool lends one sink. */

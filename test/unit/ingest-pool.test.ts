@@ -358,7 +358,7 @@ t.test('workerNice: the worker threads, and only they, run that much nicer than 
   const { getPriority } = await import('node:os');
   const base = getPriority(0);
   const before = await niceness();
-  const nicer = newPool({ workers: 2, workerNice: 3 });
+  const nicer = newPool({ workers: 2, workerNice: 3, inlineBytes: 0 }); // every task to a worker
   // A task per worker: both threads are up (and niced, at module load) once these are done.
   const done = await Promise.all([ingest(nicer, 'catalogs', '{"columns":["catalog_id","name"],"data":[["c","a"]]}'), ingest(nicer, 'catalogs', '{"columns":["catalog_id","name"],"data":[["d","b"]]}')]);
   t.same(done.map((d) => d.result.rows), [1, 1]);
@@ -366,4 +366,38 @@ t.test('workerNice: the worker threads, and only they, run that much nicer than 
   const count = (list: number[], n: number) => list.filter((v) => v === n).length;
   t.equal(count(after, Math.min(19, base + 3)) - count(before, Math.min(19, base + 3)), 2, 'two more threads at base + 3');
   t.equal(getPriority(0), base, 'the main thread keeps its priority');
+});
+
+t.test('the short way: a small package is checked on the main thread, with the same answers and lines as in a worker', async (t) => {
+  const inline = newPool({ inlineBytes: 32 * 1024 });
+  const worker = newPool({ inlineBytes: 0 });
+  const rows = (n: number, bad: number[] = []) =>
+    Array.from({ length: n }, (_, i) => [`p${i}`, bad.includes(i) ? 7 : `Name ${i} ü`, null, null, 'kg', i + 0.5, i % 2 === 0]);
+  const columns = ['product_id', 'name', 'catalog_id', 'barcode', 'unit', 'price', 'is_active'];
+  const good = JSON.stringify({ columns, data: rows(200) });
+  const bad = JSON.stringify({ columns, data: rows(200, [3, 150]) });
+  t.ok(good.length < 32 * 1024, `${good.length} bytes`);
+
+  const before = { inline: inline.stats.inline, pieces: worker.stats.pieces };
+  const a = await ingest(inline, 'products', good);
+  const b = await ingest(worker, 'products', good);
+  t.equal(inline.stats.inline, before.inline + 1, 'the small package took the short way');
+  t.equal(worker.stats.inline, 0, 'with inlineBytes 0 nothing does');
+  t.ok(worker.stats.pieces > before.pieces, 'and its piece went to the worker');
+  t.equal(a.result.rows, 200);
+  t.same(a.writers[0]!.lines(), b.writers[0]!.lines(), 'the same lines either way');
+  t.same(a.writers[0]!.lines()[1], JSON.stringify(rows(200)[1]));
+
+  const refused = await Promise.allSettled([ingest(inline, 'products', bad), ingest(worker, 'products', bad)]);
+  const [ri, rw] = refused.map((r) => (r.status === 'rejected' ? (r.reason as ServiceError) : null));
+  t.equal(ri?.code, 'INVALID_PAYLOAD', 'a bad package is refused on the short way');
+  t.equal((ri?.body as { error_count: number }).error_count, 2);
+  t.same(ri?.body, rw?.body, 'with the body the worker gives: every refused row');
+
+  // A body larger than the bound goes to the worker even on the pool that has a short way.
+  const large = JSON.stringify({ columns, data: rows(2000) });
+  t.ok(large.length > 32 * 1024);
+  const inlineBefore = inline.stats.inline;
+  t.equal((await ingest(inline, 'products', large)).result.rows, 2000);
+  t.equal(inline.stats.inline, inlineBefore, 'the large one did not take it');
 });
