@@ -23,8 +23,12 @@ const enum Look {
 const isSpace = (b: number) => b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
 
 export interface Buffers {
-  /** A buffer of at least the standard capacity, to fill and transfer. */
-  take(): ArrayBuffer;
+  /**
+   * A buffer to fill and transfer: of the standard capacity, or, when the caller knows it
+   * needs at most `atLeast` bytes and that is small, of a small one (a 7 KB package should not
+   * cost a megabyte's allocation and its collection).
+   */
+  take(atLeast?: number): ArrayBuffer;
   /** Hands back a buffer nothing references any more. */
   give(buffer: ArrayBuffer): void;
 }
@@ -50,12 +54,19 @@ export class PieceCutter {
    * longer than the standard buffer, no place to cut yet) with its new capacity: false
    * refuses it, and the cutter stops.
    */
-  constructor(target: number, buffers: Buffers, onPiece: (buffer: ArrayBuffer, length: number) => void, grow: (capacity: number) => boolean = () => true) {
+  /** `expectedBytes`: what the body is declared to hold, when known: the first buffer need hold no more (it grows if the body lied). */
+  constructor(
+    target: number,
+    buffers: Buffers,
+    onPiece: (buffer: ArrayBuffer, length: number) => void,
+    grow: (capacity: number) => boolean = () => true,
+    expectedBytes?: number,
+  ) {
     this.#target = target;
     this.#buffers = buffers;
     this.#onPiece = onPiece;
     this.#grow = grow;
-    this.#bytes = new Uint8Array(buffers.take());
+    this.#bytes = new Uint8Array(buffers.take(expectedBytes));
   }
 
   /** Bytes of the current piece's buffer (larger than the standard one while a long row waits for a cut). */

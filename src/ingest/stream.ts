@@ -247,6 +247,8 @@ export class StreamingIngest implements IngestSink {
       this.#engine.buffers,
       (buffer, length) => this.#addPiece(buffer, length, false),
       (capacity) => this.#grow(capacity),
+      // Inflated bodies are larger than declared: only a plain body's length tells.
+      this.#options.encoding === 'gzip' ? undefined : (this.#options.declaredBytes ?? undefined),
     );
   }
 
@@ -287,7 +289,8 @@ export class StreamingIngest implements IngestSink {
       entity: this.#options.entity.name,
       columns: this.#columns,
       mode: this.#mode,
-      out: this.#storing ? this.#engine.buffers.take() : null,
+      // A piece's lines take at most its bytes and a newline.
+      out: this.#storing ? this.#engine.buffers.take(piece.parts.reduce((n, p) => n + p.end - p.start, 1)) : null,
       // Pieces taken after the answer's list is full only count their refused rows.
       describe: ROW_ERRORS_MAX - this.#rowErrors.length,
       parts: piece.parts.map((p) => p.buffer),

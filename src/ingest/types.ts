@@ -59,6 +59,8 @@ export interface IngestOptions {
   open: (columns: string[]) => Promise<PackageWriter>;
   /** The body's `Content-Encoding` (already checked: only these two are served). */
   encoding?: 'identity' | 'gzip';
+  /** The body's declared length (`Content-Length`), when known: a small body is cut into a small buffer. */
+  declaredBytes?: number | null;
 }
 
 /** Counters of the pool, cheap to keep: tests and the tuning notes of docs/operations.md read them. */

@@ -120,6 +120,7 @@ export class PackageIngest {
       const sink = this.deps.pool.createIngest({
         entity,
         encoding: req.encoding,
+        declaredBytes: req.contentLength,
         open: (columns) => {
           meta = { package_id: packageId, client_id: client.id, upload_uuid: uploadUuid, entity: entity.name, columns };
           return this.deps.queue.open(meta);

@@ -401,3 +401,25 @@ t.test('the short way: a small package is checked on the main thread, with the s
   t.equal((await ingest(inline, 'products', large)).result.rows, 2000);
   t.equal(inline.stats.inline, inlineBefore, 'the large one did not take it');
 });
+
+t.test('a declared length is a hint for the buffers, never a bound: a body longer than declared is read whole', async (t) => {
+  const columns = ['catalog_id', 'name'];
+  const data = Array.from({ length: 20_000 }, (_, i) => [`c${i}`, `name ${i}`]);
+  const body = JSON.stringify({ columns, data });
+  t.ok(body.length > 128 * 1024, `${body.length} bytes`);
+  for (const declaredBytes of [100, body.length, null]) {
+    const writers: FakeWriter[] = [];
+    const sink = pool.createIngest({
+      entity: entity('catalogs'),
+      declaredBytes,
+      open: async (cols) => {
+        const w = new FakeWriter(cols);
+        writers.push(w);
+        return w;
+      },
+    });
+    const result = await send(sink, body, 16 * 1024);
+    t.equal(result.rows, data.length, `declared ${declaredBytes}: every row`);
+    t.same(writers[0]!.lines().at(-1), JSON.stringify(data.at(-1)));
+  }
+});
