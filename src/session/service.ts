@@ -179,9 +179,10 @@ export class SessionService {
   }
 
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
-    const [record, pending] = await Promise.all([this.read(uploadUuid), this.deps.queue.pending(uploadUuid)]);
+    const [record, pending] = await Promise.all([this.read(uploadUuid), this.deps.queue.hasPending(uploadUuid)]);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
-    return statusView(record.value, pending, this.now());
+    // Only whether any package waits for the uploader matters, not how many.
+    return statusView(record.value, pending ? 1 : 0, this.now());
   }
 
   /**
@@ -256,7 +257,7 @@ export class SessionService {
     dates: { date_from: string; date_to: string } | { issues: ValidationIssue[] },
   ): Promise<unknown> {
     await this.requirePointer(client, uploadUuid);
-    const pendingBatches = await this.deps.queue.pending(uploadUuid);
+    const pendingBatches = (await this.deps.queue.hasPending(uploadUuid)) ? 1 : 0;
     const started = await this.mutate(client, uploadUuid, 'active', (r) =>
       decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now() }),
     );

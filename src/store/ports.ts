@@ -181,6 +181,11 @@ export interface BatchQueue {
   /** Committed packages of the session not yet acked by a consumer. */
   pending(uploadUuid: string): Promise<number>;
   /**
+   * Whether any is (`pending(uploadUuid) > 0`), without counting them: status and
+   * start-upload ask on every call, however many packages the session holds.
+   */
+  hasPending(uploadUuid: string): Promise<boolean>;
+  /**
    * Committed packages of every session not yet acked (the one in a handler included), and
    * the age of the oldest of them in ms (null when there is none): the uploader's lag. One
    * or two cheap requests, whatever the number of packages; for metrics at scrape time.

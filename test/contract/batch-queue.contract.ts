@@ -108,6 +108,7 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     await a.append(Buffer.from('["a1","x"]\n'));
     await a.append(Buffer.from('["a2","x"]\n["a3","x"]\n'));
     t.equal(await q.pending('u1'), 0, 'appended but not committed: not pending');
+    t.equal(await q.hasPending('u1'), false, 'nor for hasPending');
     await commit(q, meta('u1', 'pkg-c'), ['["c1","x"]\n']);
     t.equal((await rec.next()).meta.package_id, 'pkg-c', 'the uncommitted older package was not delivered');
     await a.append(Buffer.from('["a4","x"]\n'));
@@ -159,23 +160,26 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     t.equal(await q.pending('u1'), 0);
   });
 
-  t.test(`${name}: pending counts committed packages until acked, the one in hand included`, async (t) => {
+  t.test(`${name}: pending counts committed packages until acked, the one in hand included; hasPending says whether any is`, async (t) => {
     const { q } = await setup(t);
     for (const id of ['p1', 'p2', 'p3']) await commit(q, meta('u1', id), [`["${id}"]\n`]);
     await commit(q, meta('u2', 'q1'), ['["q1"]\n']);
     t.equal(await q.pending('u1'), 3);
     t.equal(await q.pending('u2'), 1);
     t.equal(await q.pending('u3'), 0);
+    t.same(await Promise.all(['u1', 'u2', 'u3'].map((u) => q.hasPending(u))), [true, true, false]);
     const gate = latch();
     const rec = record(t, q, (_d, i) => (i === 0 ? gate.wait : undefined));
     t.equal((await rec.next()).meta.package_id, 'p1', 'oldest first');
     t.equal(await q.pending('u1'), 3, 'the package in the handler is still pending');
+    t.equal(await q.hasPending('u1'), true);
     gate.open();
     const order = [(await rec.next()).meta.package_id, (await rec.next()).meta.package_id, (await rec.next()).meta.package_id];
     t.same(order, ['p2', 'p3', 'q1'], 'commit order');
     await rec.stop();
     t.equal(await q.pending('u1'), 0);
     t.equal(await q.pending('u2'), 0);
+    t.same(await Promise.all(['u1', 'u2'].map((u) => q.hasPending(u))), [false, false], 'none once all are acked');
   });
 
   t.test(`${name}: backlog counts every session's committed packages until acked, with the oldest one's age`, async (t) => {

@@ -144,6 +144,10 @@ export class FileBatchQueue implements BatchQueue {
     return this.#perSession.get(uploadUuid) ?? 0;
   }
 
+  async hasPending(uploadUuid: string): Promise<boolean> {
+    return (this.#perSession.get(uploadUuid) ?? 0) > 0;
+  }
+
   async backlog(): Promise<QueueBacklog> {
     // Entries are kept in commit order: the first is the oldest.
     const oldest = this.#entries.values().next();

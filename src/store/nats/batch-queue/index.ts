@@ -170,6 +170,12 @@ export class NatsBatchQueue implements BatchQueue {
     return n;
   }
 
+  /** The first of the session's commit messages still in the stream, if any: one lookup, where `pending` lists a subject per package. */
+  async hasPending(uploadUuid: string): Promise<boolean> {
+    this.#check();
+    return (await this.#messages.get({ seq: 1, next_by_subj: this.#subjects.sessionCommits(uploadUuid) })) !== null;
+  }
+
   /**
    * From the consumer's counters (not yet delivered + delivered and not acked: the commits
    * still in the stream), and the first commit message after its ack floor. One attempt
