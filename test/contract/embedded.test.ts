@@ -200,3 +200,26 @@ t.test('FileSessionStore: the one-file-per-key layout of an older version is rea
   t.notOk((await readdir(dir)).some((f) => f.endsWith('.json')), 'the old files are gone');
   t.same(await FileSessionStore.peek(dir, 'Session.1'), { value: { n: 4 }, revision: 4 }, 'peek reads the same without opening');
 });
+
+t.test('FileObjectStore: puts racing deletes of their own prefix never fail on the directories a delete removed', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const store = await FileObjectStore.open(dir);
+  t.teardown(() => store.close());
+  // Deletes of the session run while its puts rename and fsync the directories they made
+  // (a session deleted while its packages are uploaded): before, the fsync of a directory a
+  // delete had just removed threw ENOENT and the upload failed.
+  const failures: unknown[] = [];
+  async function* oneLine() {
+    yield Buffer.from('line\n');
+  }
+  for (let round = 0; round < 100; round++) {
+    const prefix = `c/s${round % 4}/`;
+    const puts = Array.from({ length: 16 }, (_, i) =>
+      store.put(`${prefix}e${i % 4}/p${round}-${i}.ndjson`, oneLine()).catch((err: unknown) => void failures.push(err)),
+    );
+    const deletes = Array.from({ length: 4 }, () => store.deletePrefix(prefix));
+    await Promise.all([...puts, ...deletes]);
+  }
+  t.same(failures.map((e) => (e as NodeJS.ErrnoException).code), [], 'no put failed');
+});

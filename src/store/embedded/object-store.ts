@@ -72,9 +72,17 @@ export class FileObjectStore implements ObjectStore {
       throw err;
     }
     // The new entry, and the entries of any directories made for it, must reach the disk.
+    // A directory gone meanwhile was removed by a deletePrefix that took the new object with
+    // it (a session deleted while its package was uploaded): there is nothing left to sync.
     for (let d = dirname(path); ; d = dirname(d)) {
-      await this.#syncDir(d);
-      if (!created || d === dirname(created) || d === this.#root) break;
+      const gone = await this.#syncDir(d).then(
+        () => false,
+        (err: NodeJS.ErrnoException) => {
+          if (err.code === 'ENOENT') return true;
+          throw err;
+        },
+      );
+      if (gone || !created || d === dirname(created) || d === this.#root) break;
     }
     return { key, size };
   }
