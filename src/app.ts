@@ -118,6 +118,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       rowScanner: config.ingest.rowScanner,
       // A worker module of the caller's (tests' faulty workers) sees every task: no short way.
       inlineBytes: opts.validationWorker === undefined ? config.ingest.inlineBytes : 0,
+      clientShare: config.ingest.clientShare,
       maxHeldBytes: config.limits.ingestBodyBytes,
       ...(opts.validationWorker === undefined ? {} : { filename: opts.validationWorker }),
       onError: (err) => log.error('validation worker failed outside a task', { err }),

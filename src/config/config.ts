@@ -69,6 +69,8 @@ export interface Config {
     rowScanner: boolean;
     /** Row tasks of at most this many bytes run on the main thread, without a worker's round trip (the short way of small packages); 0: never. */
     inlineBytes: number & tags.Type<'uint32'> & tags.Maximum<1048576>;
+    /** The share of the open ingest requests (`workers + maxQueue`) one client may hold (at least one): no client holds them all. */
+    clientShare: number & tags.ExclusiveMinimum<0> & tags.Maximum<1>;
     /** Bytes all ingest requests together may hold whole (inflated; layouts not streamed, long rows, bytes after `data`); past it, 503. */
     memoryBudgetBytes: PositiveInt;
     /** Upper bound of one encoded batch (NATS max_payload is 1 MiB). */

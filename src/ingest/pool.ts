@@ -94,6 +94,11 @@ export interface ValidationPoolOptions {
    * `ingest.inlineBytes`.
    */
   inlineBytes?: number;
+  /**
+   * The share of the open requests (`workers + maxQueue`) one client may hold, 0 < share ≤ 1
+   * (at least one request). Default `ingest.clientShare`.
+   */
+  clientShare?: number;
   /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
   filename?: string;
   /**
@@ -141,6 +146,7 @@ export class ValidationPool {
       rowScanner = DEFAULTS.ingest.rowScanner,
       // The short way runs the built-in row code: with another worker module, every task goes to it.
       inlineBytes = options.filename === undefined ? DEFAULTS.ingest.inlineBytes : 0,
+      clientShare = DEFAULTS.ingest.clientShare,
       filename = WORKER,
       onError = () => {},
     } = options;
@@ -157,6 +163,7 @@ export class ValidationPool {
     requireInteger('cancelAfterMs', cancelAfterMs, 0);
     requireInteger('workerNice', workerNice, 0);
     requireInteger('inlineBytes', inlineBytes, 0);
+    if (!(clientShare > 0 && clientShare <= 1)) throw new TypeError(`clientShare must be in (0, 1], got ${clientShare}`);
     this.#inlineBytes = inlineBytes;
     this.#rowScanner = rowScanner;
     const threads = workers === 0 ? availableParallelism() : workers;
@@ -168,7 +175,7 @@ export class ValidationPool {
     this.#memory = new MemoryBudget(memoryBudgetBytes, maxHeldBytes);
     this.#headBytes = headBytes;
     this.#cancelAfterMs = cancelAfterMs;
-    this.#admission = new Admission(threads + maxQueue);
+    this.#admission = new Admission(threads + maxQueue, clientShare);
     this.#scheduler = new Scheduler(tasks);
     // Room past the target for the rest of the row the cut waits for; a running task holds
     // two buffers (its piece and the one its lines go to).
@@ -184,7 +191,7 @@ export class ValidationPool {
    * sinks are open already, so the request is answered before its body is read.
    */
   createIngest(options: IngestOptions): IngestSink {
-    const leave = this.#admission.admit();
+    const leave = this.#admission.admit(options.client);
     const memory = this.#memory.account();
     const engine: Engine = {
       run: (task, transfer, signal, priority) => this.#run(task, transfer, signal, priority),

@@ -59,6 +59,8 @@ export interface IngestOptions {
   open: (columns: string[]) => Promise<PackageWriter>;
   /** The body's `Content-Encoding` (already checked: only these two are served). */
   encoding?: 'identity' | 'gzip';
+  /** Whose request it is (the client id): admission gives one client at most its share of the pool. */
+  client?: string;
   /** The body's declared length (`Content-Length`), when known: a small body is cut into a small buffer. */
   declaredBytes?: number | null;
 }

@@ -121,6 +121,7 @@ export class PackageIngest {
         entity,
         encoding: req.encoding,
         declaredBytes: req.contentLength,
+        client: client.id,
         open: (columns) => {
           meta = { package_id: packageId, client_id: client.id, upload_uuid: uploadUuid, entity: entity.name, columns };
           return this.deps.queue.open(meta);

@@ -5,7 +5,7 @@
  * Limits are made small per test; raw sockets are used where the exact bytes matter.
  */
 import t from 'tap';
-import { API, call, clientOf, fakeConnector, products, startService, waitForStatus, yesterday } from '../support/harness.js';
+import { API, call, clientOf, DEMO2, fakeConnector, products, startService, waitForStatus, yesterday } from '../support/harness.js';
 import { auth, head, parseResponse, RawClient } from '../support/raw-http.js';
 
 const delay = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -198,3 +198,31 @@ t.test('413 on chunked bodies: cut off at the limit, the rest is never read', as
   const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
   t.same(st.entities, [], 'nothing stored');
 });
+
+t.test("one client's slow bodies hold at most its share of the pool: another client's ingests go through", async (t) => {
+  // 1 worker + 3 queued = 4 open ingests; a client may hold 2 of them.
+  const svc = await startService(t, { ingest: { workers: 1, maxQueue: 3, clientShare: 0.5 }, limits: { requestsPerSecond: 0, concurrentPerClient: 0 } });
+  const demo = clientOf(svc);
+  const other = clientOf(svc, DEMO2);
+  const uuid = (await demo.init()).body.upload_uuid as string;
+  const otherUuid = (await other.init()).body.upload_uuid as string;
+  const openIngests = async () => Number(/^ingest_requests_open(?:\{[^}]*\})? (\d+)$/m.exec((await call(svc.url, 'GET', '/metrics', { client: null })).text)?.[1]);
+
+  // Two bodies that trickle: headers and a few bytes of a declared 100 kB, then nothing.
+  const trickles: RawClient[] = [];
+  for (let i = 0; i < 2; i++) {
+    const raw = new RawClient(t, svc.url);
+    await raw.write(head('POST', `${API}/${uuid}/products`, `${auth}Content-Type: application/json\r\nContent-Length: 100000\r\n`));
+    await raw.write('{"columns":["product_id","name","unit"],"data":[');
+    trickles.push(raw);
+  }
+  for (let n = await openIngests(); n < 2; n = await openIngests()) await new Promise((resolve) => setImmediate(resolve));
+
+  const third = await demo.ingest(uuid, 'products', products(3));
+  t.same([third.status, third.body, third.headers['retry-after']], [503, { detail: 'Rate limit exceeded' }, '1'], "past its share: demo's third ingest is turned away");
+  for (let i = 0; i < 3; i++) {
+    const res = await other.ingest(otherUuid, 'products', products(3));
+    t.equal(res.status, 200, `demo-2's ingest ${i + 1} goes through beside them`);
+  }
+});
+

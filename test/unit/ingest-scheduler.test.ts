@@ -167,3 +167,25 @@ t.test('Admission: at most `capacity` open; past that RATE_LIMITED (503, Retry-A
   t.throws(() => none.admit(), { code: 'RATE_LIMITED' }, 'capacity 0 admits nothing');
   t.equal(none.open, 0);
 });
+
+t.test('Admission: one client holds at most its share; the others are still admitted', async (t) => {
+  const admission = new Admission(6, 0.5);
+  t.equal(admission.perClient, 3);
+  const a = [admission.admit('a'), admission.admit('a'), admission.admit('a')];
+  t.throws(() => admission.admit('a'), { code: 'RATE_LIMITED', statusCode: 503 }, "a's fourth: past its share");
+  t.equal(admission.openOf('a'), 3);
+  const b = [admission.admit('b'), admission.admit('b')];
+  t.equal(admission.open, 5, 'b admitted beside a');
+  admission.admit(); // a request of no client counts for the pool only
+  t.throws(() => admission.admit('c'), { code: 'RATE_LIMITED' }, 'the pool is full');
+  a[0]!();
+  a[0]!();
+  t.equal(admission.openOf('a'), 2, 'a release counts once');
+  admission.admit('a');
+  t.throws(() => admission.admit('a'), { code: 'RATE_LIMITED' });
+  for (const release of b) release();
+  t.equal(admission.openOf('b'), 0);
+  t.equal(new Admission(3, 0.1).perClient, 1, 'at least one');
+  t.equal(new Admission(3, 1).perClient, 3, 'share 1: the whole pool');
+});
+
