@@ -33,13 +33,9 @@ export const DEFAULT_MAX_DECOMPRESSED_BYTES: number = DEFAULTS.ingest.maxDecompr
 export const DEFAULT_MEMORY_BUDGET_BYTES: number = DEFAULTS.ingest.memoryBudgetBytes;
 /** The plain body limit of ingest (`limits.ingestBodyBytes`): a gzip body may hold no more. */
 export const DEFAULT_MAX_HELD_BYTES: number = DEFAULTS.limits.ingestBodyBytes;
-// TODO(config): the config layer has no `ingest.cancelAfterMs` (src/config/config.ts,
-// config/default.json); until it does, the value lives here and app.ts leaves it out.
+/** Not an operator's setting (no config key): how long a task of a request gone away may still finish. Tests lower it. */
 export const DEFAULT_CANCEL_AFTER_MS = 1000;
-/**
- * Heads (bytes before `data`'s elements) longer than this go to the one-shot path.
- * TODO(config): no `ingest.headBytes` in the config layer either (only tests set it).
- */
+/** Heads (bytes before `data`'s elements) longer than this go to the one-shot path. Not a config key: only tests set it. */
 const HEAD_BYTES = 64 * 1024;
 /** Skeletons (head + tail) up to this size are checked on the main thread. */
 const INLINE_SKELETON_BYTES = 64 * 1024;
