@@ -116,8 +116,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       maxDecompressedBytes: config.ingest.maxDecompressedBytes,
       memoryBudgetBytes: config.ingest.memoryBudgetBytes,
       rowScanner: config.ingest.rowScanner,
-      // A worker module of the caller's (tests' faulty workers) sees every task: no short way.
-      inlineBytes: opts.validationWorker === undefined ? config.ingest.inlineBytes : 0,
+      inlineBytes: config.ingest.inlineBytes,
       clientShare: config.ingest.clientShare,
       maxHeldBytes: config.limits.ingestBodyBytes,
       ...(opts.validationWorker === undefined ? {} : { filename: opts.validationWorker }),

@@ -87,7 +87,7 @@ export interface ValidationPoolOptions {
   /**
    * Row tasks of at most this many bytes run on the main thread, without a worker's round
    * trip (the short way of small packages); 0: every task goes to a worker. Default
-   * `ingest.inlineBytes`.
+   * `ingest.inlineBytes`. With another worker module (`filename`), every task goes to it.
    */
   inlineBytes?: number;
   /**
@@ -140,8 +140,7 @@ export class ValidationPool {
       cancelAfterMs = DEFAULT_CANCEL_AFTER_MS,
       workerNice = 0,
       rowScanner = DEFAULTS.ingest.rowScanner,
-      // The short way runs the built-in row code: with another worker module, every task goes to it.
-      inlineBytes = options.filename === undefined ? DEFAULTS.ingest.inlineBytes : 0,
+      inlineBytes = DEFAULTS.ingest.inlineBytes,
       clientShare = DEFAULTS.ingest.clientShare,
       filename = WORKER,
       onError = () => {},
@@ -160,7 +159,8 @@ export class ValidationPool {
     requireInteger('workerNice', workerNice, 0);
     requireInteger('inlineBytes', inlineBytes, 0);
     if (!(clientShare > 0 && clientShare <= 1)) throw new TypeError(`clientShare must be in (0, 1], got ${clientShare}`);
-    this.#inlineBytes = inlineBytes;
+    // The short way runs the built-in row code: with another worker module, every task goes to it.
+    this.#inlineBytes = options.filename === undefined ? inlineBytes : 0;
     this.#rowScanner = rowScanner;
     const threads = workers === 0 ? availableParallelism() : workers;
     const tasks = poolPieces === 0 ? 2 * threads : poolPieces;
