@@ -52,6 +52,59 @@ t.test('FileLedger: a torn last line (an append that never resolved) is not an e
   t.same((await ledger.get(uuid, 'p-1'))?.package_id, 'p-1');
 });
 
+t.test('FileLedger: a torn last line does not swallow the next entry written after it', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const uuid = '00000000-0000-4000-8000-000000000002';
+  await writeFile(join(dir, `${uuid}.ndjson`), `${JSON.stringify(entry('p-1'))}\n${JSON.stringify(entry('p-2')).slice(0, 20)}`);
+  const ledger = await FileLedger.open(dir);
+  await ledger.append(uuid, [entry('p-3')]);
+  await ledger.close();
+  const again = await FileLedger.open(dir);
+  t.teardown(() => again.close());
+  t.same(await again.get(uuid, 'p-3'), entry('p-3'));
+  t.same(await again.get(uuid, 'p-1'), entry('p-1'));
+});
+
+t.test('FileLedger: an acknowledged entry is in the write-ahead log until its session file is synced; a crash replays it', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const [u1, u2] = ['00000000-0000-4000-8000-000000000003', '00000000-0000-4000-8000-000000000004'];
+  const crashed = await FileLedger.open(dir);
+  t.teardown(() => crashed.close());
+  await Promise.all([crashed.append(u1, [entry('a-1'), entry('a-2')]), crashed.append(u2, [entry('b-1')])]);
+  await crashed.append(u2, [entry('b-2')]);
+  await crashed.drop(u2);
+  t.same((await readdir(dir)).filter((n) => n.startsWith('wal-')), ['wal-1.log'], 'one log, shared by the sessions');
+  // Power lost before the session file reached the disk: its lines are gone, a torn one is left.
+  await writeFile(join(dir, `${u1}.ndjson`), JSON.stringify(entry('a-1')).slice(0, 15));
+  const again = await FileLedger.open(dir);
+  t.teardown(() => again.close());
+  t.same((await readdir(dir)).filter((n) => n.startsWith('wal-')), [], 'the replayed log is gone');
+  t.same(await again.get(u1, 'a-1'), entry('a-1'));
+  t.same(await again.get(u1, 'a-2'), entry('a-2'));
+  t.equal(await again.get(u2, 'b-1'), null, 'a dropped session stays dropped');
+  t.notOk((await readdir(dir)).includes(`${u2}.ndjson`));
+  t.same((await again.sessions()).sort(), [u1]);
+});
+
+t.test('FileLedger: past walBytes the log is checkpointed: session files synced, the old log removed', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const uuid = '00000000-0000-4000-8000-000000000005';
+  const ledger = await FileLedger.open(dir, { walBytes: 300 });
+  for (let i = 0; i < 20; i++) await ledger.append(uuid, [entry(`p-${i}`)]);
+  await ledger.close();
+  const logs = (await readdir(dir)).filter((n) => n.startsWith('wal-'));
+  t.ok(logs.length <= 2, `old logs are removed (${logs.join(', ')})`);
+  t.notOk(logs.includes('wal-1.log'), 'the first log went at its checkpoint');
+  // Without the logs, the session file alone holds every entry.
+  for (const log of logs) await rm(join(dir, log));
+  const again = await FileLedger.open(dir);
+  t.teardown(() => again.close());
+  for (let i = 0; i < 20; i++) t.same(await again.get(uuid, `p-${i}`), entry(`p-${i}`), `p-${i}`);
+});
+
 const queueOpts = { redeliveryDelayMs: 5 };
 batchQueueContract(t, 'FileBatchQueue', async () => {
   const dir = await tempDir();

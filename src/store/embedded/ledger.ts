@@ -1,5 +1,5 @@
 import { createReadStream } from 'node:fs';
-import { mkdir, readdir, rm } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { StoreError, type LedgerEntry, type PackageLedger } from '../ports.js';
@@ -10,15 +10,38 @@ export interface FileLedgerOptions {
   maxIndexedIds?: number;
   /** Session files kept open. Default 64. */
   maxOpenFiles?: number;
+  /** Size past which the write-ahead log is checkpointed (session files synced, the log removed). Default 8 MiB. */
+  walBytes?: number;
 }
+
+/** A line of the write-ahead log: entries of one session, or the drop of one. */
+type WalRecord = { s: string; e: LedgerEntry[] } | { drop: string };
+
+/** One write-ahead log and what its checkpoint must make durable before the log may go. */
+interface WalGeneration {
+  no: number;
+  wal: Promise<AppendFile>;
+  /** Sessions whose file got lines logged here. */
+  dirty: Set<string>;
+  /** Session-file writes of those lines still in flight. */
+  writes: Set<Promise<void>>;
+}
+
+const WAL = /^wal-(\d+)\.log$/;
 
 const ID = /^[A-Za-z0-9_.=-]+$/;
 
 /**
  * `PackageLedger` on local files: one append-only NDJSON file per session under `dir`, one
- * line per entry, group-committed (`AppendFile`: one fdatasync per file for every entry
- * appended meanwhile). A torn last line (a crash in the middle of an append that was never
- * acknowledged) is skipped when read.
+ * line per entry. An append is durable once its line is in the write-ahead log
+ * (`wal-<n>.log`, shared by every session and group-committed: one fdatasync for every
+ * append of every session that came meanwhile); the session file gets the same line
+ * without an fsync of its own. Past `walBytes` the log is checkpointed: a new log takes the
+ * appends, the session files written under the old one are fdatasync'ed, and the old log
+ * goes. Opening replays whatever logs are left (a crash before their checkpoint) into the
+ * session files, drops included, before anything is read. A session file's line may so
+ * appear twice: reads keep one entry per package. A torn last line (a crash in the middle
+ * of a write) is skipped when read, and the next write to that file starts on a new line.
  *
  * Which ids a session holds is kept in memory, loaded from the file the first time a session
  * is asked about, and forgotten for the least recently used sessions beyond `maxIndexedIds`;
@@ -35,17 +58,67 @@ export class FileLedger implements PackageLedger {
   readonly #files = new Map<string, { file: Promise<AppendFile>; users: number }>();
   /** Per session: the load of its index in progress. */
   readonly #loading = new Map<string, Promise<Map<string, LedgerEntry>>>();
+  readonly #walBytes: number;
+  #gen: WalGeneration;
+  /** Checkpoints under way (each of an older log). */
+  readonly #checkpoints = new Set<Promise<void>>();
   #closed = false;
 
-  private constructor(dir: string, opts: FileLedgerOptions) {
+  private constructor(dir: string, opts: FileLedgerOptions, walNo: number) {
     this.#dir = dir;
     this.#maxIds = opts.maxIndexedIds ?? 1_000_000;
     this.#maxFiles = opts.maxOpenFiles ?? 64;
+    this.#walBytes = opts.walBytes ?? 8 * 1024 * 1024;
+    this.#gen = this.#generation(walNo);
   }
 
   static async open(dir: string, opts: FileLedgerOptions = {}): Promise<FileLedger> {
     await mkdir(dir, { recursive: true });
-    return new FileLedger(dir, opts);
+    const logs = (await readdir(dir))
+      .map((n) => WAL.exec(n))
+      .filter((m): m is RegExpExecArray => m !== null)
+      .map((m) => Number(m[1]))
+      .sort((a, b) => a - b);
+    if (logs.length > 0) await FileLedger.#replay(dir, logs);
+    return new FileLedger(dir, opts, (logs.at(-1) ?? 0) + 1);
+  }
+
+  /**
+   * Writes what the logs hold into the session files, applies drops in log order, syncs every file touched, then
+   * removes the logs. A torn last log line was never acknowledged: it is skipped.
+   */
+  static async #replay(dir: string, logs: number[]): Promise<void> {
+    const pending = new Map<string, string[]>();
+    const dropped = new Set<string>();
+    for (const no of logs) {
+      for (const line of (await readFile(join(dir, `wal-${no}.log`), 'utf8')).split('\n')) {
+        let record: WalRecord;
+        try {
+          record = JSON.parse(line) as WalRecord;
+        } catch {
+          continue;
+        }
+        if ('drop' in record) {
+          pending.delete(record.drop);
+          dropped.add(record.drop);
+        } else {
+          const lines = pending.get(record.s) ?? [];
+          for (const e of record.e) lines.push(`${JSON.stringify(e)}\n`);
+          pending.set(record.s, lines);
+          dropped.delete(record.s);
+        }
+      }
+    }
+    for (const uuid of dropped) await rm(join(dir, `${uuid}.ndjson`), { force: true });
+    for (const [uuid, lines] of pending) {
+      const file = await FileLedger.#openSessionFile(join(dir, `${uuid}.ndjson`));
+      try {
+        await file.append(Buffer.from(lines.join('')));
+      } finally {
+        await file.close();
+      }
+    }
+    for (const no of logs) await rm(join(dir, `wal-${no}.log`), { force: true });
   }
 
   async append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void> {
@@ -54,8 +127,19 @@ export class FileLedger implements PackageLedger {
     const fresh = entries.filter((e) => !index.has(e.package_id));
     if (fresh.length === 0) return;
     for (const e of fresh) this.#remember(uploadUuid, index, e);
+    const gen = this.#gen;
     try {
-      await this.#withFile(uploadUuid, (file) => file.append(Buffer.from(fresh.map((e) => `${JSON.stringify(e)}\n`).join(''))));
+      const logged = (async () => (await gen.wal).append(Buffer.from(`${JSON.stringify({ s: uploadUuid, e: fresh } satisfies WalRecord)}\n`)))();
+      // Counted in the log's generation at once: its checkpoint waits for this write.
+      gen.dirty.add(uploadUuid);
+      const written = this.#withFile(uploadUuid, (file) => file.write(Buffer.from(fresh.map((e) => `${JSON.stringify(e)}\n`).join(''))).written);
+      gen.writes.add(written);
+      void written.then(
+        () => gen.writes.delete(written),
+        () => gen.writes.delete(written),
+      );
+      await Promise.all([logged, written]);
+      if ((await gen.wal).size >= this.#walBytes && this.#gen === gen) this.#rotate();
     } catch (err) {
       // Not durable: forget them, so that a retry writes them again.
       for (const e of fresh) if (index.delete(e.package_id)) this.#indexed--;
@@ -85,14 +169,65 @@ export class FileLedger implements PackageLedger {
     this.#files.delete(uploadUuid);
     this.#forget(uploadUuid);
     if (slot) await (await slot.file).close().catch(() => undefined);
+    // Logged first: a replay of an older line of this session must not bring the file back.
+    await (await this.#gen.wal).append(Buffer.from(`${JSON.stringify({ drop: uploadUuid } satisfies WalRecord)}\n`));
     await rm(this.#path(uploadUuid), { force: true });
   }
 
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    await Promise.allSettled([...this.#checkpoints]);
     await Promise.allSettled([...this.#files.values()].map(async (slot) => (await slot.file).close()));
     this.#files.clear();
+    await (await this.#gen.wal.catch(() => null))?.close();
+  }
+
+  #generation(no: number): WalGeneration {
+    const wal = AppendFile.open(join(this.#dir, `wal-${no}.log`));
+    wal.catch(() => undefined);
+    return { no, wal, dirty: new Set(), writes: new Set() };
+  }
+
+  /**
+   * A new log takes the appends from now on; the old one goes once every session file it
+   * covers is durable. A failed checkpoint leaves the old log for the next start to replay.
+   */
+  #rotate(): void {
+    const old = this.#gen;
+    this.#gen = this.#generation(old.no + 1);
+    const run = (async () => {
+      await Promise.allSettled([...old.writes]);
+      for (const uuid of old.dirty) await this.#syncSessionFile(uuid);
+      const wal = await old.wal;
+      await wal.close();
+      await rm(wal.path, { force: true });
+    })().catch(() => undefined);
+    this.#checkpoints.add(run);
+    void run.finally(() => this.#checkpoints.delete(run));
+  }
+
+  async #syncSessionFile(uploadUuid: string): Promise<void> {
+    const slot = this.#files.get(uploadUuid);
+    const open_ = slot ? await slot.file.catch(() => null) : null;
+    if (open_) return open_.sync().catch(() => this.#syncPath(uploadUuid));
+    await this.#syncPath(uploadUuid);
+  }
+
+  /** fdatasync through a descriptor of its own (any descriptor flushes the file); a dropped session's file is gone: nothing to sync. */
+  async #syncPath(uploadUuid: string): Promise<void> {
+    let fh;
+    try {
+      fh = await open(this.#path(uploadUuid), 'r');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw err;
+    }
+    try {
+      await fh.datasync();
+    } finally {
+      await fh.close();
+    }
   }
 
   /** Sessions that have a ledger file (for recovery at start). */
@@ -169,7 +304,7 @@ export class FileLedger implements PackageLedger {
   async #withFile<R>(uploadUuid: string, fn: (file: AppendFile) => Promise<R>): Promise<R> {
     let slot = this.#files.get(uploadUuid);
     if (slot) this.#files.delete(uploadUuid);
-    else slot = { file: AppendFile.open(this.#path(uploadUuid)), users: 0 };
+    else slot = { file: FileLedger.#openSessionFile(this.#path(uploadUuid)), users: 0 };
     this.#files.set(uploadUuid, slot);
     slot.users++;
     try {
@@ -181,6 +316,17 @@ export class FileLedger implements PackageLedger {
       slot.users--;
       this.#trimFiles();
     }
+  }
+
+  /** Opens a session file for appending; after a torn last line (a crash mid-write) the next line starts on a line of its own. */
+  static async #openSessionFile(path: string): Promise<AppendFile> {
+    const file = await AppendFile.open(path);
+    if (file.size > 0) {
+      const last = Buffer.alloc(1);
+      await file.read(last, file.size - 1);
+      if (last[0] !== 0x0a) await file.write(Buffer.from('\n')).written;
+    }
+    return file;
   }
 
   #trimFiles(): void {
