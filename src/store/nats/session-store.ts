@@ -12,10 +12,10 @@ export interface NatsSessionStoreOptions {
   /**
    * How compare-and-set is enforced. `subject`: the server checks the key's last sequence
    * (one round trip). `stream`: the server checks the whole stream's last sequence, after
-   * the key's revision was read back — correct on clustered servers whose subject check is
-   * not serialised (nats-server before 2.10: nats-io/nats-server#4320, where concurrent
-   * updates of one key can all succeed), at three round trips and a conflict with every
-   * other write to the bucket. `auto` (default) picks `stream` only for a clustered server
+   * as well as the key's — correct on clustered servers whose subject check is not
+   * serialised (nats-server before 2.10: nats-io/nats-server#4320, where concurrent updates
+   * of one key can all succeed). The writes of one process go one at a time, each one round
+   * trip; a write of another process costs a retry. `auto` (default) picks `stream` only for a clustered server
    * before 2.10: a single server checks the subject under its stream lock on any version.
    */
   casGuard?: 'auto' | 'subject' | 'stream';
@@ -55,6 +55,10 @@ export class NatsSessionStore implements SessionStore {
   readonly #stream: string;
   readonly #retryMs: number;
   readonly #streamGuard: boolean;
+  /** With the stream guard: the stream's last sequence as this process last saw it (null: read it first). */
+  #streamLast: number | null = null;
+  /** With the stream guard: the tail of this process's guarded writes, which go one at a time. */
+  #guardTail: Promise<void> = Promise.resolve();
   #closed = false;
 
   private constructor(ctx: NatsContext, bucket: string, retryMs: number, streamGuard: boolean) {
@@ -145,29 +149,43 @@ export class NatsSessionStore implements SessionStore {
   }
 
   /**
-   * Compare-and-set guarded by the whole stream: read the stream's last sequence, then the
-   * key's (both from the leader); the key must still be at `expected`, and the publish
-   * expects the stream unchanged since, so no write of any key came between the check and
-   * the write. A write to another key only costs a retry. The same message id throughout,
-   * so a re-send of a publish that landed is answered with its original acknowledgement.
+   * Compare-and-set guarded by the whole stream. The publish expects both the key's revision
+   * and the stream's last sequence: the stream check is serialised on every clustered
+   * server, so when it passes no write of any key came between the last one this process
+   * saw and this one, and the key check (not serialised before 2.10) was made against a
+   * stream with nothing in flight. This process sends its guarded writes one at a time and
+   * remembers the stream's last sequence from each acknowledgement, so a write costs one
+   * round trip and never conflicts with another write of this process. A "wrong last
+   * sequence" answer (either check) reads the stream's last sequence and the key's revision
+   * again: a key no longer at `expected` is a conflict; otherwise another process wrote
+   * meanwhile, and the write goes again. The same message id throughout, so a re-send of a
+   * publish that landed is answered with its original acknowledgement.
    */
-  async #guardedWrite(
-    key: string,
-    subject: string,
-    data: Uint8Array,
-    expected: number,
-    publish: Parameters<typeof publishOnce>[3],
-  ): Promise<number> {
+  #guardedWrite(key: string, subject: string, data: Uint8Array, expected: number, publish: Parameters<typeof publishOnce>[3]): Promise<number> {
+    const run = this.#guardTail.then(() => this.#guardedAttempts(key, subject, data, expected, publish));
+    this.#guardTail = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    return run;
+  }
+
+  async #guardedAttempts(key: string, subject: string, data: Uint8Array, expected: number, publish: Parameters<typeof publishOnce>[3]): Promise<number> {
     const deadline = Date.now() + this.#retryMs;
     for (;;) {
-      const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream));
-      const last = await this.#last(key);
-      if ((last?.seq ?? 0) !== expected) throw new StoreConflictError(key);
+      if (this.#streamLast === null) {
+        const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream));
+        this.#streamLast = info.state.last_seq;
+      }
       try {
-        const ack = await publishOnce(this.#ctx, subject, data, { ...publish, lastSequence: info.state.last_seq });
+        const ack = await publishOnce(this.#ctx, subject, data, { ...publish, lastSequence: this.#streamLast, lastSubjectSequence: expected });
+        this.#streamLast = ack.seq;
         return ack.seq;
       } catch (err) {
+        this.#streamLast = null;
         if (jsErrorCode(err) !== JS_WRONG_LAST_SEQUENCE) throw err;
+        const last = await this.#last(key);
+        if ((last?.seq ?? 0) !== expected) throw new StoreConflictError(key, { cause: err });
         if (Date.now() > deadline) throw new StoreConflictError(key, { cause: err });
       }
     }
