@@ -175,6 +175,14 @@ t.test('NatsSessionStore with the stream guard (as on a 2.9 cluster): one round 
   const revs = await Promise.all(keys.map((k) => a.create(k, { v: 0 })));
   await Promise.all(keys.map((k, i) => a.update(k, { v: 1 }, revs[i]!)));
   t.same((await Promise.all(keys.map((k) => a.get<{ v: number }>(k)))).map((r) => r!.value.v), keys.map(() => 1));
+  // A conflict in the middle of the pipeline: the writes sent behind it fail with it, and go again.
+  const current = await Promise.all(keys.map(async (k) => (await a.get(k))!.revision));
+  const mixed = await Promise.allSettled(keys.map((k, i) => a.update(k, { v: 2 }, i === 10 ? revs[i]! : current[i]!)));
+  t.same(
+    mixed.map((r) => (r.status === 'fulfilled' ? 'ok' : (r.reason as { code?: string }).code)),
+    keys.map((_, i) => (i === 10 ? 'STORE_CONFLICT' : 'ok')),
+    'only the stale write conflicts',
+  );
   t.equal(await increments(stores, 'counter', 150), 150, 'every landed update counted once');
 });
 

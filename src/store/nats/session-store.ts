@@ -1,4 +1,4 @@
-import { headers, nuid, StorageType, type MsgHdrs } from 'nats';
+import { headers, nuid, StorageType, type MsgHdrs, type PubAck } from 'nats';
 import { StoreError, StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, JS_WRONG_LAST_SEQUENCE, jsErrorCode, publishOnce, withRetry, type NatsContext } from './connection.js';
 
@@ -14,7 +14,7 @@ export interface NatsSessionStoreOptions {
    * (one round trip). `stream`: the server checks the whole stream's last sequence, after
    * as well as the key's — correct on clustered servers whose subject check is not
    * serialised (nats-server before 2.10: nats-io/nats-server#4320, where concurrent updates
-   * of one key can all succeed). The writes of one process go one at a time, each one round
+   * of one key can all succeed). The writes of one process are pipelined, each one round
    * trip; a write of another process costs a retry. `auto` (default) picks `stream` only for a clustered server
    * before 2.10: a single server checks the subject under its stream lock on any version.
    */
@@ -32,6 +32,9 @@ export function serverNeedsStreamGuard(version: string | undefined, clustered = 
   }
   return false;
 }
+
+/** Guarded writes of one process in flight at once (see `#guardedWrite`). */
+const GUARD_PIPELINE = 32;
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
 /** Port keys whose dot-separated tokens are all non-empty are NATS subjects as they are. */
@@ -55,10 +58,18 @@ export class NatsSessionStore implements SessionStore {
   readonly #stream: string;
   readonly #retryMs: number;
   readonly #streamGuard: boolean;
-  /** With the stream guard: the stream's last sequence as this process last saw it (null: read it first). */
-  #streamLast: number | null = null;
-  /** With the stream guard: the tail of this process's guarded writes, which go one at a time. */
-  #guardTail: Promise<void> = Promise.resolve();
+  /**
+   * With the stream guard: the pipeline of this process's writes — the stream sequence the
+   * next one expects (null: read it once none is in flight), the writes in flight and their
+   * keys, a read of the stream under way, and the writes waiting for a place.
+   */
+  readonly #guard = {
+    next: null as number | null,
+    inFlight: 0,
+    keys: new Set<string>(),
+    refresh: null as Promise<void> | null,
+    waiting: [] as (() => void)[],
+  };
   #closed = false;
 
   private constructor(ctx: NatsContext, bucket: string, retryMs: number, streamGuard: boolean) {
@@ -151,44 +162,77 @@ export class NatsSessionStore implements SessionStore {
   /**
    * Compare-and-set guarded by the whole stream. The publish expects both the key's revision
    * and the stream's last sequence: the stream check is serialised on every clustered
-   * server, so when it passes no write of any key came between the last one this process
-   * saw and this one, and the key check (not serialised before 2.10) was made against a
-   * stream with nothing in flight. This process sends its guarded writes one at a time and
-   * remembers the stream's last sequence from each acknowledgement, so a write costs one
-   * round trip and never conflicts with another write of this process. A "wrong last
-   * sequence" answer (either check) reads the stream's last sequence and the key's revision
-   * again: a key no longer at `expected` is a conflict; otherwise another process wrote
-   * meanwhile, and the write goes again. The same message id throughout, so a re-send of a
+   * server, counting the writes still in flight, so when it passes no write of any other
+   * process came since the last one this process saw, and the key check (not serialised
+   * before 2.10) was made with no other write of that key in flight. This process pipelines
+   * its guarded writes: each expects the sequence the one before it will take (up to
+   * `GUARD_PIPELINE` in flight, never two of one key), so a write costs one round trip and
+   * never conflicts with another write of this process. A "wrong last sequence" answer
+   * (either check) ends the pipeline: the writes behind it fail the same way; once none is
+   * in flight the stream's last sequence is read again, and each failed write reads its
+   * key: a key no longer at `expected` is a conflict, otherwise another process wrote
+   * meanwhile and the write goes again. The same message id throughout, so a re-send of a
    * publish that landed is answered with its original acknowledgement.
    */
-  #guardedWrite(key: string, subject: string, data: Uint8Array, expected: number, publish: Parameters<typeof publishOnce>[3]): Promise<number> {
-    const run = this.#guardTail.then(() => this.#guardedAttempts(key, subject, data, expected, publish));
-    this.#guardTail = run.then(
-      () => undefined,
-      () => undefined,
-    );
-    return run;
-  }
-
-  async #guardedAttempts(key: string, subject: string, data: Uint8Array, expected: number, publish: Parameters<typeof publishOnce>[3]): Promise<number> {
+  async #guardedWrite(key: string, subject: string, data: Uint8Array, expected: number, publish: Parameters<typeof publishOnce>[3]): Promise<number> {
     const deadline = Date.now() + this.#retryMs;
+    const g = this.#guard;
     for (;;) {
-      if (this.#streamLast === null) {
-        const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream));
-        this.#streamLast = info.state.last_seq;
-      }
+      const lastSequence = await this.#guardSlot(key);
+      let ack: PubAck;
       try {
-        const ack = await publishOnce(this.#ctx, subject, data, { ...publish, lastSequence: this.#streamLast, lastSubjectSequence: expected });
-        this.#streamLast = ack.seq;
-        return ack.seq;
+        ack = await publishOnce(this.#ctx, subject, data, { ...publish, lastSequence, lastSubjectSequence: expected });
       } catch (err) {
-        this.#streamLast = null;
+        g.next = null;
+        this.#guardDone(key);
         if (jsErrorCode(err) !== JS_WRONG_LAST_SEQUENCE) throw err;
         const last = await this.#last(key);
-        if ((last?.seq ?? 0) !== expected) throw new StoreConflictError(key, { cause: err });
-        if (Date.now() > deadline) throw new StoreConflictError(key, { cause: err });
+        if ((last?.seq ?? 0) !== expected || Date.now() > deadline) throw new StoreConflictError(key, { cause: err });
+        continue;
       }
+      // A sequence other than the one counted on (a duplicate's original): read the stream again.
+      if (ack.seq !== lastSequence + 1) g.next = null;
+      this.#guardDone(key);
+      return ack.seq;
     }
+  }
+
+  /** Waits for a place in the pipeline for `key`; returns the stream sequence its write must expect. */
+  async #guardSlot(key: string): Promise<number> {
+    const g = this.#guard;
+    for (;;) {
+      if (!g.keys.has(key) && g.inFlight < GUARD_PIPELINE && g.refresh === null) {
+        if (g.next !== null) {
+          const expect = g.next++;
+          g.inFlight++;
+          g.keys.add(key);
+          return expect;
+        }
+        if (g.inFlight === 0) {
+          g.refresh = withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream)).then(
+            (info) => void (g.next = info.state.last_seq),
+          );
+          try {
+            await g.refresh;
+          } finally {
+            g.refresh = null;
+            this.#guardWake();
+          }
+          continue;
+        }
+      }
+      await new Promise<void>((resolve) => g.waiting.push(resolve));
+    }
+  }
+
+  #guardDone(key: string): void {
+    this.#guard.inFlight--;
+    this.#guard.keys.delete(key);
+    this.#guardWake();
+  }
+
+  #guardWake(): void {
+    for (const wake of this.#guard.waiting.splice(0)) wake();
   }
 
   /** The key's last message: its value, or a tombstone; null if the subject holds nothing. */
