@@ -14,7 +14,9 @@
  * session, for --duration seconds; `one` — one session, 16 in flight, --grow packages, the
  * rate per tenth of them and the status latency at the end; `mib` — 1 MiB packages, 16 in
  * flight over 16 sessions, for --duration seconds. Reports packages/s, latency p50/p99, and
- * the server's CPU ms per package (all its threads, from /proc).
+ * the server's CPU ms per package (all its threads, from /proc); for the service also the rate
+ * until the last package was stored (its background uploads finished: the rate it sustains)
+ * and the CPU per package until then.
  *
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
  * --grow N (20000), --out DIR (bench/results), --no-peer, --inline-bytes LIST (the service once per
@@ -77,6 +79,8 @@ interface Target {
   /** Makes the sessions the lanes send to; the peer needs none. */
   session(client: BenchClient): Promise<string>;
   status?(client: BenchClient, uuid: string): Promise<void>;
+  /** Whether every package the session got is stored (its uploads finished). */
+  stored?(client: BenchClient, uuid: string): Promise<boolean>;
 }
 
 interface BenchClient {
@@ -106,13 +110,20 @@ interface Load {
   p50: number;
   p99: number;
   cpuMsPerPackage: number;
+  /** Packages/s until the last one was stored, and CPU ms per package until then (the background uploads included). */
+  stored?: { perSecond: number; cpuMsPerPackage: number };
   failures: Record<string, number>;
   /** Packages/s per consecutive block, when asked for. */
   blocks?: number[];
 }
 
 /** Sends from `lanes` (split over the client processes) until `count` or `durationMs`. */
-async function load(target: Target, bodyFile: string, lanes: PackagesJob['lanes'], opts: { count?: number; durationMs?: number; blocks?: number }): Promise<Load> {
+async function load(
+  target: Target,
+  bodyFile: string,
+  lanes: PackagesJob['lanes'],
+  opts: { count?: number; durationMs?: number; blocks?: number },
+): Promise<Load> {
   const procs = Math.min(CLIENT_PROCS, lanes.length);
   const children: ChildProcess[] = [];
   for (let i = 0; i < procs; i++) {
@@ -140,6 +151,16 @@ async function load(target: Target, bodyFile: string, lanes: PackagesJob['lanes'
   const seconds = (Date.now() - t0) / 1000;
   const cpu = (await cpuMs(target.pid)) - cpu0;
   for (const c of children) c.kill();
+  let stored: Load['stored'];
+  if (target.stored) {
+    // The uploads run in the background: what the service sustains is the rate until the last package is stored.
+    const sessions = [...new Map(lanes.map((l) => [l.uuid, l])).values()];
+    for (const l of sessions) {
+      while (!(await target.stored({ id: l.clientId, token: l.token }, l.uuid))) await new Promise((r) => setTimeout(r, 20));
+    }
+    const packages = results.reduce((n, r) => n + r.end.length, 0);
+    stored = { perSecond: packages / ((Date.now() - t0) / 1000), cpuMsPerPackage: ((await cpuMs(target.pid)) - cpu0) / Math.max(1, packages) };
+  }
   const ends = results.flatMap((r) => r.end).sort((a, b) => a - b);
   const latencies = results.flatMap((r) => r.end.map((e, i) => e - r.start[i]!)).sort((a, b) => a - b);
   const failures: Record<string, number> = {};
@@ -152,6 +173,7 @@ async function load(target: Target, bodyFile: string, lanes: PackagesJob['lanes'
     p50: pct(latencies, 50),
     p99: pct(latencies, 99),
     cpuMsPerPackage: cpu / Math.max(1, packages),
+    ...(stored ? { stored } : {}),
     failures,
   };
   if (opts.blocks) {
@@ -247,6 +269,7 @@ async function startService(engine: string, dir: string, inlineBytes?: number): 
     pid: gw.child.pid!,
     session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
     status: async (client, uuid) => void (await api(gw.url, client, 'GET', `/${uuid}/status`)),
+    stored: async (client, uuid) => (await api(gw.url, client, 'GET', `/${uuid}/status`)).upload_tasks_finished === true,
   };
 }
 
@@ -259,7 +282,8 @@ async function startPeer(dir: string): Promise<Target> {
 
 function fmt(l: Load): string {
   const fail = Object.keys(l.failures).length ? ` ⚠ ${JSON.stringify(l.failures).slice(0, 300)}` : '';
-  return `${l.perSecond.toFixed(0)} | ${l.p50.toFixed(1)} | ${l.p99.toFixed(1)} | ${l.cpuMsPerPackage.toFixed(2)} | ${l.packages}${fail}`;
+  const stored = l.stored ? `${l.stored.perSecond.toFixed(0)} | ${l.stored.cpuMsPerPackage.toFixed(2)}` : '— | —';
+  return `${l.perSecond.toFixed(0)} | ${l.p50.toFixed(1)} | ${l.p99.toFixed(1)} | ${l.cpuMsPerPackage.toFixed(2)} | ${stored} | ${l.packages}${fail}`;
 }
 
 const lines: string[] = [];
@@ -287,8 +311,8 @@ try {
   say('');
   say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes`);
   say('');
-  say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | packages |');
-  say('|---|---|---:|---:|---:|---:|---:|');
+  say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | stored/s | CPU ms/package until stored | packages |');
+  say('|---|---|---:|---:|---:|---:|---:|---:|---:|');
   const targets: (() => Promise<Target>)[] = ENGINES.flatMap((e) =>
     INLINE.map((inline) => async () => {
       const dir = join(work, `${e}-${inline ?? 'default'}`);

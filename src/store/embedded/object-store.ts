@@ -1,128 +1,144 @@
-import { randomBytes } from 'node:crypto';
-import { mkdir, open, readdir, rename, rm, rmdir, stat, unlink } from 'node:fs/promises';
+import type { Dirent } from 'node:fs';
+import { mkdir, open, readdir, rm, rmdir, stat, unlink } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { StoreError, type ObjectStore, type StoredObject } from '../ports.js';
 import { fsyncDir } from '../../durable-file.js';
+import { AppendFile } from './append-file.js';
+
+export interface FileObjectStoreOptions {
+  /** Index entries kept in memory over all directories; beyond it the least recently used directories are read again when asked. Default 500,000. */
+  maxIndexedObjects?: number;
+  /** Directories whose pack files are kept open. Default 64. */
+  maxOpenPacks?: number;
+}
+
+/** Pack files of a directory; no escaped segment starts with `~`, so they never meet a key's name. */
+const DATA = '~data';
+const INDEX = '~index';
+
+/** An index line: an object of the directory at `o` in its data file, `n` bytes; or its removal. */
+type IndexLine = { k: string; o: number; n: number } | { k: string; d: 1 };
+
+interface Located {
+  o: number;
+  n: number;
+}
+
+/** A directory's index as read so far: every key's last entry, and how far the file was read. */
+interface DirIndex {
+  entries: Map<string, Located>;
+  readTo: number;
+}
+
+/** A directory's open pack: the data file, the index, and the put that streams alone, if any. */
+interface Pack {
+  data: AppendFile;
+  index: AppendFile;
+  /** A put too large to hold whole writes its chunks one after another: the others wait for it. */
+  streaming: Promise<void> | null;
+}
 
 /**
- * `ObjectStore` on local files under `<dir>/objects/`, one file per object, one directory per
- * key segment. S3 lets `a/b` and `a/b/c` coexist, a file system does not: every segment is
- * escaped to `[a-z0-9._-]` plus `%xx` (lower-case, so case-insensitive file systems keep
- * `A` and `a` apart) and object files end in `~`, which no escaped segment contains.
- * A put streams into `<dir>/tmp/`, fsyncs and renames, so readers see all or nothing.
+ * `ObjectStore` on local files under `<dir>/objects/`, one directory per key segment (S3
+ * lets `a/b` and `a/b/c` coexist, so every segment is escaped to `[a-z0-9._-]` plus `%xx`,
+ * lower-case so that case-insensitive file systems keep `A` and `a` apart). The objects of
+ * one directory (a session's packages of one entity) are packed: their bytes appended to the
+ * directory's `~data` file, then one line `{k, o, n}` appended to its `~index` once the bytes
+ * are durable; a key's last line wins, `{k, d: 1}` removes it. Both appends are group
+ * committed (`AppendFile`): one fdatasync for every put of the directory that came
+ * meanwhile, instead of a file, an fsync, a rename and a directory fsync per object — on the
+ * build machine about 0.13 ms of CPU per 7 KB object instead of 1.1 ms. A reader sees an
+ * object once its line is in the index, and its bytes were durable before: all or nothing.
+ * A torn last index line (a crash mid-append) was never acknowledged and is skipped, and the
+ * next line starts on a line of its own; bytes of a put that never got its line stay unused.
+ *
+ * An object up to `HOLD_BYTES` is held whole and appended in one write, so puts into one
+ * directory run side by side; a larger one streams its chunks in turn while the directory's
+ * other puts wait. The space of a replaced object is reclaimed when its directory goes
+ * (deletePrefix). Files of the one-file-per-object layout of earlier versions (`<name>~`)
+ * are still read, listed and deleted; a put of the same key shadows them. One process
+ * writes a store; others may read it (each read takes what the index holds at that moment).
  */
 export class FileObjectStore implements ObjectStore {
-  /** `put` writes each chunk out before it asks for the next. */
+  /** `put` writes each chunk out (or copies it) before it asks for the next. */
   readonly capabilities = { consumesChunksInTurn: true } as const;
   readonly #root: string;
-  readonly #tmp: string;
-  /** Per directory: its fsync under way, and the one the callers that came meanwhile share. */
-  readonly #dirSyncs = new Map<string, { running: Promise<void>; next: Promise<void> | null }>();
-  /** Directories known to exist (a put skips `mkdir` for them); bounded. */
-  readonly #made = new Set<string>();
+  readonly #maxIndexed: number;
+  readonly #maxPacks: number;
+  /** Open packs per directory, least recently used first; a pack with users is never closed. */
+  readonly #packs = new Map<string, PackSlot>();
+  /** Indexes read per directory, least recently used first. */
+  readonly #indexes = new Map<string, DirIndex>();
+  #indexed = 0;
   #closed = false;
 
-  private constructor(dir: string) {
+  private constructor(dir: string, opts: FileObjectStoreOptions) {
     this.#root = join(dir, 'objects');
-    this.#tmp = join(dir, 'tmp');
+    this.#maxIndexed = opts.maxIndexedObjects ?? 500_000;
+    this.#maxPacks = opts.maxOpenPacks ?? 64;
   }
 
-  static async open(dir: string): Promise<FileObjectStore> {
-    const store = new FileObjectStore(dir);
-    await rm(store.#tmp, { recursive: true, force: true });
-    await mkdir(store.#tmp, { recursive: true });
+  static async open(dir: string, opts: FileObjectStoreOptions = {}): Promise<FileObjectStore> {
+    const store = new FileObjectStore(dir, opts);
+    // Temp files of the one-file-per-object layout, left by a crash of an earlier version.
+    await rm(join(dir, 'tmp'), { recursive: true, force: true });
     await mkdir(store.#root, { recursive: true });
     return store;
   }
 
   async put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject> {
-    const path = this.#path(key);
-    const tmp = join(this.#tmp, randomBytes(12).toString('hex'));
+    const { dir } = this.#locate(key);
+    // Held whole while it is small: chunks are copied, since the caller may reuse their memory.
+    const held: Uint8Array[] = [];
     let size = 0;
-    let created: string | undefined;
-    try {
-      const fh = await open(tmp, 'wx');
-      try {
-        for await (const chunk of body) {
-          for (let off = 0; off < chunk.byteLength; ) off += (await fh.write(chunk, off)).bytesWritten;
-          size += chunk.byteLength;
-        }
-        await fh.sync();
-      } finally {
-        await fh.close();
-      }
-      // A concurrent deletePrefix may remove the freshly made directory: make it again.
-      const dir = dirname(path);
-      for (let tries = 0; ; tries++) {
-        if (!this.#made.has(dir)) {
-          created ??= await mkdir(dir, { recursive: true });
-          this.#remember(dir);
-        }
+    const iterator = body[Symbol.asyncIterator]();
+    let next = await iterator.next();
+    while (!next.done && size + next.value.byteLength <= HOLD_BYTES) {
+      held.push(Buffer.from(next.value));
+      size += next.value.byteLength;
+      next = await iterator.next();
+    }
+    return this.#withPack(dir, async (pack) => {
+      let offset: number;
+      if (next.done) {
+        while (pack.streaming) await pack.streaming;
+        const { offset: at, written } = pack.data.write(Buffer.concat(held, size));
+        offset = at;
+        await written;
+      } else {
+        // Too large to hold: it streams alone, the directory's other puts wait.
+        while (pack.streaming) await pack.streaming;
+        let done!: () => void;
+        pack.streaming = new Promise<void>((resolve) => (done = resolve));
         try {
-          await rename(tmp, path);
-          break;
-        } catch (err) {
-          this.#made.delete(dir);
-          if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || tries >= 3) throw err;
-          created = undefined;
+          offset = pack.data.size;
+          for (const part of held) await pack.data.write(part).written;
+          for (; !next.done; next = await iterator.next()) {
+            await pack.data.write(next.value).written;
+            size += next.value.byteLength;
+          }
+        } finally {
+          pack.streaming = null;
+          done();
         }
       }
-    } catch (err) {
-      await unlink(tmp).catch(() => {});
-      throw err;
-    }
-    // The new entry, and the entries of any directories made for it, must reach the disk.
-    // A directory gone meanwhile was removed by a deletePrefix that took the new object with
-    // it (a session deleted while its package was uploaded): there is nothing left to sync.
-    for (let d = dirname(path); ; d = dirname(d)) {
-      const gone = await this.#syncDir(d).then(
-        () => false,
-        (err: NodeJS.ErrnoException) => {
-          if (err.code === 'ENOENT') return true;
-          throw err;
-        },
-      );
-      if (gone || !created || d === dirname(created) || d === this.#root) break;
-    }
-    return { key, size };
-  }
-
-  /**
-   * fsync of a directory, shared: puts into one directory (a session's packages of one
-   * entity) that finish while its fsync runs share the next one instead of each making its own.
-   */
-  #syncDir(dir: string): Promise<void> {
-    const current = this.#dirSyncs.get(dir);
-    if (current) return (current.next ??= current.running.then(() => this.#startDirSync(dir), () => this.#startDirSync(dir)));
-    return this.#startDirSync(dir);
-  }
-
-  #startDirSync(dir: string): Promise<void> {
-    const running = fsyncDir(dir);
-    const entry = { running, next: null as Promise<void> | null };
-    this.#dirSyncs.set(dir, entry);
-    void running.then(
-      () => this.#dirSyncDone(dir, entry),
-      () => this.#dirSyncDone(dir, entry),
-    );
-    return running;
-  }
-
-  #dirSyncDone(dir: string, entry: { next: Promise<void> | null }): void {
-    // A queued sync, when there is one, replaces this entry as it starts.
-    if (this.#dirSyncs.get(dir) === entry && entry.next === null) this.#dirSyncs.delete(dir);
-  }
-
-  #remember(dir: string): void {
-    if (this.#made.size >= 10_000) this.#made.clear();
-    this.#made.add(dir);
+      await pack.data.sync();
+      await pack.index.append(Buffer.from(`${JSON.stringify({ k: key, o: offset, n: size } satisfies IndexLine)}\n`));
+      return { key, size };
+    });
   }
 
   async get(key: string): Promise<AsyncIterable<Uint8Array> | null> {
-    const path = this.#path(key);
+    const { dir, legacy } = this.#locate(key);
+    const at = (await this.#index(dir)).entries.get(key);
+    if (at) {
+      if (at.n === 0) return (async function* () {})();
+      // An open handle keeps reading the bytes even if the directory is removed meanwhile.
+      return (await open(join(dir, DATA), 'r')).createReadStream({ start: at.o, end: at.o + at.n - 1 });
+    }
     try {
-      // An open handle keeps reading the old file even if a put replaces it meanwhile.
-      return (await open(path, 'r')).createReadStream();
+      // An open handle keeps reading the old file even if it is removed meanwhile.
+      return (await open(legacy, 'r')).createReadStream();
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
       throw err;
@@ -131,10 +147,84 @@ export class FileObjectStore implements ObjectStore {
 
   async list(prefix: string): Promise<StoredObject[]> {
     this.#check();
-    const start = this.#prefixDir(prefix);
-    if (start === null) return [];
-    const found: StoredObject[] = [];
-    const walk = async (dir: string, keyDir: string): Promise<void> => {
+    const found = new Map<string, number>();
+    await this.#walk(prefix, async (dir, keyDir, entries) => {
+      for (const e of entries) {
+        if (!e.isFile() || !e.name.endsWith('~') || e.name.startsWith('~')) continue;
+        const key = keyDir + unescapeSegment(e.name.slice(0, -1));
+        if (!key.startsWith(prefix)) continue;
+        try {
+          found.set(key, (await stat(join(dir, e.name))).size);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+        }
+      }
+      if (!entries.some((e) => e.name === INDEX)) return;
+      for (const [key, at] of (await this.#index(dir)).entries) if (key.startsWith(prefix)) found.set(key, at.n);
+    });
+    // S3 lists in UTF-8 byte order.
+    return [...found]
+      .map(([key, size]) => ({ key, size }))
+      .sort((a, b) => Buffer.compare(Buffer.from(a.key), Buffer.from(b.key)));
+  }
+
+  async deletePrefix(prefix: string): Promise<void> {
+    this.#check();
+    const whole: string[] = [];
+    await this.#walk(prefix, async (dir, keyDir, entries) => {
+      if (keyDir.startsWith(prefix) && dir !== this.#root) {
+        // Every key below starts with the prefix: the directory goes whole (its subdirectories with it).
+        whole.push(dir);
+        return 'skip';
+      }
+      for (const e of entries) {
+        if (e.isFile() && e.name.endsWith('~') && !e.name.startsWith('~') && (keyDir + unescapeSegment(e.name.slice(0, -1))).startsWith(prefix)) {
+          await unlink(join(dir, e.name)).catch(ignoreMissing);
+        }
+      }
+      if (!entries.some((e) => e.name === INDEX)) return;
+      const gone = [...(await this.#index(dir)).entries.keys()].filter((k) => k.startsWith(prefix));
+      if (gone.length === 0) return;
+      await this.#withPack(dir, (pack) => pack.index.append(Buffer.from(gone.map((k) => `${JSON.stringify({ k, d: 1 } satisfies IndexLine)}\n`).join(''))));
+    });
+    for (const dir of whole) {
+      // Puts still writing into a pack of what goes finish there (the delete took their objects); later ones make a new one.
+      for (const open_ of [...this.#packs.keys()].filter((d) => d === dir || d.startsWith(`${dir}/`))) {
+        const slot = this.#packs.get(open_)!;
+        this.#packs.delete(open_);
+        slot.retired = true;
+        if (slot.users === 0) void slot.pack.then(closePack, () => undefined);
+      }
+      for (const d of [...this.#indexes.keys()].filter((d) => d === dir || d.startsWith(`${dir}/`))) this.#forget(d);
+      await rm(dir, { recursive: true, force: true });
+    }
+    // Directories left empty above what went.
+    for (const dir of whole) {
+      for (let d = dirname(dir); d !== this.#root && d.startsWith(this.#root); d = dirname(d)) {
+        if (!(await rmdir(d).then(() => true, () => false))) break;
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const packs = [...this.#packs.values()];
+    this.#packs.clear();
+    await Promise.allSettled(packs.map(async (slot) => closePack(await slot.pack)));
+  }
+
+  /**
+   * Visits the directories whose keys may start with `prefix`, from the deepest one every such
+   * key lives under; `visit` returning 'skip' does not descend.
+   */
+  async #walk(
+    prefix: string,
+    visit: (dir: string, keyDir: string, entries: Dirent[]) => Promise<void | 'skip'>,
+  ): Promise<void> {
+    const complete = prefix.split('/').slice(0, -1);
+    if (complete.some((s) => s === '' || s === '.' || s === '..')) return;
+    const go = async (dir: string, keyDir: string): Promise<void> => {
       let entries;
       try {
         entries = await readdir(dir, { withFileTypes: true });
@@ -142,70 +232,179 @@ export class FileObjectStore implements ObjectStore {
         if ((err as NodeJS.ErrnoException).code === 'ENOENT') return;
         throw err;
       }
+      if ((await visit(dir, keyDir, entries)) === 'skip') return;
       for (const e of entries) {
-        if (e.isDirectory()) {
-          const sub = keyDir + unescapeSegment(e.name) + '/';
-          if (sub.startsWith(prefix) || prefix.startsWith(sub)) await walk(join(dir, e.name), sub);
-        } else if (e.name.endsWith('~')) {
-          const key = keyDir + unescapeSegment(e.name.slice(0, -1));
-          if (!key.startsWith(prefix)) continue;
-          try {
-            found.push({ key, size: (await stat(join(dir, e.name))).size });
-          } catch (err) {
-            if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-          }
-        }
+        if (!e.isDirectory()) continue;
+        const sub = keyDir + unescapeSegment(e.name) + '/';
+        if (sub.startsWith(prefix) || prefix.startsWith(sub)) await go(join(dir, e.name), sub);
       }
     };
-    await walk(start.dir, start.keyDir);
-    // S3 lists in UTF-8 byte order.
-    return found.sort((a, b) => Buffer.compare(Buffer.from(a.key), Buffer.from(b.key)));
+    await go(join(this.#root, ...complete.map(escapeSegment)), complete.map((s) => `${s}/`).join(''));
   }
 
-  async deletePrefix(prefix: string): Promise<void> {
-    const objects = await this.list(prefix);
-    const dirs = new Set<string>();
-    for (const { key } of objects) {
-      const path = this.#path(key);
-      await unlink(path).catch((err: NodeJS.ErrnoException) => {
-        if (err.code !== 'ENOENT') throw err;
-      });
-      for (let d = dirname(path); d !== this.#root; d = dirname(d)) dirs.add(d);
+  /** The directory's index, brought up to what its file holds now. */
+  async #index(dir: string): Promise<DirIndex> {
+    let index = this.#indexes.get(dir);
+    if (index) {
+      this.#indexes.delete(dir); // most recently used last
+    } else {
+      index = { entries: new Map(), readTo: 0 };
     }
-    // Deepest first; a directory still holding other objects stays.
-    for (const d of [...dirs].sort((a, b) => b.length - a.length)) {
-      this.#made.delete(d);
-      await rmdir(d).catch(() => {});
+    this.#indexes.set(dir, index);
+    let fh;
+    try {
+      fh = await open(join(dir, INDEX), 'r');
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      this.#forget(dir);
+      return { entries: new Map(), readTo: 0 };
+    }
+    try {
+      const size = (await fh.stat()).size;
+      if (size > index.readTo) {
+        const buf = Buffer.allocUnsafe(size - index.readTo);
+        const { bytesRead } = await fh.read(buf, 0, buf.byteLength, index.readTo);
+        const text = buf.subarray(0, bytesRead);
+        const end = text.lastIndexOf(0x0a) + 1; // a line still being written waits for the next read
+        const before = index.entries.size;
+        for (const line of text.subarray(0, end).toString('utf8').split('\n')) {
+          let entry: IndexLine;
+          try {
+            entry = JSON.parse(line) as IndexLine;
+          } catch {
+            continue; // empty, or torn by a crash: never acknowledged
+          }
+          if ('d' in entry) index.entries.delete(entry.k);
+          else index.entries.set(entry.k, { o: entry.o, n: entry.n });
+        }
+        index.readTo += end;
+        this.#indexed += index.entries.size - before;
+        this.#evict(dir);
+      }
+    } finally {
+      await fh.close();
+    }
+    return index;
+  }
+
+  #forget(dir: string): void {
+    const index = this.#indexes.get(dir);
+    if (!index) return;
+    this.#indexed -= index.entries.size;
+    this.#indexes.delete(dir);
+  }
+
+  /** Forgets least recently used directories (never `keep`) until the indexes fit. */
+  #evict(keep: string): void {
+    for (const dir of this.#indexes.keys()) {
+      if (this.#indexed <= this.#maxIndexed) return;
+      if (dir !== keep) this.#forget(dir);
     }
   }
 
-  async close(): Promise<void> {
-    this.#closed = true;
+  async #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>): Promise<R> {
+    this.#check();
+    let slot = this.#packs.get(dir);
+    if (slot) this.#packs.delete(dir);
+    else slot = { pack: this.#openPack(dir), users: 0, retired: false };
+    this.#packs.set(dir, slot);
+    slot.users++;
+    try {
+      return await fn(await slot.pack);
+    } catch (err) {
+      // A pack that failed to open is not kept: the next put tries again.
+      if (this.#packs.get(dir) === slot && !(await slot.pack.then(() => true, () => false))) this.#packs.delete(dir);
+      throw err;
+    } finally {
+      slot.users--;
+      if (slot.retired && slot.users === 0) void slot.pack.then(closePack, () => undefined);
+      this.#trimPacks();
+    }
+  }
+
+  #trimPacks(): void {
+    for (const [dir, slot] of this.#packs) {
+      if (this.#packs.size <= this.#maxPacks) return;
+      if (slot.users > 0) continue;
+      this.#packs.delete(dir);
+      void slot.pack.then(closePack, () => undefined);
+    }
+  }
+
+  /**
+   * Opens (making them, and the directories above, durable when new) a directory's pack. A
+   * concurrent deletePrefix may remove a freshly made directory: it is made again.
+   */
+  async #openPack(dir: string): Promise<Pack> {
+    for (let tries = 0; ; tries++) {
+      const created = await mkdir(dir, { recursive: true });
+      try {
+        const data = await AppendFile.open(join(dir, DATA));
+        let index: AppendFile;
+        try {
+          index = await openIndex(join(dir, INDEX));
+        } catch (err) {
+          await data.close();
+          throw err;
+        }
+        // The entries of the directories made for it must reach the disk (AppendFile made the files' own durable).
+        if (created) {
+          for (let d = dirname(dir); d.length >= dirname(created).length && d.startsWith(this.#root); d = dirname(d)) {
+            await fsyncDir(d).catch(ignoreMissing);
+            if (d === dirname(created) || d === this.#root) break;
+          }
+        }
+        return { data, index, streaming: null };
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || tries >= 3) throw err;
+      }
+    }
   }
 
   #check(): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Object store is closed');
   }
 
-  #path(key: string): string {
+  /** The key's directory, and the file it had in the one-file-per-object layout. */
+  #locate(key: string): { dir: string; legacy: string } {
     this.#check();
     const segments = key.split('/');
     if (segments.some((s) => s === '' || s === '.' || s === '..')) {
       throw new StoreError('STORE_INVALID_KEY', `Invalid object key ${JSON.stringify(key)}: no empty, "." or ".." segments, no leading or trailing "/"`);
     }
     const last = segments.pop() as string;
-    return join(this.#root, ...segments.map(escapeSegment), `${escapeSegment(last)}~`);
+    const dir = join(this.#root, ...segments.map(escapeSegment));
+    return { dir, legacy: join(dir, `${escapeSegment(last)}~`) };
   }
+}
 
-  /** The deepest directory every key with `prefix` lives under, or null when no valid key can match. */
-  #prefixDir(prefix: string): { dir: string; keyDir: string } | null {
-    const complete = prefix.split('/').slice(0, -1);
-    if (complete.some((s) => s === '' || s === '.' || s === '..')) return null;
-    return {
-      dir: join(this.#root, ...complete.map(escapeSegment)),
-      keyDir: complete.map((s) => `${s}/`).join(''),
-    };
+/** An open pack and its users; a retired one (its directory deleted) closes when its last user is done. */
+interface PackSlot {
+  pack: Promise<Pack>;
+  users: number;
+  retired: boolean;
+}
+
+/** Objects up to this size are held whole and appended in one write (see the class). */
+const HOLD_BYTES = 4 * 1024 * 1024;
+
+/** Opens an index for appending; after a torn last line (a crash mid-append) the next line starts on a line of its own. */
+async function openIndex(path: string): Promise<AppendFile> {
+  const file = await AppendFile.open(path);
+  if (file.size > 0) {
+    const last = Buffer.alloc(1);
+    await file.read(last, file.size - 1);
+    if (last[0] !== 0x0a) await file.write(Buffer.from('\n')).written;
   }
+  return file;
+}
+
+async function closePack(pack: Pack): Promise<void> {
+  await Promise.allSettled([pack.data.close(), pack.index.close()]);
+}
+
+function ignoreMissing(err: NodeJS.ErrnoException): void {
+  if (err.code !== 'ENOENT') throw err;
 }
 
 function escapeSegment(segment: string): string {
