@@ -1,4 +1,4 @@
-import { mkdtemp, readdir, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
@@ -252,6 +252,94 @@ t.test('FileSessionStore: the one-file-per-key layout of an older version is rea
   t.equal(await s.create('x', 1), 3);
   t.notOk((await readdir(dir)).some((f) => f.endsWith('.json')), 'the old files are gone');
   t.same(await FileSessionStore.peek(dir, 'Session.1'), { value: { n: 4 }, revision: 4 }, 'peek reads the same without opening');
+});
+
+async function readAll(store: FileObjectStore, key: string): Promise<string | null> {
+  const body = await store.get(key);
+  if (!body) return null;
+  const parts: Buffer[] = [];
+  for await (const chunk of body) parts.push(Buffer.from(chunk));
+  return Buffer.concat(parts).toString();
+}
+
+async function* pieces(text: string, size = 65536): AsyncIterable<Uint8Array> {
+  for (let i = 0; i < text.length; i += size) yield Buffer.from(text.slice(i, i + size));
+}
+
+t.test('FileObjectStore packs a directory: one data file and one index, whatever the number of objects', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const store = await FileObjectStore.open(dir);
+  t.teardown(() => store.close());
+  await Promise.all(Array.from({ length: 50 }, (_, i) => store.put(`u/c/s/products/p${i}.ndjson`, pieces(`row ${i}\n`))));
+  t.same((await readdir(join(dir, 'objects', 'u', 'c', 's', 'products'))).sort(), ['~data', '~index']);
+  t.equal((await store.list('u/c/s/')).length, 50);
+  t.equal(await readAll(store, 'u/c/s/products/p7.ndjson'), 'row 7\n');
+});
+
+t.test('FileObjectStore: a large put streams alone while small puts of its directory wait; every object reads back whole', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const store = await FileObjectStore.open(dir);
+  t.teardown(() => store.close());
+  const big = 'B'.repeat(5 * 1024 * 1024 + 7);
+  const puts = [store.put('d/big', pieces(big)), ...Array.from({ length: 20 }, (_, i) => store.put(`d/small-${i}`, pieces(`small ${i}`.repeat(100), 50)))];
+  await Promise.all(puts);
+  t.equal(await readAll(store, 'd/big'), big);
+  for (let i = 0; i < 20; i++) t.equal(await readAll(store, `d/small-${i}`), `small ${i}`.repeat(100), `small-${i}`);
+});
+
+t.test('FileObjectStore: a torn index line (a crash mid-append) is skipped, and the next object is found after it', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const first = await FileObjectStore.open(dir);
+  await first.put('x/one', pieces('one'));
+  await first.close();
+  await appendFile(join(dir, 'objects', 'x', '~index'), '{"k":"x/two","o":3,');
+  const again = await FileObjectStore.open(dir);
+  await again.put('x/three', pieces('three'));
+  await again.close();
+  const reader = await FileObjectStore.open(dir);
+  t.teardown(() => reader.close());
+  t.same((await reader.list('x/')).map((o) => o.key), ['x/one', 'x/three']);
+  t.equal(await readAll(reader, 'x/three'), 'three');
+});
+
+t.test('FileObjectStore reads the one-file-per-object layout of earlier versions; a put shadows it, a delete removes it', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  await mkdir(join(dir, 'objects', 'old', 'p'), { recursive: true });
+  await writeFile(join(dir, 'objects', 'old', 'p', 'a.ndjson~'), 'legacy a');
+  await writeFile(join(dir, 'objects', 'old', 'p', 'b.ndjson~'), 'legacy b');
+  const store = await FileObjectStore.open(dir);
+  t.teardown(() => store.close());
+  t.same(await store.list('old/'), [
+    { key: 'old/p/a.ndjson', size: 8 },
+    { key: 'old/p/b.ndjson', size: 8 },
+  ]);
+  t.equal(await readAll(store, 'old/p/a.ndjson'), 'legacy a');
+  await store.put('old/p/a.ndjson', pieces('new a!'));
+  t.equal(await readAll(store, 'old/p/a.ndjson'), 'new a!');
+  t.same(await store.list('old/p/a'), [{ key: 'old/p/a.ndjson', size: 6 }], 'listed once, as the put left it');
+  await store.deletePrefix('old/p/b');
+  t.equal(await store.get('old/p/b.ndjson'), null);
+  t.same((await store.list('old/')).map((o) => o.key), ['old/p/a.ndjson']);
+});
+
+t.test('FileObjectStore: another instance over the same files sees what was put after it read; a small index budget only costs reads', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const writer = await FileObjectStore.open(dir);
+  t.teardown(() => writer.close());
+  const reader = await FileObjectStore.open(dir, { maxIndexedObjects: 3 });
+  t.teardown(() => reader.close());
+  for (let i = 0; i < 4; i++) await writer.put(`r/a/k${i}`, pieces(`a${i}`));
+  t.equal((await reader.list('r/a/')).length, 4);
+  for (let i = 0; i < 4; i++) await writer.put(`r/b/k${i}`, pieces(`b${i}`));
+  await writer.put('r/a/k9', pieces('a9'));
+  t.equal(await readAll(reader, 'r/a/k9'), 'a9', 'a later put is found');
+  for (let i = 0; i < 4; i++) t.equal(await readAll(reader, `r/b/k${i}`), `b${i}`);
+  for (let i = 0; i < 4; i++) t.equal(await readAll(reader, `r/a/k${i}`), `a${i}`, 'read again after being forgotten');
 });
 
 t.test('FileObjectStore: puts racing deletes of their own prefix never fail on the directories a delete removed', async (t) => {
