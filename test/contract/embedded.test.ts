@@ -88,18 +88,17 @@ t.test('FileLedger: an acknowledged entry is in the write-ahead log until its se
   t.same((await again.sessions()).sort(), [u1]);
 });
 
-t.test('FileLedger: past walBytes the log is checkpointed: session files synced, the old log removed', async (t) => {
+t.test('FileLedger: past walBytes the log is checkpointed (session files synced, the old log removed), and at a clean close', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   const uuid = '00000000-0000-4000-8000-000000000005';
   const ledger = await FileLedger.open(dir, { walBytes: 300 });
   for (let i = 0; i < 20; i++) await ledger.append(uuid, [entry(`p-${i}`)]);
+  const during = (await readdir(dir)).filter((n) => n.startsWith('wal-')).map((n) => Number(n.slice(4, -4)));
+  t.ok(Math.max(...during) > 1, `the log was replaced as it grew (${during.join(', ')})`);
   await ledger.close();
-  const logs = (await readdir(dir)).filter((n) => n.startsWith('wal-'));
-  t.ok(logs.length <= 2, `old logs are removed (${logs.join(', ')})`);
-  t.notOk(logs.includes('wal-1.log'), 'the first log went at its checkpoint');
+  t.same((await readdir(dir)).filter((n) => n.startsWith('wal-')), [], 'a clean close leaves no log to replay');
   // Without the logs, the session file alone holds every entry.
-  for (const log of logs) await rm(join(dir, log));
   const again = await FileLedger.open(dir);
   t.teardown(() => again.close());
   for (let i = 0; i < 20; i++) t.same(await again.get(uuid, `p-${i}`), entry(`p-${i}`), `p-${i}`);

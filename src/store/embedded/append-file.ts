@@ -65,6 +65,21 @@ export class AppendFile {
     }
   }
 
+  /**
+   * Opens a file of lines for appending (see `open`): after a torn last line (a crash in the
+   * middle of a write) the next write starts on a line of its own, so the torn line stays one
+   * unreadable line instead of taking the next one with it.
+   */
+  static async openLines(path: string): Promise<AppendFile> {
+    const file = await AppendFile.open(path);
+    if (file.size > 0) {
+      const last = Buffer.alloc(1);
+      await file.read(last, file.size - 1);
+      if (last[0] !== 0x0a) await file.write(Buffer.from('\n')).written;
+    }
+    return file;
+  }
+
   /** Writes handed to the file so far (each one `write` or `writev`, however many `write` calls it carried). */
   get fileWrites(): number {
     return this.#calls;

@@ -84,8 +84,9 @@ export class FileLedger implements PackageLedger {
   }
 
   /**
-   * Writes what the logs hold into the session files, applies drops in log order, syncs every file touched, then
-   * removes the logs. A torn last log line was never acknowledged: it is skipped.
+   * Writes what the logs hold into the session files, applies drops in log order, syncs
+   * every file touched, then removes the logs. A torn last log line was never acknowledged:
+   * it is skipped.
    */
   static async #replay(dir: string, logs: number[]): Promise<void> {
     const pending = new Map<string, string[]>();
@@ -111,7 +112,7 @@ export class FileLedger implements PackageLedger {
     }
     for (const uuid of dropped) await rm(join(dir, `${uuid}.ndjson`), { force: true });
     for (const [uuid, lines] of pending) {
-      const file = await FileLedger.#openSessionFile(join(dir, `${uuid}.ndjson`));
+      const file = await AppendFile.openLines(join(dir, `${uuid}.ndjson`));
       try {
         await file.append(Buffer.from(lines.join('')));
       } finally {
@@ -178,9 +179,10 @@ export class FileLedger implements PackageLedger {
     if (this.#closed) return;
     this.#closed = true;
     await Promise.allSettled([...this.#checkpoints]);
+    // A clean stop leaves no log to replay.
+    await this.#checkpoint(this.#gen);
     await Promise.allSettled([...this.#files.values()].map(async (slot) => (await slot.file).close()));
     this.#files.clear();
-    await (await this.#gen.wal.catch(() => null))?.close();
   }
 
   #generation(no: number): WalGeneration {
@@ -196,15 +198,22 @@ export class FileLedger implements PackageLedger {
   #rotate(): void {
     const old = this.#gen;
     this.#gen = this.#generation(old.no + 1);
-    const run = (async () => {
-      await Promise.allSettled([...old.writes]);
-      for (const uuid of old.dirty) await this.#syncSessionFile(uuid);
-      const wal = await old.wal;
-      await wal.close();
-      await rm(wal.path, { force: true });
-    })().catch(() => undefined);
+    const run = this.#checkpoint(old);
     this.#checkpoints.add(run);
     void run.finally(() => this.#checkpoints.delete(run));
+  }
+
+  /** Syncs the session files a log covers, then removes the log; never throws (a log left is replayed at the next start). */
+  async #checkpoint(gen: WalGeneration): Promise<void> {
+    try {
+      await Promise.allSettled([...gen.writes]);
+      for (const uuid of gen.dirty) await this.#syncSessionFile(uuid);
+      const wal = await gen.wal;
+      await wal.close();
+      await rm(wal.path, { force: true });
+    } catch {
+      // left for the replay
+    }
   }
 
   async #syncSessionFile(uploadUuid: string): Promise<void> {
@@ -304,7 +313,7 @@ export class FileLedger implements PackageLedger {
   async #withFile<R>(uploadUuid: string, fn: (file: AppendFile) => Promise<R>): Promise<R> {
     let slot = this.#files.get(uploadUuid);
     if (slot) this.#files.delete(uploadUuid);
-    else slot = { file: FileLedger.#openSessionFile(this.#path(uploadUuid)), users: 0 };
+    else slot = { file: AppendFile.openLines(this.#path(uploadUuid)), users: 0 };
     this.#files.set(uploadUuid, slot);
     slot.users++;
     try {
@@ -316,17 +325,6 @@ export class FileLedger implements PackageLedger {
       slot.users--;
       this.#trimFiles();
     }
-  }
-
-  /** Opens a session file for appending; after a torn last line (a crash mid-write) the next line starts on a line of its own. */
-  static async #openSessionFile(path: string): Promise<AppendFile> {
-    const file = await AppendFile.open(path);
-    if (file.size > 0) {
-      const last = Buffer.alloc(1);
-      await file.read(last, file.size - 1);
-      if (last[0] !== 0x0a) await file.write(Buffer.from('\n')).written;
-    }
-    return file;
   }
 
   #trimFiles(): void {

@@ -342,7 +342,7 @@ export class FileObjectStore implements ObjectStore {
         const data = await AppendFile.open(join(dir, DATA));
         let index: AppendFile;
         try {
-          index = await openIndex(join(dir, INDEX));
+          index = await AppendFile.openLines(join(dir, INDEX));
         } catch (err) {
           await data.close();
           throw err;
@@ -387,17 +387,6 @@ interface PackSlot {
 
 /** Objects up to this size are held whole and appended in one write (see the class). */
 const HOLD_BYTES = 4 * 1024 * 1024;
-
-/** Opens an index for appending; after a torn last line (a crash mid-append) the next line starts on a line of its own. */
-async function openIndex(path: string): Promise<AppendFile> {
-  const file = await AppendFile.open(path);
-  if (file.size > 0) {
-    const last = Buffer.alloc(1);
-    await file.read(last, file.size - 1);
-    if (last[0] !== 0x0a) await file.write(Buffer.from('\n')).written;
-  }
-  return file;
-}
 
 async function closePack(pack: Pack): Promise<void> {
   await Promise.allSettled([pack.data.close(), pack.index.close()]);
