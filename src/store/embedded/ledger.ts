@@ -142,8 +142,9 @@ export class FileLedger implements PackageLedger {
       await Promise.all([logged, written]);
       if ((await gen.wal).size >= this.#walBytes && this.#gen === gen) this.#rotate();
     } catch (err) {
-      // Not durable: forget them, so that a retry writes them again.
+      // Not durable: forget them, so that a retry writes them again (into a fresh log, if this one failed).
       for (const e of fresh) if (index.delete(e.package_id)) this.#indexed--;
+      if (this.#gen === gen) this.#rotate();
       throw err;
     }
   }

@@ -312,8 +312,11 @@ export class FileObjectStore implements ObjectStore {
     try {
       return await fn(await slot.pack);
     } catch (err) {
-      // A pack that failed to open is not kept: the next put tries again.
-      if (this.#packs.get(dir) === slot && !(await slot.pack.then(() => true, () => false))) this.#packs.delete(dir);
+      // A pack that failed (to open, or a write: its tail is unknown) is not used again: the next put opens it afresh.
+      if (this.#packs.get(dir) === slot) {
+        this.#packs.delete(dir);
+        slot.retired = true;
+      }
       throw err;
     } finally {
       slot.users--;
