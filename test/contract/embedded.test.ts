@@ -353,13 +353,16 @@ t.test('FileObjectStore: puts racing deletes of their own prefix never fail on t
   async function* oneLine() {
     yield Buffer.from('line\n');
   }
-  for (let round = 0; round < 100; round++) {
+  const deleteFailures: unknown[] = [];
+  for (let round = 0; round < 150; round++) {
     const prefix = `c/s${round % 4}/`;
-    const puts = Array.from({ length: 16 }, (_, i) =>
-      store.put(`${prefix}e${i % 4}/p${round}-${i}.ndjson`, oneLine()).catch((err: unknown) => void failures.push(err)),
-    );
-    const deletes = Array.from({ length: 4 }, () => store.deletePrefix(prefix));
-    await Promise.all([...puts, ...deletes]);
+    const put = (i: number) => store.put(`${prefix}e${i % 4}/p${round}-${i}.ndjson`, oneLine()).catch((err: unknown) => void failures.push(err));
+    // Puts begun before the deletes, and puts that make the directories again while a delete removes them.
+    const before = Array.from({ length: 8 }, (_, i) => put(i));
+    const deletes = Array.from({ length: 4 }, () => store.deletePrefix(prefix).catch((err: unknown) => void deleteFailures.push(err)));
+    const after = Array.from({ length: 8 }, (_, i) => put(8 + i));
+    await Promise.all([...before, ...deletes, ...after]);
   }
   t.same(failures.map((e) => (e as NodeJS.ErrnoException).code), [], 'no put failed');
+  t.same(deleteFailures.map((e) => (e as NodeJS.ErrnoException).code), [], 'no delete failed');
 });

@@ -196,7 +196,11 @@ export class FileObjectStore implements ObjectStore {
         if (slot.users === 0) void slot.pack.then(closePack, () => undefined);
       }
       for (const d of [...this.#indexes.keys()].filter((d) => d === dir || d.startsWith(`${dir}/`))) this.#forget(d);
-      await rm(dir, { recursive: true, force: true });
+      // A put that began after the delete may make the directory again while it is removed:
+      // its object stays (as a put after a delete does on S3), the rest goes.
+      await rm(dir, { recursive: true, force: true, maxRetries: 3, retryDelay: 5 }).catch((err: NodeJS.ErrnoException) => {
+        if (err.code !== 'ENOTEMPTY') throw err;
+      });
     }
     // Directories left empty above what went.
     for (const dir of whole) {
