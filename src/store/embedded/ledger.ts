@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { StoreError, type LedgerEntry, type PackageLedger } from '../ports.js';
 import { AppendFile } from './append-file.js';
+import { OpenHandles } from './open-handles.js';
 
 export interface FileLedgerOptions {
   /** Package ids kept in memory over all sessions (for `get` and de-duplication); beyond it the least recently used sessions are forgotten and read again from disk when asked. Default 1,000,000. */
@@ -50,12 +51,11 @@ const ID = /^[A-Za-z0-9_.=-]+$/;
 export class FileLedger implements PackageLedger {
   readonly #dir: string;
   readonly #maxIds: number;
-  readonly #maxFiles: number;
   /** Session → its entries by package id; Map order is least recently used first. */
   readonly #index = new Map<string, Map<string, LedgerEntry>>();
   #indexed = 0;
-  /** Open session files, least recently used first; a file with users is never closed. */
-  readonly #files = new Map<string, { file: Promise<AppendFile>; users: number }>();
+  /** Open session files. */
+  readonly #files: OpenHandles<AppendFile>;
   /** Per session: the load of its index in progress. */
   readonly #loading = new Map<string, Promise<Map<string, LedgerEntry>>>();
   readonly #walBytes: number;
@@ -67,7 +67,7 @@ export class FileLedger implements PackageLedger {
   private constructor(dir: string, opts: FileLedgerOptions, walNo: number) {
     this.#dir = dir;
     this.#maxIds = opts.maxIndexedIds ?? 1_000_000;
-    this.#maxFiles = opts.maxOpenFiles ?? 64;
+    this.#files = new OpenHandles({ max: opts.maxOpenFiles ?? 64, open: (uuid) => AppendFile.openLines(this.#path(uuid)), close: (file) => file.close() });
     this.#walBytes = opts.walBytes ?? 8 * 1024 * 1024;
     this.#gen = this.#generation(walNo);
   }
@@ -167,10 +167,8 @@ export class FileLedger implements PackageLedger {
 
   async drop(uploadUuid: string): Promise<void> {
     this.#check(uploadUuid);
-    const slot = this.#files.get(uploadUuid);
-    this.#files.delete(uploadUuid);
+    this.#files.retire((uuid) => uuid === uploadUuid);
     this.#forget(uploadUuid);
-    if (slot) await (await slot.file).close().catch(() => undefined);
     // Logged first: a replay of an older line of this session must not bring the file back.
     await (await this.#gen.wal).append(Buffer.from(`${JSON.stringify({ drop: uploadUuid } satisfies WalRecord)}\n`));
     await rm(this.#path(uploadUuid), { force: true });
@@ -182,8 +180,7 @@ export class FileLedger implements PackageLedger {
     await Promise.allSettled([...this.#checkpoints]);
     // A clean stop leaves no log to replay.
     await this.#checkpoint(this.#gen);
-    await Promise.allSettled([...this.#files.values()].map(async (slot) => (await slot.file).close()));
-    this.#files.clear();
+    await this.#files.closeAll();
   }
 
   #generation(no: number): WalGeneration {
@@ -218,9 +215,8 @@ export class FileLedger implements PackageLedger {
   }
 
   async #syncSessionFile(uploadUuid: string): Promise<void> {
-    const slot = this.#files.get(uploadUuid);
-    const open_ = slot ? await slot.file.catch(() => null) : null;
-    if (open_) return open_.sync().catch(() => this.#syncPath(uploadUuid));
+    const file = await this.#files.peek(uploadUuid);
+    if (file) return file.sync().catch(() => this.#syncPath(uploadUuid));
     await this.#syncPath(uploadUuid);
   }
 
@@ -311,36 +307,13 @@ export class FileLedger implements PackageLedger {
     }
   }
 
-  async #withFile<R>(uploadUuid: string, fn: (file: AppendFile) => Promise<R>): Promise<R> {
-    let slot = this.#files.get(uploadUuid);
-    if (slot) this.#files.delete(uploadUuid);
-    else slot = { file: AppendFile.openLines(this.#path(uploadUuid)), users: 0 };
-    this.#files.set(uploadUuid, slot);
-    slot.users++;
-    try {
-      return await fn(await slot.file);
-    } catch (err) {
-      if (this.#files.get(uploadUuid) === slot && !(await slot.file.then(() => true, () => false))) this.#files.delete(uploadUuid);
-      throw err;
-    } finally {
-      slot.users--;
-      this.#trimFiles();
-    }
-  }
-
-  #trimFiles(): void {
-    for (const [uuid, slot] of this.#files) {
-      if (this.#files.size <= this.#maxFiles) return;
-      if (slot.users > 0) continue;
-      this.#files.delete(uuid);
-      void slot.file.then((open) => open.close()).catch(() => undefined);
-    }
+  #withFile<R>(uploadUuid: string, fn: (file: AppendFile) => Promise<R>): Promise<R> {
+    return this.#files.use(uploadUuid, fn);
   }
 
   /** Waits for writes in progress to the session's file, so that a read sees them. */
   async #settled(uploadUuid: string): Promise<void> {
-    const slot = this.#files.get(uploadUuid);
-    if (slot) await (await slot.file.catch(() => null))?.settled();
+    await (await this.#files.peek(uploadUuid))?.settled();
   }
 
   #path(uploadUuid: string): string {

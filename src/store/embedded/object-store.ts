@@ -4,6 +4,7 @@ import { dirname, join } from 'node:path';
 import { StoreError, type ObjectStore, type StoredObject } from '../ports.js';
 import { fsyncDir } from '../../durable-file.js';
 import { AppendFile } from './append-file.js';
+import { OpenHandles } from './open-handles.js';
 
 export interface FileObjectStoreOptions {
   /** Index entries kept in memory over all directories; beyond it the least recently used directories are read again when asked. Default 500,000. */
@@ -64,9 +65,8 @@ export class FileObjectStore implements ObjectStore {
   readonly capabilities = { consumesChunksInTurn: true } as const;
   readonly #root: string;
   readonly #maxIndexed: number;
-  readonly #maxPacks: number;
-  /** Open packs per directory, least recently used first; a pack with users is never closed. */
-  readonly #packs = new Map<string, PackSlot>();
+  /** Open packs per directory. */
+  readonly #packs: OpenHandles<Pack>;
   /** Indexes read per directory, least recently used first. */
   readonly #indexes = new Map<string, DirIndex>();
   #indexed = 0;
@@ -75,7 +75,7 @@ export class FileObjectStore implements ObjectStore {
   private constructor(dir: string, opts: FileObjectStoreOptions) {
     this.#root = join(dir, 'objects');
     this.#maxIndexed = opts.maxIndexedObjects ?? 500_000;
-    this.#maxPacks = opts.maxOpenPacks ?? 64;
+    this.#packs = new OpenHandles({ max: opts.maxOpenPacks ?? 64, open: (d) => this.#openPack(d), close: closePack });
   }
 
   static async open(dir: string, opts: FileObjectStoreOptions = {}): Promise<FileObjectStore> {
@@ -189,12 +189,7 @@ export class FileObjectStore implements ObjectStore {
     });
     for (const dir of whole) {
       // Puts still writing into a pack of what goes finish there (the delete took their objects); later ones make a new one.
-      for (const open_ of [...this.#packs.keys()].filter((d) => d === dir || d.startsWith(`${dir}/`))) {
-        const slot = this.#packs.get(open_)!;
-        this.#packs.delete(open_);
-        slot.retired = true;
-        if (slot.users === 0) void slot.pack.then(closePack, () => undefined);
-      }
+      this.#packs.retire((d) => d === dir || d.startsWith(`${dir}/`));
       for (const d of [...this.#indexes.keys()].filter((d) => d === dir || d.startsWith(`${dir}/`))) this.#forget(d);
       // A put that began after the delete may make the directory again while it is removed:
       // its object stays (as a put after a delete does on S3), the rest goes.
@@ -213,9 +208,7 @@ export class FileObjectStore implements ObjectStore {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    const packs = [...this.#packs.values()];
-    this.#packs.clear();
-    await Promise.allSettled(packs.map(async (slot) => closePack(await slot.pack)));
+    await this.#packs.closeAll();
   }
 
   /**
@@ -306,36 +299,10 @@ export class FileObjectStore implements ObjectStore {
     }
   }
 
-  async #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>): Promise<R> {
+  /** Runs `fn` with the directory's pack; a failure retires it (its tail is unknown): the next put opens it afresh. */
+  #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>): Promise<R> {
     this.#check();
-    let slot = this.#packs.get(dir);
-    if (slot) this.#packs.delete(dir);
-    else slot = { pack: this.#openPack(dir), users: 0, retired: false };
-    this.#packs.set(dir, slot);
-    slot.users++;
-    try {
-      return await fn(await slot.pack);
-    } catch (err) {
-      // A pack that failed (to open, or a write: its tail is unknown) is not used again: the next put opens it afresh.
-      if (this.#packs.get(dir) === slot) {
-        this.#packs.delete(dir);
-        slot.retired = true;
-      }
-      throw err;
-    } finally {
-      slot.users--;
-      if (slot.retired && slot.users === 0) void slot.pack.then(closePack, () => undefined);
-      this.#trimPacks();
-    }
-  }
-
-  #trimPacks(): void {
-    for (const [dir, slot] of this.#packs) {
-      if (this.#packs.size <= this.#maxPacks) return;
-      if (slot.users > 0) continue;
-      this.#packs.delete(dir);
-      void slot.pack.then(closePack, () => undefined);
-    }
+    return this.#packs.use(dir, fn);
   }
 
   /**
@@ -383,13 +350,6 @@ export class FileObjectStore implements ObjectStore {
     const dir = join(this.#root, ...segments.map(escapeSegment));
     return { dir, legacy: join(dir, `${escapeSegment(last)}~`) };
   }
-}
-
-/** An open pack and its users; a retired one (its directory deleted) closes when its last user is done. */
-interface PackSlot {
-  pack: Promise<Pack>;
-  users: number;
-  retired: boolean;
 }
 
 /** Objects up to this size are held whole and appended in one write (see the class). */
