@@ -25,10 +25,11 @@ interface Located {
   n: number;
 }
 
-/** A directory's index as read so far: every key's last entry, and how far the file was read. */
+/** A directory's index as read so far: every key's last entry, how far the file was read, and the reads in turn. */
 interface DirIndex {
   entries: Map<string, Located>;
   readTo: number;
+  reading: Promise<void>;
 }
 
 /** A directory's open pack: the data file, the index, and the put that streams alone, if any. */
@@ -239,49 +240,57 @@ export class FileObjectStore implements ObjectStore {
     await go(join(this.#root, ...complete.map(escapeSegment)), complete.map((s) => `${s}/`).join(''));
   }
 
-  /** The directory's index, brought up to what its file holds now. */
+  /** The directory's index, brought up to what its file holds now (reads of one directory go in turn). */
   async #index(dir: string): Promise<DirIndex> {
     let index = this.#indexes.get(dir);
-    if (index) {
-      this.#indexes.delete(dir); // most recently used last
-    } else {
-      index = { entries: new Map(), readTo: 0 };
-    }
+    if (index) this.#indexes.delete(dir); // most recently used last
+    else index = { entries: new Map(), readTo: 0, reading: Promise.resolve() };
     this.#indexes.set(dir, index);
+    const mine = index.reading.then(() => this.#readMore(dir, index));
+    index.reading = mine.catch(() => undefined);
+    await mine;
+    return index;
+  }
+
+  /** Reads the index lines appended since the last read; a line still being written waits for the next. */
+  async #readMore(dir: string, index: DirIndex): Promise<void> {
     let fh;
     try {
       fh = await open(join(dir, INDEX), 'r');
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      // Gone (deleted), or never made: nothing is there.
       this.#forget(dir);
-      return { entries: new Map(), readTo: 0 };
+      index.entries.clear();
+      index.readTo = 0;
+      return;
     }
     try {
       const size = (await fh.stat()).size;
-      if (size > index.readTo) {
-        const buf = Buffer.allocUnsafe(size - index.readTo);
-        const { bytesRead } = await fh.read(buf, 0, buf.byteLength, index.readTo);
-        const text = buf.subarray(0, bytesRead);
-        const end = text.lastIndexOf(0x0a) + 1; // a line still being written waits for the next read
-        const before = index.entries.size;
-        for (const line of text.subarray(0, end).toString('utf8').split('\n')) {
-          let entry: IndexLine;
-          try {
-            entry = JSON.parse(line) as IndexLine;
-          } catch {
-            continue; // empty, or torn by a crash: never acknowledged
-          }
-          if ('d' in entry) index.entries.delete(entry.k);
-          else index.entries.set(entry.k, { o: entry.o, n: entry.n });
+      if (size <= index.readTo) return;
+      const buf = Buffer.allocUnsafe(size - index.readTo);
+      const { bytesRead } = await fh.read(buf, 0, buf.byteLength, index.readTo);
+      const text = buf.subarray(0, bytesRead);
+      const end = text.lastIndexOf(0x0a) + 1;
+      const before = index.entries.size;
+      for (const line of text.subarray(0, end).toString('utf8').split('\n')) {
+        let entry: IndexLine;
+        try {
+          entry = JSON.parse(line) as IndexLine;
+        } catch {
+          continue; // empty, or torn by a crash: never acknowledged
         }
-        index.readTo += end;
+        if ('d' in entry) index.entries.delete(entry.k);
+        else index.entries.set(entry.k, { o: entry.o, n: entry.n });
+      }
+      index.readTo += end;
+      if (this.#indexes.get(dir) === index) {
         this.#indexed += index.entries.size - before;
         this.#evict(dir);
       }
     } finally {
       await fh.close();
     }
-    return index;
   }
 
   #forget(dir: string): void {
