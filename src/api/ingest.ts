@@ -53,6 +53,7 @@ function contentEncoding(header: string | undefined): 'identity' | 'gzip' | null
 function ingestBody(body: BodyStream): IngestBody {
   return {
     discard: () => body.discard(),
+    hold: () => body.hold(),
     feed: async (sink: IngestSink) => {
       if (!(await body.pipe(sink))) throw new ClientGone('Client went away before the body ended');
       return sink.end();

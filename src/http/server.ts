@@ -43,6 +43,8 @@ export type {
 
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:/+=-]{1,128}$/;
 const noResponseObserver = (): void => {};
+/** How long a request timeout waits for a handler past its point of no return (`BodyStream.hold`): a recording's store write, retries included. */
+export const HOLD_MS = 30_000;
 
 export async function listen(opts: ServerOptions): Promise<Server> {
   const router = new Router(opts.routes, opts.limits);
@@ -200,8 +202,10 @@ class Inflight {
  */
 class Exchange {
   private finished = false;
+  /** The handler passed its point of no return (`BodyStream.hold`). */
+  private holding = false;
   private readonly abort = new AbortController();
-  private readonly timer: NodeJS.Timeout;
+  private timer: NodeJS.Timeout;
   private window: NodeJS.Timeout | undefined;
   private windowBytes = 0;
   private readonly windowNeeds: number;
@@ -236,7 +240,7 @@ class Exchange {
       this.release();
     });
     this.slot = slot;
-    this.timer = setTimeout(() => this.fail(errors.requestTimeout(), true), opts.limits.requestTimeoutMs);
+    this.timer = setTimeout(() => this.timedOut(), opts.limits.requestTimeoutMs);
     this.timer.unref();
     this.windowNeeds = Math.max(1, (opts.limits.minBodyBytesPerSecond * opts.limits.bodyRateWindowMs) / 1000);
   }
@@ -310,6 +314,11 @@ class Exchange {
         this.early = [];
         this.resume();
       },
+      hold: () => {
+        if (this.finished) return false;
+        this.holding = true;
+        return true;
+      },
     };
     this.settle(handler(this.req, body, this.abort.signal));
   }
@@ -326,6 +335,21 @@ class Exchange {
    * and tells the handler through its signal that its own answer will never be sent: an
    * ingest must then not commit what its client was told failed.
    */
+  /**
+   * The request timeout: 408, unless the handler passed its point of no return (`hold`), whose
+   * answer (a recorded package's 200) is then waited for a little longer, so that no client
+   * is told 408 about a package that gets stored.
+   */
+  private timedOut(): void {
+    if (this.holding && !this.finished) {
+      this.holding = false;
+      this.timer = setTimeout(() => this.timedOut(), HOLD_MS);
+      this.timer.unref();
+      return;
+    }
+    this.fail(errors.requestTimeout(), true);
+  }
+
   fail(err: ServiceError, closeConnection: boolean): void {
     this.send(replyFor(err), closeConnection);
     this.abort.abort();

@@ -69,6 +69,13 @@ export interface BodyStream {
   pipe(sink: IngestSink<unknown>): Promise<boolean>;
   /** Discards the body; the connection is closed after the response. */
   discard(): void;
+  /**
+   * The handler's point of no return (an ingest about to record its package): true when no
+   * answer was sent and the client is still there — from then on a request timeout waits
+   * (up to `HOLD_MS`) for the handler's own answer; false when the request was already
+   * answered or abandoned, and the handler must not go on.
+   */
+  hold(): boolean;
 }
 
 export type BufferedHandler = (req: Request, body: Buffer) => Promise<Reply>;

@@ -49,6 +49,8 @@ export interface IngestBody {
   feed(sink: IngestSink): Promise<IngestResult>;
   /** The body will not be read (a replayed answer). */
   discard(): void;
+  /** The point of no return, before the package is recorded: false when the request was already answered (a timeout) or abandoned; once true, the server waits for this answer. */
+  hold(): boolean;
 }
 
 /** The answer: a fresh one, or one replayed from an earlier attempt of the same key. */
@@ -133,7 +135,9 @@ export class PackageIngest {
       answered(req.signal);
       await result.writer.commit({ rows: result.rows, bytes: result.bytes });
       // Committed to the queue but not recorded: once the lease is released, the uploader drops it.
-      answered(req.signal);
+      // Past this point a request timeout waits for this answer instead of sending 408 while
+      // the package is being recorded (a 408 with the package stored after all).
+      if (!body.hold()) throw new ClientGone(UNANSWERED);
       stage = 'record';
       const objectBytes = objectHeaderLine(meta!, result.rows).byteLength + result.bytes;
       await service.recordIngest(client, uploadUuid, { id: packageId, entity: entity.name, rows: result.rows, bytes: result.bytes, object_bytes: objectBytes });
@@ -194,5 +198,7 @@ function replayed(body: IngestBody, answer: StoredAnswer): IngestAnswer {
  * client left: a package must not be recorded after its client was told something else than 200.
  */
 function answered(signal: AbortSignal): void {
-  if (signal.aborted) throw new ClientGone('The request was answered or abandoned before its package was recorded');
+  if (signal.aborted) throw new ClientGone(UNANSWERED);
 }
+
+const UNANSWERED = 'The request was answered or abandoned before its package was recorded';

@@ -17,6 +17,7 @@ import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
 import { signWebhook } from '../../src/connector/webhook.js';
 import { ClientRegistry } from '../../src/http/auth.js';
 import { listen } from '../../src/http/server.js';
+import type { BodyStream } from '../../src/http/types.js';
 import { jsonLogger } from '../../src/log.js';
 import { API, call, clientOf, DEMO, DEMO2, fakeConnector, products, startService, testEdge, waitForStatus, WEBHOOK_SECRET, yesterday, type Answer } from '../support/harness.js';
 import { CRASH_MARKER, FAULTY_WORKER } from '../support/faulty-worker.js';
@@ -370,6 +371,49 @@ t.test('a reply the server cannot serialise answers 500; the process lives on', 
   t.same([res.status, res.body], [500, { detail: 'Internal server error' }]);
   t.match(errors, [{ name: 'RangeError' }], 'logged as an internal error');
   t.equal((await call(`http://127.0.0.1:${server.port}`, 'GET', '/nowhere', { client: null })).status, 404, 'still serving');
+});
+
+t.test('a request timeout waits for a handler past its point of no return (an ingest recording its package), and only for it', async (t) => {
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  let started!: () => void;
+  const heldStarted = new Promise<void>((resolve) => (started = resolve));
+  const holds: Record<string, boolean> = {};
+  const route = (pattern: string, hold: 'before' | 'after' | 'never') => ({
+    method: 'POST',
+    pattern,
+    body: 'streaming' as const,
+    handler: async (_req: unknown, body: BodyStream) => {
+      body.discard();
+      if (hold === 'before') {
+        holds[pattern] = body.hold();
+        started();
+      }
+      await released;
+      if (hold === 'after') holds[pattern] = body.hold();
+      return { status: 200, body: { status: 'success' } };
+    },
+  });
+  const server = await listen({
+    edge: await testEdge(),
+    host: '127.0.0.1',
+    port: 0,
+    routes: [route('/held', 'before'), route('/plain', 'never'), route('/late', 'after')],
+    limits: { ingestBodyBytes: 1024, otherBodyBytes: 1024, requestTimeoutMs: 300, bodyRateWindowMs: 5_000, minBodyBytesPerSecond: 1, requestsPerSecond: 0, burst: 1, concurrentPerClient: 0, trackedClients: 10 },
+    onInternalError: () => undefined,
+  });
+  t.teardown(() => server.close());
+  const base = `http://127.0.0.1:${server.port}`;
+  const held = call(base, 'POST', '/held', { client: null, raw: '' });
+  await heldStarted; // its timer runs from here, before the others'
+  const late = call(base, 'POST', '/late', { client: null, raw: '' });
+  const plain = await call(base, 'POST', '/plain', { client: null, raw: '' });
+  t.equal(plain.status, 408, 'a handler that did not hold: 408 at the timeout');
+  t.equal((await late).status, 408, 'likewise the one that holds only later');
+  release();
+  const answer = await held;
+  t.same([answer.status, answer.body], [200, { status: 'success' }], 'the held handler answers after its timeout passed');
+  t.same(holds, { '/held': true, '/late': false }, 'hold: true before an answer, false after one (the handler must not go on)');
 });
 
 t.test('webhook replay: applied once; a replay is ignored, even after a new start; past 300 s it is refused', async (t) => {
