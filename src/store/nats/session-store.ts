@@ -15,8 +15,9 @@ export interface NatsSessionStoreOptions {
    * as well as the key's — correct on clustered servers whose subject check is not
    * serialised (nats-server before 2.10: nats-io/nats-server#4320, where concurrent updates
    * of one key can all succeed). The writes of one process are pipelined, each one round
-   * trip; a write of another process costs a retry. `auto` (default) picks `stream` only for a clustered server
-   * before 2.10: a single server checks the subject under its stream lock on any version.
+   * trip; a write of another process costs a retry. `auto` (default) picks `stream` only
+   * for a clustered server before 2.10: a single server checks the subject under its
+   * stream lock on any version.
    */
   casGuard?: 'auto' | 'subject' | 'stream';
 }
