@@ -167,6 +167,62 @@ t.test('FileBatchQueue: a commit racing a purge of its session fails, and nothin
   t.same(await readdir(join(dir, 'segments')), ['1.seg'], 'the old segment, used by no package, is gone; a new one is open');
 });
 
+t.test('FileBatchQueue: a small committed package reaches its consumer from memory; a large one, one past the budget and one after a restart from its segment', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  // Room for one small package (8 bytes): the second is past the budget.
+  const q = await FileBatchQueue.open(dir, { ...queueOpts, heldBytes: 12 });
+  const meta = (id: string) => ({ package_id: id, upload_uuid: 'u1', client_id: 'c', entity: 'stores', columns: ['store_id'] });
+  const sent = new Map<string, Buffer>();
+  const commit = async (id: string, batch: Buffer): Promise<void> => {
+    const w = await q.open(meta(id));
+    const reused = Buffer.from(batch);
+    await w.append(reused);
+    reused.fill('?'); // the caller's memory, reused once the append settled
+    await w.commit({ rows: 1, bytes: batch.byteLength });
+    sent.set(id, batch);
+  };
+  await commit('small', Buffer.from('["s-1"]\n'));
+  await commit('over-budget', Buffer.from('["s-2"]\n'));
+  await commit('large', Buffer.from(`["${'x'.repeat(70 * 1024)}"]\n`));
+  // What the segment holds now is not what was written: whatever comes from it shows.
+  const segment = join(dir, 'segments', '0.seg');
+  await writeFile(segment, Buffer.alloc((await readFile(segment)).byteLength, '#'));
+  const got = new Map<string, string>();
+  const consumer = q.consume(async (pkg) => {
+    const parts: Buffer[] = [];
+    for await (const b of pkg.batches({ reuse: true })) parts.push(Buffer.from(b));
+    got.set(pkg.meta.package_id, Buffer.concat(parts).toString());
+  });
+  await t.resolves(async () => {
+    while (got.size < 3) await new Promise((r) => setImmediate(r));
+  });
+  await consumer.stop();
+  t.equal(got.get('small'), sent.get('small')!.toString(), 'the small package, from memory');
+  t.match(got.get('over-budget'), /^#+$/, 'past the budget: read from the segment');
+  t.match(got.get('large'), /^#+$/, 'past the size held: read from the segment');
+  await q.close();
+
+  // After a restart nothing is held: an unacked package is read from its segment.
+  const again = await FileBatchQueue.open(dir, queueOpts);
+  t.teardown(() => again.close());
+  const w = await again.open(meta('before-restart'));
+  await w.append(Buffer.from('["s-3"]\n'));
+  await w.commit({ rows: 1, bytes: 8 });
+  await again.close();
+  const third = await FileBatchQueue.open(dir, queueOpts);
+  t.teardown(() => third.close());
+  const body = await new Promise<string>((resolve) => {
+    const c = third.consume(async (pkg) => {
+      const parts: Buffer[] = [];
+      for await (const b of pkg.batches()) parts.push(Buffer.from(b));
+      resolve(Buffer.concat(parts).toString());
+    });
+    t.teardown(() => c.stop());
+  });
+  t.equal(body, '["s-3"]\n', 'read back from the segment after a restart');
+});
+
 t.test('FileBatchQueue: segments roll over, and go once their packages are acked', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));

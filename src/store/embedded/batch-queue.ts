@@ -11,7 +11,17 @@ export interface FileBatchQueueOptions {
   segmentBytes?: number;
   /** The index is rewritten with only its live packages past this size (default 16 MiB). */
   indexCompactBytes?: number;
+  /**
+   * Bytes of committed packages kept in memory until they are acked, so that the consumer
+   * gets a small package without reading it back from its segment (default 32 MiB). A
+   * package larger than `HELD_PACKAGE_BYTES`, one committed while the budget is spent, and
+   * every package after a restart are read from their segment.
+   */
+  heldBytes?: number;
 }
+
+/** A package up to this size is kept in memory for its consumer (see `heldBytes`). */
+const HELD_PACKAGE_BYTES = 64 * 1024;
 
 /** Where one batch lies: segment number, offset, length. */
 type Location = [segment: number, offset: number, length: number];
@@ -35,6 +45,8 @@ interface Entry extends CommitRecord {
   notBefore: number;
   inFlight: boolean;
   purged: boolean;
+  /** The batches' bytes, while the package is held in memory (see `heldBytes`). */
+  held?: Buffer[];
 }
 
 interface Segment {
@@ -77,6 +89,9 @@ export class FileBatchQueue implements BatchQueue {
   readonly #delayMs: number;
   readonly #segmentBytes: number;
   readonly #indexCompactBytes: number;
+  readonly #heldBudget: number;
+  /** Bytes of the packages held in memory now. */
+  #heldBytes = 0;
   /** Committed, not acked, in commit order. Keyed by seq. */
   readonly #entries = new Map<number, Entry>();
   /** Committed, not acked, per session. */
@@ -101,6 +116,7 @@ export class FileBatchQueue implements BatchQueue {
     this.#delayMs = opts.redeliveryDelayMs ?? 1000;
     this.#segmentBytes = opts.segmentBytes ?? 64 * 1024 * 1024;
     this.#indexCompactBytes = opts.indexCompactBytes ?? 16 * 1024 * 1024;
+    this.#heldBudget = opts.heldBytes ?? 32 * 1024 * 1024;
   }
 
   static async open(dir: string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
@@ -116,7 +132,7 @@ export class FileBatchQueue implements BatchQueue {
     checkId('package_id', meta.package_id);
     const writer: FileWriter = new FileWriter({ ...meta, columns: [...meta.columns] }, {
       place: (batch) => this.#place(batch),
-      commit: (totals, batches) => this.#commit(writer, totals, batches),
+      commit: (totals, batches, copies) => this.#commit(writer, totals, batches, copies),
       release: (segments) => this.#release(segments),
       forget: () => this.#writers.delete(writer),
     });
@@ -195,7 +211,12 @@ export class FileBatchQueue implements BatchQueue {
     return { segment, location, written };
   }
 
-  async #commit(writer: FileWriter, totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[]): Promise<void> {
+  async #commit(
+    writer: FileWriter,
+    totals: { rows: number; bytes: number },
+    batches: { segment: Segment; location: Location }[],
+    copies: Buffer[] | null,
+  ): Promise<void> {
     // The batches first, then the line that makes them a package.
     for (const segment of new Set(batches.map((b) => b.segment))) await (await segment.file).sync();
     if (writer.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${writer.meta.package_id} was dropped before its commit completed`);
@@ -211,7 +232,13 @@ export class FileBatchQueue implements BatchQueue {
     await this.#log(rec, true, () => {
       // Purged while its line was being written: the purge line comes after it, so it stays dropped after a restart too.
       if (writer.dropped) return;
-      this.#add({ ...rec, attempt: 0, notBefore: 0, inFlight: false, purged: false });
+      const entry: Entry = { ...rec, attempt: 0, notBefore: 0, inFlight: false, purged: false };
+      const size = copies?.reduce((n, c) => n + c.byteLength, 0) ?? 0;
+      if (copies && this.#heldBytes + size <= this.#heldBudget) {
+        entry.held = copies;
+        this.#heldBytes += size;
+      }
+      this.#add(entry);
       this.#wake();
     });
     if (writer.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${writer.meta.package_id} was dropped before its commit completed`);
@@ -225,6 +252,10 @@ export class FileBatchQueue implements BatchQueue {
   /** Forgets an entry (acked or purged) and releases its segments. */
   #remove(e: Entry): void {
     if (!this.#entries.delete(e.seq)) return;
+    if (e.held) {
+      for (const c of e.held) this.#heldBytes -= c.byteLength;
+      delete e.held;
+    }
     const left = (this.#perSession.get(e.meta.upload_uuid) ?? 1) - 1;
     if (left > 0) this.#perSession.set(e.meta.upload_uuid, left);
     else this.#perSession.delete(e.meta.upload_uuid);
@@ -422,7 +453,7 @@ export class FileBatchQueue implements BatchQueue {
       rows: e.rows,
       bytes: e.bytes,
       attempt: e.attempt,
-      batches: (opts) => this.#read(e.batches, opts?.reuse === true),
+      batches: (opts) => (e.held ? held(e.held) : this.#read(e.batches, opts?.reuse === true)),
     };
   }
 
@@ -465,9 +496,15 @@ export class FileBatchQueue implements BatchQueue {
   }
 }
 
+/** A held package's batches, as `#read` would yield them from its segment. */
+async function* held(copies: Buffer[]): AsyncIterable<Uint8Array> {
+  yield* copies;
+}
+
 interface WriterHooks {
   place(batch: Uint8Array): { segment: Segment; location: Location; written: Promise<void> };
-  commit(totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[]): Promise<void>;
+  /** `copies`: the batches' bytes, for a package small enough to be held in memory; null otherwise. */
+  commit(totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[], copies: Buffer[] | null): Promise<void>;
   release(segments: Iterable<Segment>): void;
   forget(): void;
 }
@@ -478,6 +515,9 @@ class FileWriter implements PackageWriter {
   readonly #batches: { segment: Segment; location: Location }[] = [];
   /** Segments this package holds a reference to. */
   readonly #held = new Set<Segment>();
+  /** Copies of the batches while the package is small enough to be held in memory; null past that. */
+  #copies: Buffer[] | null = [];
+  #copied = 0;
   /** Appends run one after another, in call order, even when the caller does not await. */
   #tail: Promise<void> = Promise.resolve();
   #done = false;
@@ -490,6 +530,13 @@ class FileWriter implements PackageWriter {
   }
 
   append(batch: Uint8Array): Promise<void> {
+    // Copied now: the caller may reuse the batch's memory once this settles.
+    if (this.#copies && this.#copied + batch.byteLength <= HELD_PACKAGE_BYTES) {
+      this.#copies.push(Buffer.from(batch));
+      this.#copied += batch.byteLength;
+    } else {
+      this.#copies = null;
+    }
     const run = this.#tail.then(async () => {
       this.#live();
       const placed = this.#hooks.place(batch);
@@ -509,7 +556,7 @@ class FileWriter implements PackageWriter {
     this.#live();
     this.#done = true;
     try {
-      await this.#hooks.commit(totals, this.#batches);
+      await this.#hooks.commit(totals, this.#batches, this.#copies);
       // The references are the committed package's now.
       this.#held.clear();
     } catch (err) {
