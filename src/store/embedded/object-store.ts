@@ -90,20 +90,19 @@ export class FileObjectStore implements ObjectStore {
   async put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject> {
     const { dir } = this.#locate(key);
     // Held whole while it is small: chunks are copied, since the caller may reuse their memory.
-    const held: Uint8Array[] = [];
-    let size = 0;
+    const held = new HeldBytes();
     const iterator = body[Symbol.asyncIterator]();
     let next = await iterator.next();
-    while (!next.done && size + next.value.byteLength <= HOLD_BYTES) {
-      held.push(Buffer.from(next.value));
-      size += next.value.byteLength;
+    while (!next.done && held.size + next.value.byteLength <= HOLD_BYTES) {
+      held.add(next.value);
       next = await iterator.next();
     }
+    let size = held.size;
     return this.#withPack(dir, async (pack) => {
       let offset: number;
       if (next.done) {
         while (pack.streaming) await pack.streaming;
-        const { offset: at, written } = pack.data.write(Buffer.concat(held, size));
+        const { offset: at, written } = pack.data.write(held.bytes());
         offset = at;
         await written;
       } else {
@@ -113,7 +112,7 @@ export class FileObjectStore implements ObjectStore {
         pack.streaming = new Promise<void>((resolve) => (done = resolve));
         try {
           offset = pack.data.size;
-          for (const part of held) await pack.data.write(part).written;
+          if (held.size > 0) await pack.data.write(held.bytes()).written;
           for (; !next.done; next = await iterator.next()) {
             await pack.data.write(next.value).written;
             size += next.value.byteLength;
@@ -364,6 +363,27 @@ export class FileObjectStore implements ObjectStore {
 /** Objects up to this size are held whole and appended in one write (see the class). */
 const HOLD_BYTES = 4 * 1024 * 1024;
 
+/** Chunks copied into one buffer as they come (grown by doubling): one allocation for a small object, not one per chunk and a concatenation. */
+class HeldBytes {
+  #buf: Buffer | null = null;
+  size = 0;
+
+  add(chunk: Uint8Array): void {
+    const need = this.size + chunk.byteLength;
+    if (!this.#buf || need > this.#buf.byteLength) {
+      const grown = Buffer.allocUnsafe(Math.max(need, Math.min(HOLD_BYTES, 2 * (this.#buf?.byteLength ?? 0))));
+      this.#buf?.copy(grown, 0, 0, this.size);
+      this.#buf = grown;
+    }
+    this.#buf.set(chunk, this.size);
+    this.size = need;
+  }
+
+  bytes(): Buffer {
+    return (this.#buf ?? Buffer.alloc(0)).subarray(0, this.size);
+  }
+}
+
 async function closePack(pack: Pack): Promise<void> {
   await Promise.allSettled([pack.data.close(), pack.index.close()]);
 }
@@ -373,6 +393,7 @@ function ignoreMissing(err: NodeJS.ErrnoException): void {
 }
 
 function escapeSegment(segment: string): string {
+  if (PLAIN_SEGMENT.test(segment)) return segment;
   let out = '';
   for (const byte of Buffer.from(segment, 'utf8')) {
     const c = String.fromCharCode(byte);
@@ -380,6 +401,9 @@ function escapeSegment(segment: string): string {
   }
   return out;
 }
+
+/** A segment that escapes to itself. */
+const PLAIN_SEGMENT = /^[a-z0-9._-]*$/;
 
 function unescapeSegment(name: string): string {
   return Buffer.from(name.replace(/%([0-9a-f]{2})/g, (_, h: string) => String.fromCharCode(parseInt(h, 16))), 'latin1').toString('utf8');
