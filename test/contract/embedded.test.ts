@@ -88,6 +88,32 @@ t.test('FileLedger: an acknowledged entry is in the write-ahead log until its se
   t.same((await again.sessions()).sort(), [u1]);
 });
 
+t.test('FileLedger: appended lines wait for their session file until it is read, and a crash before that replays them from the log', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const uuid = '00000000-0000-4000-8000-000000000006';
+  const file = join(dir, `${uuid}.ndjson`);
+  const lines = async () => (await readFile(file, 'utf8').catch(() => '')).split('\n').filter(Boolean).length;
+  const crashed = await FileLedger.open(dir);
+  t.teardown(() => crashed.close());
+  for (let i = 0; i < 10; i++) await crashed.append(uuid, [entry(`p-${i}`)]);
+  t.equal(await lines(), 0, 'ten acknowledged appends, none written to the session file yet (the log holds them)');
+  t.same(await crashed.get(uuid, 'p-9'), entry('p-9'), 'known at once');
+  const listed: string[] = [];
+  for await (const e of crashed.list(uuid)) listed.push(e.package_id);
+  t.equal(listed.length, 10, 'list sees every one');
+  t.equal(await lines(), 10, 'reading the session wrote its waiting lines, in one go');
+  for (let i = 10; i < 15; i++) await crashed.append(uuid, [entry(`p-${i}`)]);
+  t.equal(await lines(), 10, 'the next ones wait again');
+  // A crash now: the process is gone, its waiting lines with it; the log replays them.
+  const again = await FileLedger.open(dir);
+  t.teardown(() => again.close());
+  for (let i = 0; i < 15; i++) t.same(await again.get(uuid, `p-${i}`), entry(`p-${i}`), `p-${i} after the crash`);
+  const relisted: string[] = [];
+  for await (const e of again.list(uuid)) relisted.push(e.package_id);
+  t.equal(relisted.length, 15, 'listed once each');
+});
+
 t.test('FileLedger: past walBytes the log is checkpointed (session files synced, the old log removed), and at a clean close', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));

@@ -24,7 +24,7 @@ interface WalGeneration {
   wal: Promise<AppendFile>;
   /** Sessions whose file got lines logged here. */
   dirty: Set<string>;
-  /** Session-file writes of those lines still in flight. */
+  /** Appends to this log still in flight (their lines not yet handed to `pending`). */
   writes: Set<Promise<void>>;
 }
 
@@ -37,9 +37,12 @@ const ID = /^[A-Za-z0-9_.=-]+$/;
  * line per entry. An append is durable once its line is in the write-ahead log
  * (`wal-<n>.log`, shared by every session and group-committed: one fdatasync for every
  * append of every session that came meanwhile); the session file gets the same line
- * without an fsync of its own. Past `walBytes` the log is checkpointed: a new log takes the
- * appends, the session files written under the old one are fdatasync'ed, and the old log
- * goes. Opening replays whatever logs are left (a crash before their checkpoint) into the
+ * later, without an fsync of its own: lines wait in memory until the session is read from
+ * its file (`list`, loading its ids), the log is checkpointed or the ledger closed, so that
+ * many appends of a session cost one write of its file, not one each (the log bounds what
+ * waits). Past `walBytes` the log is checkpointed: a new log takes the appends, every
+ * waiting line is written, the session files written under the old one are fdatasync'ed,
+ * and the old log goes. Opening replays whatever logs are left (a crash before their checkpoint) into the
  * session files, drops included, before anything is read. A session file's line may so
  * appear twice: reads keep one entry per package. A torn last line (a crash in the middle
  * of a write) is skipped when read, and the next write to that file starts on a new line.
@@ -56,6 +59,10 @@ export class FileLedger implements PackageLedger {
   #indexed = 0;
   /** Open session files. */
   readonly #files: OpenHandles<AppendFile>;
+  /** Per session: lines logged but not yet written to its file. */
+  readonly #pending = new Map<string, string[]>();
+  /** Writes of waiting lines to session files still in flight. */
+  readonly #flushing = new Set<Promise<void>>();
   /** Per session: the load of its index in progress. */
   readonly #loading = new Map<string, Promise<Map<string, LedgerEntry>>>();
   readonly #walBytes: number;
@@ -130,16 +137,21 @@ export class FileLedger implements PackageLedger {
     for (const e of fresh) this.#remember(uploadUuid, index, e);
     const gen = this.#gen;
     try {
-      const logged = (async () => (await gen.wal).append(Buffer.from(`${JSON.stringify({ s: uploadUuid, e: fresh } satisfies WalRecord)}\n`)))();
-      // Counted in the log's generation at once: its checkpoint waits for this write.
+      // Counted in the log's generation at once: its checkpoint waits for this append.
       gen.dirty.add(uploadUuid);
-      const written = this.#withFile(uploadUuid, (file) => file.write(Buffer.from(fresh.map((e) => `${JSON.stringify(e)}\n`).join(''))).written);
-      gen.writes.add(written);
-      void written.then(
-        () => gen.writes.delete(written),
-        () => gen.writes.delete(written),
+      const logged = (async () => {
+        await (await gen.wal).append(Buffer.from(`${JSON.stringify({ s: uploadUuid, e: fresh } satisfies WalRecord)}\n`));
+        // Durable: the session file gets the lines later (see the class).
+        const waiting = this.#pending.get(uploadUuid) ?? [];
+        for (const e of fresh) waiting.push(`${JSON.stringify(e)}\n`);
+        this.#pending.set(uploadUuid, waiting);
+      })();
+      gen.writes.add(logged);
+      void logged.then(
+        () => gen.writes.delete(logged),
+        () => gen.writes.delete(logged),
       );
-      await Promise.all([logged, written]);
+      await logged;
       if ((await gen.wal).size >= this.#walBytes && this.#gen === gen) this.#rotate();
     } catch (err) {
       // Not durable: forget them, so that a retry writes them again (into a fresh log, if this one failed).
@@ -167,6 +179,7 @@ export class FileLedger implements PackageLedger {
 
   async drop(uploadUuid: string): Promise<void> {
     this.#check(uploadUuid);
+    this.#pending.delete(uploadUuid);
     this.#files.retire((uuid) => uuid === uploadUuid);
     this.#forget(uploadUuid);
     // Logged first: a replay of an older line of this session must not bring the file back.
@@ -201,10 +214,13 @@ export class FileLedger implements PackageLedger {
     void run.finally(() => this.#checkpoints.delete(run));
   }
 
-  /** Syncs the session files a log covers, then removes the log; never throws (a log left is replayed at the next start). */
+  /** Writes the waiting lines, syncs the session files a log covers, then removes the log; never throws (a log left is replayed at the next start). */
   async #checkpoint(gen: WalGeneration): Promise<void> {
     try {
       await Promise.allSettled([...gen.writes]);
+      // Every line of this log is waiting or written; lines of the next log may go too.
+      await Promise.all([...this.#pending.keys()].map((uuid) => this.#flush(uuid)));
+      await Promise.all([...this.#flushing]);
       for (const uuid of gen.dirty) await this.#syncSessionFile(uuid);
       const wal = await gen.wal;
       await wal.close();
@@ -236,9 +252,10 @@ export class FileLedger implements PackageLedger {
     }
   }
 
-  /** Sessions that have a ledger file (for recovery at start). */
+  /** Sessions that have a ledger file or lines waiting for one (for recovery at start). */
   async sessions(): Promise<string[]> {
-    return (await readdir(this.#dir)).filter((n) => n.endsWith('.ndjson')).map((n) => n.slice(0, -'.ndjson'.length));
+    const files = (await readdir(this.#dir)).filter((n) => n.endsWith('.ndjson')).map((n) => n.slice(0, -'.ndjson'.length));
+    return [...new Set([...files, ...this.#pending.keys()])];
   }
 
   async #entries(uploadUuid: string): Promise<Map<string, LedgerEntry>> {
@@ -311,8 +328,29 @@ export class FileLedger implements PackageLedger {
     return this.#files.use(uploadUuid, fn);
   }
 
-  /** Waits for writes in progress to the session's file, so that a read sees them. */
+  /**
+   * Writes the session's waiting lines to its file. A failed write puts them back: they stay
+   * in the log, whose checkpoint then fails and leaves it for the replay.
+   */
+  #flush(uploadUuid: string): Promise<void> {
+    const lines = this.#pending.get(uploadUuid);
+    if (!lines) return Promise.resolve();
+    this.#pending.delete(uploadUuid);
+    const written = this.#withFile(uploadUuid, (file) => file.write(Buffer.from(lines.join(''))).written).catch((err: unknown) => {
+      this.#pending.set(uploadUuid, [...lines, ...(this.#pending.get(uploadUuid) ?? [])]);
+      throw err;
+    });
+    this.#flushing.add(written);
+    void written.then(
+      () => this.#flushing.delete(written),
+      () => this.#flushing.delete(written),
+    );
+    return written;
+  }
+
+  /** Writes the session's waiting lines and waits for writes in progress to its file, so that a read sees them. */
   async #settled(uploadUuid: string): Promise<void> {
+    await this.#flush(uploadUuid);
     await (await this.#files.peek(uploadUuid))?.settled();
   }
 
