@@ -105,6 +105,7 @@ t.test('FileLedger: appended lines wait for their session file until it is read,
   t.equal(await lines(), 10, 'reading the session wrote its waiting lines, in one go');
   for (let i = 10; i < 15; i++) await crashed.append(uuid, [entry(`p-${i}`)]);
   t.equal(await lines(), 10, 'the next ones wait again');
+  t.same((await FileLedger.peek(dir, uuid)).map((e) => e.package_id).sort(), Array.from({ length: 15 }, (_, i) => `p-${i}`).sort(), 'peek reads them from the log');
   // A crash now: the process is gone, its waiting lines with it; the log replays them.
   const again = await FileLedger.open(dir);
   t.teardown(() => again.close());

@@ -7,6 +7,7 @@ import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashToken } from '../../src/http/auth.js';
 import { fromStored, type SessionRecord } from '../../src/session/state.js';
+import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { connectNats } from '../../src/store/nats/connection.js';
@@ -98,15 +99,8 @@ export async function embeddedRecord(dataDir: string, uploadUuid: string): Promi
   });
   if (!stored) return null;
   const record = fromStored(stored.value);
-  const lines = await readFile(join(dataDir, 'ledger', `${uploadUuid}.ndjson`), 'utf8').catch(() => '');
-  const ids: string[] = [];
-  for (const line of lines.split('\n')) {
-    try {
-      if (line) ids.push((JSON.parse(line) as { package_id: string }).package_id);
-    } catch {
-      // a torn last line
-    }
-  }
+  // The ledger as its files hold it: a running gateway's recent entries are in its log.
+  const ids = (await FileLedger.peek(join(dataDir, 'ledger'), uploadUuid)).map((e) => e.package_id);
   return withPackages(record, ids);
 }
 

@@ -129,6 +129,44 @@ export class FileLedger implements PackageLedger {
     for (const no of logs) await rm(join(dir, `wal-${no}.log`), { force: true });
   }
 
+  /**
+   * The entries of one session as the files in `dir` hold them, without opening the ledger
+   * (tests, tools; the owner may be running): its session file, then every log not yet
+   * checkpointed (lines of a live ledger wait there before they reach the session file).
+   */
+  static async peek(dir: string, uploadUuid: string): Promise<LedgerEntry[]> {
+    const found = new Map<string, LedgerEntry>();
+    const parse = <T>(line: string): T | null => {
+      try {
+        return line ? (JSON.parse(line) as T) : null;
+      } catch {
+        return null; // a torn last line
+      }
+    };
+    const file = await readFile(join(dir, `${uploadUuid}.ndjson`), 'utf8').catch(() => '');
+    for (const line of file.split('\n')) {
+      const e = parse<LedgerEntry>(line);
+      if (e && !found.has(e.package_id)) found.set(e.package_id, e);
+    }
+    const logs = (await readdir(dir).catch(() => [] as string[]))
+      .map((n) => Number(WAL.exec(n)?.[1] ?? NaN))
+      .filter(Number.isInteger)
+      .sort((a, b) => a - b);
+    for (const no of logs) {
+      const text = await readFile(join(dir, `wal-${no}.log`), 'utf8').catch(() => '');
+      for (const line of text.split('\n')) {
+        const record = parse<WalRecord>(line);
+        if (!record) continue;
+        if ('drop' in record) {
+          if (record.drop === uploadUuid) found.clear();
+        } else if (record.s === uploadUuid) {
+          for (const e of record.e) if (!found.has(e.package_id)) found.set(e.package_id, e);
+        }
+      }
+    }
+    return [...found.values()];
+  }
+
   async append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void> {
     this.#check(uploadUuid);
     const index = await this.#entries(uploadUuid);
