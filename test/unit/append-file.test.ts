@@ -1,3 +1,4 @@
+import * as fsp from 'node:fs/promises';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -63,4 +64,40 @@ t.test('a closed file refuses writes', async (t) => {
   const file = await AppendFile.open(await tempFile(t));
   await file.close();
   t.throws(() => file.write(Buffer.from('late')), /is closed/);
+});
+
+t.test('writeAt overwrites bytes already appended, after the writes before it; never past the end', async (t) => {
+  const path = await tempFile(t);
+  const file = await AppendFile.open(path);
+  t.teardown(() => file.close());
+  file.write(Buffer.from('head:????\n'));
+  file.write(Buffer.from('body\n'));
+  await file.writeAt(Buffer.from('DONE'), 5);
+  await file.sync();
+  t.equal(await readFile(path, 'utf8'), 'head:DONE\nbody\n');
+  await t.rejects(file.writeAt(Buffer.from('xx'), file.size - 1), RangeError);
+});
+
+t.test('a failed fdatasync breaks the file: what reached the disk is unknown, so every later call fails', async (t) => {
+  const path = await tempFile(t);
+  const failing = async (...args: Parameters<typeof fsp.open>) => {
+    const fh = await fsp.open(...args);
+    return new Proxy(fh, {
+      get(target, prop) {
+        if (prop === 'datasync') return async () => Promise.reject(Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' }));
+        const value = Reflect.get(target, prop) as unknown;
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+  };
+  // The module as built beside this test (a relative name would resolve against the source map's file).
+  const built = new URL('../../src/store/embedded/append-file.js', import.meta.url).href;
+  const { AppendFile: Mocked } = await t.mockImport<typeof import('../../src/store/embedded/append-file.js')>(built, {
+    'node:fs/promises': { ...fsp, open: failing },
+  });
+  const file = await Mocked.open(path);
+  t.teardown(() => file.close());
+  await t.rejects(file.append(Buffer.from('a\n')), { code: 'EIO' });
+  t.throws(() => file.write(Buffer.from('b\n')), { code: 'EIO' }, 'a later write is refused');
+  await t.rejects(file.writeAt(Buffer.from('x'), 0), { code: 'EIO' }, 'and an overwrite');
 });

@@ -27,7 +27,7 @@ export class AppendFile {
   #syncing: Promise<void> | null = null;
   #queued: Promise<void> | null = null;
   #closed = false;
-  /** The first write error: the file's tail is unknown from then on, so every later call fails. */
+  /** The first write or fdatasync error: the file's tail is unknown from then on, so every later call fails. */
   #broken: unknown = null;
 
   private constructor(path: string, fh: FileHandle, size: number) {
@@ -159,6 +159,23 @@ export class AppendFile {
     await Promise.allSettled([...this.#writes]);
   }
 
+  /**
+   * Overwrites bytes already appended, at `offset` (a record's header completed in place once
+   * its bytes are written); resolves once they are in the file. Waits for the writes before it.
+   */
+  async writeAt(data: Uint8Array, offset: number): Promise<void> {
+    this.#check();
+    if (offset < 0 || offset + data.byteLength > this.#end) throw new RangeError(`${this.path}: writeAt past the end (${offset + data.byteLength} > ${this.#end})`);
+    await this.settled();
+    if (this.#broken) throw this.#broken;
+    try {
+      await this.#writeAt([data], offset);
+    } catch (err) {
+      this.#broken ??= err;
+      throw err;
+    }
+  }
+
   async read(buf: Uint8Array, offset: number): Promise<void> {
     for (let done = 0; done < buf.byteLength; ) {
       const { bytesRead } = await this.#fh.read(buf, done, buf.byteLength - done, offset + done);
@@ -180,7 +197,14 @@ export class AppendFile {
     const run = (async () => {
       await Promise.all(writes);
       if (this.#broken) throw this.#broken;
-      await this.#fh.datasync();
+      try {
+        await this.#fh.datasync();
+      } catch (err) {
+        // After a failed fdatasync what reached the disk is unknown (the kernel may have dropped
+        // the dirty pages): the file is broken like after a failed write.
+        this.#broken ??= err;
+        throw err;
+      }
     })();
     this.#syncing = run;
     void run.then(
