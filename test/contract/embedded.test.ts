@@ -348,13 +348,13 @@ async function* pieces(text: string, size = 65536): AsyncIterable<Uint8Array> {
   for (let i = 0; i < text.length; i += size) yield Buffer.from(text.slice(i, i + size));
 }
 
-t.test('FileObjectStore packs a directory: one data file and one index, whatever the number of objects', async (t) => {
+t.test('FileObjectStore packs a directory: one file, whatever the number of objects', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   const store = await FileObjectStore.open(dir);
   t.teardown(() => store.close());
   await Promise.all(Array.from({ length: 50 }, (_, i) => store.put(`u/c/s/products/p${i}.ndjson`, pieces(`row ${i}\n`))));
-  t.same((await readdir(join(dir, 'objects', 'u', 'c', 's', 'products'))).sort(), ['~data', '~index']);
+  t.same(await readdir(join(dir, 'objects', 'u', 'c', 's', 'products')), ['~pack']);
   t.equal((await store.list('u/c/s/')).length, 50);
   t.equal(await readAll(store, 'u/c/s/products/p7.ndjson'), 'row 7\n');
 });
@@ -371,20 +371,59 @@ t.test('FileObjectStore: a large put streams alone while small puts of its direc
   for (let i = 0; i < 20; i++) t.equal(await readAll(store, `d/small-${i}`), `small ${i}`.repeat(100), `small-${i}`);
 });
 
-t.test('FileObjectStore: a torn index line (a crash mid-append) is skipped, and the next object is found after it', async (t) => {
+t.test('FileObjectStore: a record a crash left unfinished is no object; the writer cuts it off and the next object is found after it', async (t) => {
+  const torn = {
+    'its bytes cut short': '{"k":"x/two","n":100             ,"c":12345     }\ntwo',
+    'its bytes not matching its CRC': '{"k":"x/two","n":3               ,"c":12345     }\ntwo',
+    'a stream cut mid-way': '{"k":"x/two","n":-1              ,"c":-1        }\ntwo, and more',
+    'its header cut short': '{"k":"x/two","n":3     ',
+  };
+  for (const [what, tail] of Object.entries(torn)) {
+    await t.test(what, async (t) => {
+      const dir = await tempDir();
+      t.teardown(remove(dir));
+      const pack = join(dir, 'objects', 'x', '~pack');
+      const first = await FileObjectStore.open(dir);
+      await first.put('x/one', pieces('one'));
+      await first.close();
+      const whole = (await readFile(pack)).byteLength;
+      await appendFile(pack, tail);
+      const reader = await FileObjectStore.open(dir);
+      t.same((await reader.list('x/')).map((o) => o.key), ['x/one'], 'a reader sees the whole records only');
+      await reader.close();
+      const writer = await FileObjectStore.open(dir);
+      await writer.put('x/three', pieces('three'));
+      await writer.close();
+      const again = await FileObjectStore.open(dir);
+      t.teardown(() => again.close());
+      t.same((await again.list('x/')).map((o) => o.key), ['x/one', 'x/three']);
+      t.equal(await readAll(again, 'x/one'), 'one');
+      t.equal(await readAll(again, 'x/three'), 'three');
+      // The record of x/three is that of x/one with a key two bytes longer and two more bytes.
+      t.equal((await readFile(pack)).byteLength, whole + whole + 2 + 2, 'the torn record was cut off: the file is the two records alone');
+    });
+  }
+});
+
+t.test('FileObjectStore: a streamed put whose body fails is no object, and its directory goes on', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
-  const first = await FileObjectStore.open(dir);
-  await first.put('x/one', pieces('one'));
-  await first.close();
-  await appendFile(join(dir, 'objects', 'x', '~index'), '{"k":"x/two","o":3,');
+  const store = await FileObjectStore.open(dir);
+  await store.put('y/before', pieces('before'));
+  const big = Buffer.alloc(3 * 1024 * 1024, 'b');
+  async function* failing(): AsyncIterable<Uint8Array> {
+    yield big;
+    yield big; // past what is held: it streams
+    throw new Error('the body broke');
+  }
+  await t.rejects(store.put('y/broken', failing()), { message: 'the body broke' });
+  await store.put('y/after', pieces('after'));
+  t.same((await store.list('y/')).map((o) => o.key), ['y/after', 'y/before']);
+  await store.close();
   const again = await FileObjectStore.open(dir);
-  await again.put('x/three', pieces('three'));
-  await again.close();
-  const reader = await FileObjectStore.open(dir);
-  t.teardown(() => reader.close());
-  t.same((await reader.list('x/')).map((o) => o.key), ['x/one', 'x/three']);
-  t.equal(await readAll(reader, 'x/three'), 'three');
+  t.teardown(() => again.close());
+  t.same((await again.list('y/')).map((o) => o.key), ['y/after', 'y/before'], 'and after a restart');
+  t.equal(await readAll(again, 'y/after'), 'after');
 });
 
 t.test('FileObjectStore reads the one-file-per-object layout of earlier versions; a put shadows it, a delete removes it', async (t) => {
