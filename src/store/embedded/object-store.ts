@@ -122,7 +122,8 @@ export class FileObjectStore implements ObjectStore {
       pack.streaming = new Promise<void>((resolve) => (done = resolve));
       try {
         const at = pack.file.size;
-        await pack.file.write(header(key, -1, -1)).written;
+        // Still streaming (n -1): not an object until completed in place.
+        await pack.file.write(header(key, -1, ABANDONED)).written;
         let size = 0;
         let crc = 0;
         const add = async (chunk: Uint8Array): Promise<void> => {
@@ -137,7 +138,7 @@ export class FileObjectStore implements ObjectStore {
         } catch (err) {
           failure = { err };
         }
-        const head = header(key, size, failure ? -1 : crc, failure !== null);
+        const head = header(key, size, failure ? ABANDONED : crc);
         await pack.file.writeAt(head, at);
         await pack.file.sync();
         if (!failure) this.#learn(dir, key, at, head.byteLength, size);
@@ -303,7 +304,7 @@ export class FileObjectStore implements ObjectStore {
         const rec = await reader.next();
         if (!rec) break;
         if ('d' in rec.header) index.entries.delete(rec.header.k);
-        else if (rec.header.c !== -1) index.entries.set(rec.header.k, { o: rec.offset, n: rec.header.n });
+        else if (rec.header.c !== ABANDONED) index.entries.set(rec.header.k, { o: rec.offset, n: rec.header.n });
         index.readTo = rec.end;
       }
       if (this.#indexes.get(dir) === index) {
@@ -444,10 +445,12 @@ async function closePack(pack: Pack): Promise<void> {
 const N_WIDTH = 16;
 const C_WIDTH = 10;
 
-/** A record's header line; `abandoned`: `n` bytes of a put that failed, skipped by readers. */
-function header(key: string, n: number, c: number, abandoned = false): Buffer {
-  const crc = abandoned ? -1 : c;
-  return Buffer.from(`{"k":${JSON.stringify(key)},"n":${String(n).padEnd(N_WIDTH)},"c":${String(crc).padEnd(C_WIDTH)}}\n`);
+/** The `c` of a record whose put failed: its `n` bytes are skipped by readers. */
+const ABANDONED = -1;
+
+/** A record's header line (see `Header`). */
+function header(key: string, n: number, c: number): Buffer {
+  return Buffer.from(`{"k":${JSON.stringify(key)},"n":${String(n).padEnd(N_WIDTH)},"c":${String(c).padEnd(C_WIDTH)}}\n`);
 }
 
 /** Reads a pack's records in order from `from` up to `size`, checking each one whole against its CRC. */
@@ -481,7 +484,7 @@ class RecordReader {
       return { header: h, offset: line.end, end: line.end };
     }
     if (!Number.isSafeInteger(h.n) || h.n < 0 || line.end + h.n > this.#size) return null; // still streaming, or torn
-    if (h.c !== -1) {
+    if (h.c !== ABANDONED) {
       let crc = 0;
       for (let at = line.end; at < line.end + h.n; ) {
         const part = await this.#bytes(at, Math.min(this.#buf.byteLength, line.end + h.n - at));
