@@ -81,11 +81,7 @@ export class FileLedger implements PackageLedger {
 
   static async open(dir: string, opts: FileLedgerOptions = {}): Promise<FileLedger> {
     await mkdir(dir, { recursive: true });
-    const logs = (await readdir(dir))
-      .map((n) => WAL.exec(n))
-      .filter((m): m is RegExpExecArray => m !== null)
-      .map((m) => Number(m[1]))
-      .sort((a, b) => a - b);
+    const logs = await walNumbers(dir);
     if (logs.length > 0) await FileLedger.#replay(dir, logs);
     return new FileLedger(dir, opts, (logs.at(-1) ?? 0) + 1);
   }
@@ -98,23 +94,15 @@ export class FileLedger implements PackageLedger {
   static async #replay(dir: string, logs: number[]): Promise<void> {
     const pending = new Map<string, string[]>();
     const dropped = new Set<string>();
-    for (const no of logs) {
-      for (const line of (await readFile(join(dir, `wal-${no}.log`), 'utf8')).split('\n')) {
-        let record: WalRecord;
-        try {
-          record = JSON.parse(line) as WalRecord;
-        } catch {
-          continue;
-        }
-        if ('drop' in record) {
-          pending.delete(record.drop);
-          dropped.add(record.drop);
-        } else {
-          const lines = pending.get(record.s) ?? [];
-          for (const e of record.e) lines.push(`${JSON.stringify(e)}\n`);
-          pending.set(record.s, lines);
-          dropped.delete(record.s);
-        }
+    for await (const record of walRecords(dir, logs)) {
+      if ('drop' in record) {
+        pending.delete(record.drop);
+        dropped.add(record.drop);
+      } else {
+        const lines = pending.get(record.s) ?? [];
+        for (const e of record.e) lines.push(`${JSON.stringify(e)}\n`);
+        pending.set(record.s, lines);
+        dropped.delete(record.s);
       }
     }
     for (const uuid of dropped) await rm(join(dir, `${uuid}.ndjson`), { force: true });
@@ -136,32 +124,13 @@ export class FileLedger implements PackageLedger {
    */
   static async peek(dir: string, uploadUuid: string): Promise<LedgerEntry[]> {
     const found = new Map<string, LedgerEntry>();
-    const parse = <T>(line: string): T | null => {
-      try {
-        return line ? (JSON.parse(line) as T) : null;
-      } catch {
-        return null; // a torn last line
-      }
-    };
     const file = await readFile(join(dir, `${uploadUuid}.ndjson`), 'utf8').catch(() => '');
-    for (const line of file.split('\n')) {
-      const e = parse<LedgerEntry>(line);
-      if (e && !found.has(e.package_id)) found.set(e.package_id, e);
-    }
-    const logs = (await readdir(dir).catch(() => [] as string[]))
-      .map((n) => Number(WAL.exec(n)?.[1] ?? NaN))
-      .filter(Number.isInteger)
-      .sort((a, b) => a - b);
-    for (const no of logs) {
-      const text = await readFile(join(dir, `wal-${no}.log`), 'utf8').catch(() => '');
-      for (const line of text.split('\n')) {
-        const record = parse<WalRecord>(line);
-        if (!record) continue;
-        if ('drop' in record) {
-          if (record.drop === uploadUuid) found.clear();
-        } else if (record.s === uploadUuid) {
-          for (const e of record.e) if (!found.has(e.package_id)) found.set(e.package_id, e);
-        }
+    for (const e of parseLines<LedgerEntry>(file)) if (!found.has(e.package_id)) found.set(e.package_id, e);
+    for await (const record of walRecords(dir, await walNumbers(dir))) {
+      if ('drop' in record) {
+        if (record.drop === uploadUuid) found.clear();
+      } else if (record.s === uploadUuid) {
+        for (const e of record.e) if (!found.has(e.package_id)) found.set(e.package_id, e);
       }
     }
     return [...found.values()];
@@ -399,5 +368,36 @@ export class FileLedger implements PackageLedger {
   #check(uploadUuid: string): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Ledger is closed');
     if (!ID.test(uploadUuid) || uploadUuid === '.' || uploadUuid === '..') throw new StoreError('STORE_INVALID_KEY', `Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
+  }
+}
+
+/** The numbers of the write-ahead logs in `dir`, oldest first. */
+async function walNumbers(dir: string): Promise<number[]> {
+  return (await readdir(dir).catch(() => [] as string[]))
+    .map((n) => Number(WAL.exec(n)?.[1] ?? NaN))
+    .filter(Number.isInteger)
+    .sort((a, b) => a - b);
+}
+
+/** The records of the logs `logs` in `dir`, in order; a log gone meanwhile (a checkpoint) holds none, any other failure throws. */
+async function* walRecords(dir: string, logs: readonly number[]): AsyncIterable<WalRecord> {
+  for (const no of logs) {
+    const text = await readFile(join(dir, `wal-${no}.log`), 'utf8').catch((err: NodeJS.ErrnoException) => {
+      if (err.code === 'ENOENT') return '';
+      throw err;
+    });
+    yield* parseLines<WalRecord>(text);
+  }
+}
+
+/** The JSON lines of `text`; an empty line or a torn one (an append that never resolved) is skipped. */
+function* parseLines<T>(text: string): Iterable<T> {
+  for (const line of text.split('\n')) {
+    if (!line) continue;
+    try {
+      yield JSON.parse(line) as T;
+    } catch {
+      // torn
+    }
   }
 }
