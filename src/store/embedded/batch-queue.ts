@@ -23,6 +23,12 @@ export interface FileBatchQueueOptions {
 /** A package up to this size is kept in memory for its consumer (see `heldBytes`). */
 const HELD_PACKAGE_BYTES = 64 * 1024;
 
+/** Copies of a package's batches, kept in memory for its consumer, and their size. */
+interface InMemory {
+  batches: Buffer[];
+  bytes: number;
+}
+
 /** Where one batch lies: segment number, offset, length. */
 type Location = [segment: number, offset: number, length: number];
 
@@ -46,7 +52,7 @@ interface Entry extends CommitRecord {
   inFlight: boolean;
   purged: boolean;
   /** The batches' bytes, while the package is held in memory (see `heldBytes`). */
-  held?: Buffer[];
+  inMemory?: InMemory;
 }
 
 interface Segment {
@@ -90,7 +96,7 @@ export class FileBatchQueue implements BatchQueue {
   readonly #segmentBytes: number;
   readonly #indexCompactBytes: number;
   readonly #heldBudget: number;
-  /** Bytes of the packages held in memory now. */
+  /** Bytes of the packages held in memory now (their `inMemory`). */
   #heldBytes = 0;
   /** Committed, not acked, in commit order. Keyed by seq. */
   readonly #entries = new Map<number, Entry>();
@@ -132,7 +138,8 @@ export class FileBatchQueue implements BatchQueue {
     checkId('package_id', meta.package_id);
     const writer: FileWriter = new FileWriter({ ...meta, columns: [...meta.columns] }, {
       place: (batch) => this.#place(batch),
-      commit: (totals, batches, copies) => this.#commit(writer, totals, batches, copies),
+      commit: (totals, batches, inMemory) => this.#commit(writer, totals, batches, inMemory),
+      room: () => this.#heldBudget - this.#heldBytes,
       release: (segments) => this.#release(segments),
       forget: () => this.#writers.delete(writer),
     });
@@ -215,7 +222,7 @@ export class FileBatchQueue implements BatchQueue {
     writer: FileWriter,
     totals: { rows: number; bytes: number },
     batches: { segment: Segment; location: Location }[],
-    copies: Buffer[] | null,
+    inMemory: InMemory | null,
   ): Promise<void> {
     // The batches first, then the line that makes them a package.
     for (const segment of new Set(batches.map((b) => b.segment))) await (await segment.file).sync();
@@ -233,10 +240,10 @@ export class FileBatchQueue implements BatchQueue {
       // Purged while its line was being written: the purge line comes after it, so it stays dropped after a restart too.
       if (writer.dropped) return;
       const entry: Entry = { ...rec, attempt: 0, notBefore: 0, inFlight: false, purged: false };
-      const size = copies?.reduce((n, c) => n + c.byteLength, 0) ?? 0;
-      if (copies && this.#heldBytes + size <= this.#heldBudget) {
-        entry.held = copies;
-        this.#heldBytes += size;
+      // Other packages may have taken the room since the writer copied its batches.
+      if (inMemory && this.#heldBytes + inMemory.bytes <= this.#heldBudget) {
+        entry.inMemory = inMemory;
+        this.#heldBytes += inMemory.bytes;
       }
       this.#add(entry);
       this.#wake();
@@ -252,9 +259,9 @@ export class FileBatchQueue implements BatchQueue {
   /** Forgets an entry (acked or purged) and releases its segments. */
   #remove(e: Entry): void {
     if (!this.#entries.delete(e.seq)) return;
-    if (e.held) {
-      for (const c of e.held) this.#heldBytes -= c.byteLength;
-      delete e.held;
+    if (e.inMemory) {
+      this.#heldBytes -= e.inMemory.bytes;
+      delete e.inMemory;
     }
     const left = (this.#perSession.get(e.meta.upload_uuid) ?? 1) - 1;
     if (left > 0) this.#perSession.set(e.meta.upload_uuid, left);
@@ -453,7 +460,7 @@ export class FileBatchQueue implements BatchQueue {
       rows: e.rows,
       bytes: e.bytes,
       attempt: e.attempt,
-      batches: (opts) => (e.held ? held(e.held) : this.#read(e.batches, opts?.reuse === true)),
+      batches: (opts) => (e.inMemory ? fromMemory(e.inMemory) : this.#read(e.batches, opts?.reuse === true)),
     };
   }
 
@@ -497,14 +504,16 @@ export class FileBatchQueue implements BatchQueue {
 }
 
 /** A held package's batches, as `#read` would yield them from its segment. */
-async function* held(copies: Buffer[]): AsyncIterable<Uint8Array> {
-  yield* copies;
+async function* fromMemory(inMemory: InMemory): AsyncIterable<Uint8Array> {
+  yield* inMemory.batches;
 }
 
 interface WriterHooks {
   place(batch: Uint8Array): { segment: Segment; location: Location; written: Promise<void> };
-  /** `copies`: the batches' bytes, for a package small enough to be held in memory; null otherwise. */
-  commit(totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[], copies: Buffer[] | null): Promise<void>;
+  /** `inMemory`: copies of the batches, for a package small enough to be held in memory; null otherwise. */
+  commit(totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[], inMemory: InMemory | null): Promise<void>;
+  /** Bytes the queue can still hold in memory. */
+  room(): number;
   release(segments: Iterable<Segment>): void;
   forget(): void;
 }
@@ -515,9 +524,8 @@ class FileWriter implements PackageWriter {
   readonly #batches: { segment: Segment; location: Location }[] = [];
   /** Segments this package holds a reference to. */
   readonly #held = new Set<Segment>();
-  /** Copies of the batches while the package is small enough to be held in memory; null past that. */
-  #copies: Buffer[] | null = [];
-  #copied = 0;
+  /** Copies of the batches while the package may be held in memory; null once it cannot. */
+  #inMemory: InMemory | null = { batches: [], bytes: 0 };
   /** Appends run one after another, in call order, even when the caller does not await. */
   #tail: Promise<void> = Promise.resolve();
   #done = false;
@@ -530,12 +538,14 @@ class FileWriter implements PackageWriter {
   }
 
   append(batch: Uint8Array): Promise<void> {
-    // Copied now: the caller may reuse the batch's memory once this settles.
-    if (this.#copies && this.#copied + batch.byteLength <= HELD_PACKAGE_BYTES) {
-      this.#copies.push(Buffer.from(batch));
-      this.#copied += batch.byteLength;
+    // Copied now, the caller may reuse the batch's memory once this settles; not at all once
+    // the package is too large or the queue's budget is spent (the consumer reads the segment).
+    const mem = this.#inMemory;
+    if (mem && mem.bytes + batch.byteLength <= Math.min(HELD_PACKAGE_BYTES, this.#hooks.room())) {
+      mem.batches.push(Buffer.from(batch));
+      mem.bytes += batch.byteLength;
     } else {
-      this.#copies = null;
+      this.#inMemory = null;
     }
     const run = this.#tail.then(async () => {
       this.#live();
@@ -556,7 +566,7 @@ class FileWriter implements PackageWriter {
     this.#live();
     this.#done = true;
     try {
-      await this.#hooks.commit(totals, this.#batches, this.#copies);
+      await this.#hooks.commit(totals, this.#batches, this.#inMemory);
       // The references are the committed package's now.
       this.#held.clear();
     } catch (err) {
