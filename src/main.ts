@@ -10,10 +10,11 @@ const log = jsonLogger(undefined, {}, { level: config.log.level });
 const app = await startApp(config, { logger: log }).catch((err: unknown): never => {
   const code = (err as { code?: unknown } | null)?.code;
   const message = err instanceof Error ? err.message : String(err);
-  // An edge this machine cannot run, or a taken or unusable address, is the operator's to fix:
-  // its message says how. Anything else is logged whole (one JSON line, with its cause), then
+  // An edge this machine cannot run, a taken or unusable address, or a store set up wrongly
+  // (an unsupported nats-server, an invalid name) is the operator's to fix: its message says
+  // how, in one line. Anything else is logged whole (one JSON line, with its cause), then
   // named in one line.
-  if (code !== 'HTTP_ENGINE_UNAVAILABLE' && code !== 'LISTEN_FAILED') log.error('start failed', { err });
+  if (code !== 'HTTP_ENGINE_UNAVAILABLE' && code !== 'LISTEN_FAILED' && code !== 'STORE_MISCONFIGURED') log.error('start failed', { err });
   process.stderr.write(`${code === 'HTTP_ENGINE_UNAVAILABLE' || code === 'LISTEN_FAILED' ? message : `Cannot start: ${message}`}\n`);
   process.exit(code === 'HTTP_ENGINE_UNAVAILABLE' ? 2 : 1);
 });

@@ -8,7 +8,8 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { connect } from 'nats';
 import { installHint, natsServerPath } from './prerequisites.js';
 
@@ -37,6 +38,8 @@ export interface NatsCluster {
 }
 
 const READY_TIMEOUT_MS = 20_000;
+/** The JetStream settings docker-compose.yml and every server of the tests share. */
+export const JETSTREAM_CONF = fileURLToPath(new URL('../../config/nats/jetstream.conf', import.meta.url));
 
 export async function startNats(t: Teardown, opts: { name?: string } = {}): Promise<NatsServer> {
   const [port] = await freePorts(1);
@@ -155,8 +158,8 @@ class Node implements NatsServer {
       `listen: "127.0.0.1:${this.port}"`,
       `jetstream {`,
       `  store_dir: ${JSON.stringify(this.storeDir)}`,
-      `  max_memory_store: 64MB`,
-      `  max_file_store: 2GB`,
+      // What every shipped configuration runs (sync_interval: always); nats-server resolves an include from the config's folder.
+      `  include ${JSON.stringify(relative(dirname(this.#config), JETSTREAM_CONF))}`,
       `}`,
     ];
     if (this.cluster) {

@@ -8,7 +8,8 @@
  * root, else the run stops with one line naming the package and the command.
  */
 import { spawnSync } from 'node:child_process';
-import { accessSync, constants, realpathSync } from 'node:fs';
+import { accessSync, constants, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -37,9 +38,78 @@ function onPath(name: string, env: NodeJS.ProcessEnv): string | null {
   return null;
 }
 
-/** `NATS_SERVER_BIN`, else `nats-server` on PATH or in the usual directories. */
+/** The oldest nats-server the service supports (its own check: src/store/nats/connection.ts). */
+export const NATS_SERVER_FLOOR = [2, 10, 0] as const;
+
+/** Where `npm test` puts the nats-server it fetches from Debian (gitignored). */
+export const NATS_SERVER_TOOLS = fileURLToPath(new URL('../../.tools/nats-server/', import.meta.url));
+const NATS_SERVER_FETCHED = join(NATS_SERVER_TOOLS, 'usr/sbin/nats-server');
+
+/** `NATS_SERVER_BIN`, else the one `npm test` fetched into `.tools/`; never an older one on PATH. */
 export function natsServerPath(env: NodeJS.ProcessEnv = process.env): string | null {
-  return env.NATS_SERVER_BIN || onPath('nats-server', env);
+  if (env.NATS_SERVER_BIN) return env.NATS_SERVER_BIN;
+  return executable(NATS_SERVER_FETCHED) && natsServerVersionOk(NATS_SERVER_FETCHED) ? NATS_SERVER_FETCHED : null;
+}
+
+/** `nats-server --version` is at least the floor. */
+export function natsServerVersionOk(bin: string): boolean {
+  const out = spawnSync(bin, ['--version'], { encoding: 'utf8' });
+  const m = /v?(\d+)\.(\d+)\.(\d+)/.exec(`${out.stdout ?? ''}${out.stderr ?? ''}`);
+  if (!m) return false;
+  const parts = [Number(m[1]), Number(m[2]), Number(m[3])];
+  for (let i = 0; i < 3; i++) if (parts[i]! !== NATS_SERVER_FLOOR[i]) return parts[i]! > NATS_SERVER_FLOOR[i]!;
+  return true;
+}
+
+/**
+ * Fetches Debian's current nats-server (suite `sid`; the machine's own release may carry an
+ * end-of-life one) into `.tools/nats-server/` without touching the machine's apt setup: a
+ * sources list and a lists directory of its own, `apt-get download`, `dpkg-deb -x`. The
+ * mirror is the one the machine's apt uses. Returns the binary, or null with the reason logged.
+ */
+export function fetchNatsServer(log: (line: string) => void): string | null {
+  const work = mkdtempSync(join(tmpdir(), 'ingest-apt-'));
+  try {
+    const lists = join(work, 'lists');
+    mkdirSync(join(lists, 'partial'), { recursive: true });
+    const sources = join(work, 'sources.list');
+    writeFileSync(sources, `deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${debianMirror()} sid main\n`);
+    const opts = ['-o', `Dir::Etc::sourcelist=${sources}`, '-o', 'Dir::Etc::sourceparts=/dev/null', '-o', `Dir::State::Lists=${lists}`, '-o', 'APT::Sandbox::User=root'];
+    log('fetching nats-server from Debian (sid) into .tools/nats-server for the test suite');
+    const run = (cmd: string, args: string[]) => spawnSync(cmd, args, { cwd: work, stdio: ['ignore', 'ignore', 'inherit'] }).status === 0;
+    if (!run('apt-get', [...opts, '-qq', 'update']) || !run('apt-get', [...opts, '-qq', 'download', 'nats-server'])) return null;
+    const deb = readdirSync(work).find((f) => f.startsWith('nats-server_') && f.endsWith('.deb'));
+    if (!deb) return null;
+    rmSync(NATS_SERVER_TOOLS, { recursive: true, force: true });
+    mkdirSync(NATS_SERVER_TOOLS, { recursive: true });
+    if (!run('dpkg-deb', ['-x', join(work, deb), NATS_SERVER_TOOLS])) return null;
+    return natsServerPath({});
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}
+
+/** The Debian mirror of the machine's apt sources (deb822 `URIs:` or one-line `deb`), else deb.debian.org. */
+function debianMirror(): string {
+  const files = ['/etc/apt/sources.list'];
+  try {
+    for (const f of readdirSync('/etc/apt/sources.list.d')) if (/\.(list|sources)$/.test(f)) files.push(join('/etc/apt/sources.list.d', f));
+  } catch {
+    // no sources.list.d
+  }
+  for (const f of files) {
+    let text: string;
+    try {
+      text = readFileSync(f, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const m of text.matchAll(/^(?:URIs:\s*|deb\s+(?:\[[^\]]*\]\s*)?)(\S+)/gm)) {
+      const uri = m[1]!;
+      if (/\/debian\/?$/.test(uri) && !/security/.test(uri)) return uri.replace(/\/$/, '');
+    }
+  }
+  return 'http://deb.debian.org/debian';
 }
 
 /** `CHROMIUM_PATH`, else Debian's `/usr/bin/chromium`; null when that file is not there. */
@@ -56,6 +126,13 @@ export const PREREQUISITES: Readonly<Record<string, Prerequisite>> = {
 
 /** The line a user reads when something is missing and this process cannot install it. */
 export function installHint(missing: readonly string[]): string {
+  if (missing.includes('nats-server')) {
+    return (
+      'npm test needs nats-server >= 2.10: run it as root, which fetches Debian\'s current one (suite sid) into .tools/nats-server, ' +
+      'or set NATS_SERVER_BIN to a nats-server >= 2.10' +
+      (missing.length > 1 ? `; and ${installHint(missing.filter((m) => m !== 'nats-server'))}` : '')
+    );
+  }
   const packages = missing.map((name) => PREREQUISITES[name]!.debian).join(' ');
   const vars = missing.flatMap((name) => PREREQUISITES[name]!.env ?? []);
   return (
@@ -72,7 +149,9 @@ export function provision(log: (line: string) => void): string[] {
   if (missing.length === 0) return [];
   const root = process.getuid?.() === 0;
   if (!root || spawnSync('apt-get', ['--version'], { stdio: 'ignore' }).status !== 0) return missing;
-  const packages = missing.map((name) => PREREQUISITES[name]!.debian);
+  if (missing.includes('nats-server')) fetchNatsServer(log);
+  const packages = missingNow().filter((name) => name !== 'nats-server').map((name) => PREREQUISITES[name]!.debian);
+  if (packages.length === 0) return missingNow();
   log(`installing ${packages.join(', ')} from Debian for the test suite (apt-get)`);
   const env = { ...process.env, DEBIAN_FRONTEND: 'noninteractive' };
   const apt = (args: string[]) => spawnSync('apt-get', args, { stdio: ['ignore', 'ignore', 'inherit'], env }).status === 0;

@@ -15,6 +15,22 @@ export interface NatsConnectOptions {
   requestTimeoutMs: number;
 }
 
+/**
+ * The oldest nats-server the adapters are written for: 2.10 serialises the clustered
+ * expected-last-subject-sequence check (before it, concurrent compare-and-sets of one key
+ * on a replicated bucket could all succeed: nats-io/nats-server#4320) and knows
+ * `sync_interval`, which every configuration the project ships sets to `always`.
+ */
+export const SERVER_FLOOR = [2, 10, 0] as const;
+
+/** `version` (`2.10.27`, `2.15.1-beta.2`) is at least `SERVER_FLOOR`. */
+export function supportedServer(version: string | undefined): boolean {
+  const parts = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version ?? '')?.slice(1).map(Number);
+  if (!parts) return false;
+  for (let i = 0; i < SERVER_FLOOR.length; i++) if (parts[i] !== SERVER_FLOOR[i]) return parts[i]! > SERVER_FLOOR[i]!;
+  return true;
+}
+
 /** Timeout of the first connect; later reconnects never give up. */
 const CONNECT_TIMEOUT_MS = 5000;
 /** How long `close()` lets in-flight messages drain before it closes hard. */
@@ -58,6 +74,13 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
     noAsyncTraces: true,
   });
   try {
+    const version = nc.info?.version;
+    if (!supportedServer(version)) {
+      throw new StoreError(
+        'STORE_MISCONFIGURED',
+        `nats-server ${version ?? '(unknown version)'} is not supported: the gateway needs nats-server ${SERVER_FLOOR.join('.')} or later`,
+      );
+    }
     // jetstreamManager() asks $JS.API.INFO: fails here, at start, when JetStream is off.
     const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs });
     const js = nc.jetstream({ timeout: requestTimeoutMs });
