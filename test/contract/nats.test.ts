@@ -1,8 +1,8 @@
 import t, { type Test } from 'tap';
-import { connectNats, type NatsHandle } from '../../src/store/nats/connection.js';
+import { connectNats, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
-import { NatsSessionStore, serverNeedsStreamGuard } from '../../src/store/nats/session-store.js';
+import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../../testbed/nats.js';
 import { batchQueueContract } from './batch-queue.contract.js';
@@ -148,42 +148,25 @@ async function increments(stores: NatsSessionStore[], key: string, n: number): P
   return (await stores[0]!.get<{ n: number }>(key))!.value.n;
 }
 
-t.test('NatsSessionStore on a single server: subject compare-and-set, serialised (no stream guard)', async (t) => {
+t.test('NatsSessionStore on a single server: compare-and-set serialised under contention', async (t) => {
   const bucket = unique('single');
   const stores = await Promise.all(Array.from({ length: 4 }, async () => NatsSessionStore.open(await connection(t), { bucket, replicas: 1 })));
-  t.equal(stores[0]!.streamGuard, false, 'a single server needs no stream guard, whatever its version');
   t.equal(await increments(stores, 'counter', 200), 200, 'every landed update counted once');
+  const [a, b] = stores as [NatsSessionStore, NatsSessionStore];
+  const x = await a.create('session.x', { v: 1 });
+  await t.rejects(b.create('session.x', { v: 9 }), { code: 'STORE_CONFLICT' }, 'create of a key that exists');
+  await b.update('session.x', { v: 2 }, x);
+  await t.rejects(a.update('session.x', { v: 3 }, x), { code: 'STORE_CONFLICT' }, 'a stale revision is a conflict');
+  await b.delete('session.x');
+  t.equal(await a.get('session.x'), null, 'deleted reads as absent');
+  t.ok((await a.create('session.x', { v: 10 })) > 0, 'create over a tombstone');
 });
 
-t.test('NatsSessionStore with the stream guard (as on a 2.9 cluster): one round trip per write, correct under contention', async (t) => {
-  const bucket = unique('guard');
-  const stores = await Promise.all(Array.from({ length: 3 }, async () => NatsSessionStore.open(await connection(t), { bucket, replicas: 1, casGuard: 'stream' })));
-  const [a, b] = stores as [NatsSessionStore, NatsSessionStore];
-  t.equal(a.streamGuard, true);
-  // A write of another process in between makes this one's stream sequence stale: a retry, not a conflict.
-  const x = await a.create('session.x', { v: 1 });
-  await b.create('session.y', { v: 1 });
-  const x2 = await a.update('session.x', { v: 2 }, x);
-  t.ok(x2 > x, 'the update after another process wrote lands');
-  await t.rejects(a.update('session.x', { v: 3 }, x), { code: 'STORE_CONFLICT' }, 'a stale revision is still a conflict');
-  await t.rejects(b.update('session.x', { v: 3 }, x), { code: 'STORE_CONFLICT' }, 'from the other process too');
-  await t.rejects(a.create('session.y', { v: 9 }), { code: 'STORE_CONFLICT' }, 'create of a key that exists');
-  await b.delete('session.y');
-  t.ok((await a.create('session.y', { v: 10 })) > 0, 'create over a tombstone');
-  // One process, many keys at once: its writes go one at a time and never conflict with each other.
-  const keys = Array.from({ length: 30 }, (_, i) => `session.k${i}`);
-  const revs = await Promise.all(keys.map((k) => a.create(k, { v: 0 })));
-  await Promise.all(keys.map((k, i) => a.update(k, { v: 1 }, revs[i]!)));
-  t.same((await Promise.all(keys.map((k) => a.get<{ v: number }>(k)))).map((r) => r!.value.v), keys.map(() => 1));
-  // A conflict in the middle of the pipeline: the writes sent behind it fail with it, and go again.
-  const current = await Promise.all(keys.map(async (k) => (await a.get(k))!.revision));
-  const mixed = await Promise.allSettled(keys.map((k, i) => a.update(k, { v: 2 }, i === 10 ? revs[i]! : current[i]!)));
-  t.same(
-    mixed.map((r) => (r.status === 'fulfilled' ? 'ok' : (r.reason as { code?: string }).code)),
-    keys.map((_, i) => (i === 10 ? 'STORE_CONFLICT' : 'ok')),
-    'only the stale write conflicts',
-  );
-  t.equal(await increments(stores, 'counter', 150), 150, 'every landed update counted once');
+t.test('the supported nats-server floor is 2.10', async (t) => {
+  for (const v of ['2.10.0', '2.10.27', '2.11.0', '2.15.1', '3.0.0', '2.15.1-beta.2']) t.ok(supportedServer(v), v);
+  for (const v of ['2.9.10', '2.9.99', '1.4.0', '', undefined, 'x']) t.notOk(supportedServer(v), String(v));
+  const h = await connection(t);
+  t.ok(supportedServer(h.nc.info?.version), `the test bed's nats-server ${h.nc.info?.version} is supported`);
 });
 
 t.test('NatsSessionStore: 20 concurrent creates from two connections, exactly one winner', async (t) => {
@@ -344,7 +327,6 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   });
   // Two batches: a package of one small batch travels inside its commit message.
   await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n'), Buffer.from('["p1b"]\n')]);
-  // A message delete, not a filtered purge: nats-server 2.9 moves the consumer past everything on those.
   const batch = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.b.${Buffer.from('client-1').toString('hex')}.u1.stores.p1` });
   await h.jsm.streams.deleteMessage(stream, batch.seq, false);
   let attempts = 0;
@@ -368,8 +350,6 @@ t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader',
   const h = await connection(t, cluster.urls);
   const retryMs = 30_000;
   const store = await NatsSessionStore.open(h, { bucket: 'sessions', replicas: 3, retryMs });
-  const version = h.nc.info?.version ?? '';
-  t.equal(store.streamGuard, serverNeedsStreamGuard(version), `clustered ${version}: stream guard ${store.streamGuard}`);
   const guarded = await Promise.all(Array.from({ length: 3 }, async () => NatsSessionStore.open(await connection(t, cluster.urls), { bucket: 'sessions', replicas: 3, retryMs })));
   t.equal(await increments(guarded, 'counter', 120), 120, 'concurrent updates of one key on R3: every landed update counted once');
   const q = await openQueue(t, h, { ...queueOpts('INGEST'), replicas: 3, retryMs });

@@ -142,8 +142,16 @@ function parseServers(list: string): { servers: string[]; auth: { user?: string;
   return { servers, auth };
 }
 
-/** JetStream API error code of "wrong last sequence" / "key exists": a compare-and-set that lost. */
-export const JS_WRONG_LAST_SEQUENCE = 10071;
+/**
+ * JetStream API error codes of "wrong last sequence": a compare-and-set that lost. 10071 on a
+ * single server (it names the sequence); 10164 where a clustered stream's leader refuses the
+ * proposal (nats-server 2.11 and later).
+ */
+const JS_WRONG_LAST_SEQUENCE = [10071, 10164];
+
+export function isWrongLastSequence(err: unknown): boolean {
+  return JS_WRONG_LAST_SEQUENCE.includes(jsErrorCode(err) ?? 0);
+}
 /** JetStream API error code of "no message found". */
 export const JS_NO_MESSAGE_FOUND = 10037;
 export const JS_NO_SUITABLE_PEERS = 10005;

@@ -66,7 +66,7 @@ const JS_STREAM_NAME_IN_USE = 10058;
  * leaves batches without a commit, which the sweep (sweeper.ts) removes. Failure: nak with a
  * growing delay. `pending(uuid)` counts the session's commit messages still in the stream
  * (the one in a handler included); `purge(uuid)` and `abort` delete the matching messages
- * one by one (see `StreamMessages.deleteMatching` for why not a filtered purge).
+ * with a filtered purge.
  *
  * Package ids must be unique (they are random UUIDs): the message ids dedupe on them.
  */

@@ -17,24 +17,11 @@ export class StreamMessages {
     return publishOnce(this.ctx, subject, data, { msgID, stream: this.stream, budgetMs: this.retryMs, ...(hdrs ? { headers: hdrs } : {}) });
   }
 
-  /**
-   * Deletes every message on subjects matching `filter` (up to `upToSeq`), found one by one
-   * with `next_by_subj`. Never a filtered purge: on nats-server 2.9 a filtered purge moves the
-   * work-queue consumer past every message still queued, of any subject.
-   */
-  async deleteMatching(filter: string, upToSeq = Number.MAX_SAFE_INTEGER): Promise<void> {
-    let from = 1;
-    for (;;) {
-      const found: number[] = [];
-      while (found.length < 64) {
-        const sm = await this.get({ seq: from, next_by_subj: filter });
-        if (!sm || sm.seq > upToSeq) break;
-        found.push(sm.seq);
-        from = sm.seq + 1;
-      }
-      await this.deleteSeqs(found);
-      if (found.length < 64) return;
-    }
+  /** Removes every message on subjects matching `filter` (up to `upToSeq`): one filtered purge, safe to repeat. */
+  async deleteMatching(filter: string, upToSeq?: number): Promise<void> {
+    await withRetry(this.ctx, this.retryMs, () =>
+      this.ctx.jsm.streams.purge(this.stream, upToSeq === undefined ? { filter } : { filter, seq: upToSeq + 1 }),
+    );
   }
 
   /** Deletes these messages, a few requests at a time; one already gone is fine. */
@@ -56,7 +43,7 @@ export class StreamMessages {
   /** A stored message, or null when there is none (STREAM.MSG.GET, answered by the leader). */
   async get(query: { seq: number } | { last_by_subj: string } | { seq: number; next_by_subj: string }): Promise<StoredMsg | null> {
     try {
-      // nats.js types `next_by_subj` for direct get only; the server takes it on STREAM.MSG.GET too (2.9+).
+      // nats.js types `next_by_subj` for direct get only; the server takes it on STREAM.MSG.GET too.
       return await withRetry(this.ctx, this.retryMs, () => this.ctx.jsm.streams.getMessage(this.stream, query as MsgRequest));
     } catch (err) {
       if (jsErrorCode(err) === JS_NO_MESSAGE_FOUND) return null;
