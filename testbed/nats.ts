@@ -1,8 +1,9 @@
 /**
  * Real `nats-server` processes for tests: loopback only, free ports, JetStream on, a fresh
- * store directory per server, teardown registered as soon as each resource exists. The
- * machine's own NATS (4222) is never touched. The binary is found as `prerequisites.ts`
- * says (`NATS_SERVER_BIN`, else `nats-server` on PATH or in /usr/sbin, /usr/local/bin).
+ * store directory per server (or one the test owns, such as a faultfs mount), teardown
+ * registered as soon as each resource exists. The machine's own NATS (4222) is never
+ * touched. The binary is found as `prerequisites.ts` says (`NATS_SERVER_BIN`, else the one
+ * `npm test` fetched into `.tools/nats-server/`).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -25,7 +26,7 @@ export interface NatsServer {
   readonly running: boolean;
   /** SIGTERM, and waits for the exit (SIGKILL after 10 s). */
   stop(): Promise<void>;
-  /** SIGKILL: a crash. */
+  /** SIGKILL: a crash. The signal is sent before this returns, so kills made in one tick land together. */
   kill(): Promise<void>;
   /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
   restart(): Promise<void>;
@@ -41,10 +42,26 @@ const READY_TIMEOUT_MS = 20_000;
 /** The JetStream settings docker-compose.yml and every server of the tests share. */
 export const JETSTREAM_CONF = fileURLToPath(new URL('../../config/nats/jetstream.conf', import.meta.url));
 
-export async function startNats(t: Teardown, opts: { name?: string } = {}): Promise<NatsServer> {
+export interface NatsOptions {
+  name?: string;
+  /**
+   * The JetStream store in this directory, which the caller owns (e.g. a faultfs mount that
+   * outlives the server's restarts); the teardown then kills the server and leaves it. By
+   * default a fresh temp dir, removed at teardown.
+   */
+  storeDir?: string;
+  /**
+   * `sync_interval` written after the include of config/nats/jetstream.conf, which it then
+   * overrides (nats-server takes a key's last value: `/varz` shows `sync_always` gone with
+   * `"2m"`). Only for drills that show what the shipped `always` prevents.
+   */
+  syncInterval?: string;
+}
+
+export async function startNats(t: Teardown, opts: NatsOptions = {}): Promise<NatsServer> {
   const [port] = await freePorts(1);
   const dir = await mkdtemp(join(tmpdir(), 'ingest-nats-'));
-  const node = new Node(t, opts.name ?? 'n1', port!, dir, null);
+  const node = new Node(t, opts.name ?? 'n1', port!, dir, null, opts);
   await node.start();
   await waitForJetStream([node.url]);
   return node;
@@ -67,7 +84,9 @@ export async function startNatsCluster(t: Teardown, size = 3): Promise<NatsClust
 
 class Node implements NatsServer {
   readonly url: string;
+  readonly storeDir: string;
   readonly #config: string;
+  readonly #syncInterval: string | null;
   #proc: ChildProcess | null = null;
   #exited: Promise<void> = Promise.resolve();
   #log: string[] = [];
@@ -76,15 +95,19 @@ class Node implements NatsServer {
     t: Teardown,
     readonly name: string,
     readonly port: number,
-    readonly storeDir: string,
+    dir: string,
     readonly cluster: { name: string; port: number; routes: string[] } | null,
+    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval'> = {},
   ) {
     this.url = `nats://127.0.0.1:${port}`;
-    this.#config = join(storeDir, 'server.conf');
+    // `dir` is the server's own: its configuration, and its store unless the caller gives one.
+    this.#config = join(dir, 'server.conf');
+    this.storeDir = opts.storeDir ?? dir;
+    this.#syncInterval = opts.syncInterval ?? null;
     // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
     t.teardown(async () => {
       await this.kill();
-      await rm(storeDir, { recursive: true, force: true });
+      await rm(dir, { recursive: true, force: true });
     });
   }
 
@@ -160,6 +183,7 @@ class Node implements NatsServer {
       `  store_dir: ${JSON.stringify(this.storeDir)}`,
       // What every shipped configuration runs (sync_interval: always); nats-server resolves an include from the config's folder.
       `  include ${JSON.stringify(relative(dirname(this.#config), JETSTREAM_CONF))}`,
+      ...(this.#syncInterval === null ? [] : [`  sync_interval: ${JSON.stringify(this.#syncInterval)}`]),
       `}`,
     ];
     if (this.cluster) {

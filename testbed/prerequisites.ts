@@ -1,14 +1,17 @@
 #!/usr/bin/env node
 /**
  * The programs the suite needs beside Node: `nats-server` (the NATS contract, e2e and drill
- * suites start their own), Chromium (`test/e2e/docs-page.test.ts`) and curl (the README's
- * walk-through, `test/e2e/readme.test.ts`). Where each is
+ * suites start their own), Chromium (`test/e2e/docs-page.test.ts`), curl (the README's
+ * walk-through, `test/e2e/readme.test.ts`), and libfuse3 with fusermount3, gcc and
+ * pkg-config for faultfs (`testbed/faultfs/`, the power-cut drill's file layer, built here
+ * into `.tools/faultfs/`). Where each is
  * looked for is decided here, once, for the tests and for `npm test`, which runs this file
  * first (`pretest`): a missing one is installed from Debian with apt-get when the user is
  * root, else the run stops with one line naming the package and the command.
  */
 import { spawnSync } from 'node:child_process';
-import { accessSync, constants, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { accessSync, constants, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -118,11 +121,46 @@ export function chromiumPath(env: NodeJS.ProcessEnv = process.env): string | nul
   return executable(path) ? path : null;
 }
 
+/** libfuse3's headers and library, as pkg-config knows them; null when it does not. */
+function fuse3Flags(): string[] | null {
+  const out = spawnSync('pkg-config', ['--cflags', '--libs', 'fuse3'], { encoding: 'utf8' });
+  return out.status === 0 ? out.stdout.trim().split(/\s+/).filter(Boolean) : null;
+}
+
 export const PREREQUISITES: Readonly<Record<string, Prerequisite>> = {
   'nats-server': { debian: 'nats-server', env: 'NATS_SERVER_BIN', find: () => natsServerPath() },
   chromium: { debian: 'chromium', env: 'CHROMIUM_PATH', find: () => chromiumPath() },
   curl: { debian: 'curl', find: () => onPath('curl', process.env) },
+  // faultfs: built with the machine's gcc against libfuse3; fusermount3 unmounts it.
+  gcc: { debian: 'gcc', find: () => onPath('gcc', process.env) },
+  'pkg-config': { debian: 'pkg-config', find: () => onPath('pkg-config', process.env) },
+  libfuse3: { debian: 'libfuse3-dev', find: () => (fuse3Flags() ? '/usr/include/fuse3' : null) },
+  fusermount3: { debian: 'fuse3', find: () => onPath('fusermount3', process.env) },
 };
+
+const FAULTFS_SOURCE = fileURLToPath(new URL('../../testbed/faultfs/faultfs.c', import.meta.url));
+/** Where faultfs is built (gitignored), one binary per version of its source. */
+export const FAULTFS_TOOLS = fileURLToPath(new URL('../../.tools/faultfs/', import.meta.url));
+
+/**
+ * The faultfs daemon, built from `testbed/faultfs/faultfs.c` with gcc on first use and
+ * cached under `.tools/faultfs/` by a hash of its source (an edit rebuilds it). Built into
+ * a temp name and renamed, so test files that build it at once do not see half a binary.
+ */
+export function faultFsPath(): string {
+  const source = readFileSync(FAULTFS_SOURCE);
+  const bin = join(FAULTFS_TOOLS, `faultfs-${createHash('sha256').update(source).digest('hex').slice(0, 12)}`);
+  if (executable(bin)) return bin;
+  const flags = fuse3Flags();
+  const missing = ['gcc', 'pkg-config', 'libfuse3', 'fusermount3'].filter((name) => PREREQUISITES[name]!.find() === null);
+  if (!flags || missing.length > 0) throw new Error(installHint(missing.length > 0 ? missing : ['libfuse3']));
+  mkdirSync(FAULTFS_TOOLS, { recursive: true });
+  const tmp = `${bin}.${process.pid}.tmp`;
+  const cc = spawnSync('gcc', ['-O2', '-Wall', '-Wextra', '-Werror', '-o', tmp, FAULTFS_SOURCE, ...flags], { encoding: 'utf8' });
+  if (cc.status !== 0) throw new Error(`gcc could not build ${FAULTFS_SOURCE}:\n${cc.stderr}`);
+  renameSync(tmp, bin);
+  return bin;
+}
 
 /** The line a user reads when something is missing and this process cannot install it. */
 export function installHint(missing: readonly string[]): string {
@@ -164,6 +202,13 @@ if (process.argv[1] && realpathSync(process.argv[1]) === fileURLToPath(import.me
   const missing = provision((line) => process.stderr.write(`${line}\n`));
   if (missing.length > 0) {
     process.stderr.write(`${installHint(missing)}\n`);
+    process.exit(1);
+  }
+  // Built once here, before the test files that mount it run side by side.
+  try {
+    faultFsPath();
+  } catch (err) {
+    process.stderr.write(`${(err as Error).message}\n`);
     process.exit(1);
   }
 }
