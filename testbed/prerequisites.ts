@@ -159,6 +159,8 @@ export function faultFsPath(): string {
   const cc = spawnSync('gcc', ['-O2', '-Wall', '-Wextra', '-Werror', '-o', tmp, FAULTFS_SOURCE, ...flags], { encoding: 'utf8' });
   if (cc.status !== 0) throw new Error(`gcc could not build ${FAULTFS_SOURCE}:\n${cc.stderr}`);
   renameSync(tmp, bin);
+  // Builds of earlier versions of the source go (a running one keeps its inode).
+  for (const f of readdirSync(FAULTFS_TOOLS)) if (/^faultfs-[0-9a-f]+$/.test(f) && join(FAULTFS_TOOLS, f) !== bin) rmSync(join(FAULTFS_TOOLS, f), { force: true });
   return bin;
 }
 

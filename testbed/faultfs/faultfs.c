@@ -12,7 +12,8 @@
  *   faultfs <backing-dir> <mountpoint> [-o fuse-options]
  *
  * Runs in the foreground, single-threaded (every operation in turn: no locks), and prints
- * "faultfs: ready" once the kernel has initialised the mount.
+ * "faultfs: ready" once the kernel has initialised the mount. It implements what nats-server
+ * and the tests use: files and directories, no links, locks or fallocate.
  *
  * Metadata is treated as synced: create, mkdir, rename, unlink, rmdir, truncate and chmod
  * go straight to the backing directory. That is lenient in one direction only (a cut can
@@ -184,7 +185,8 @@ static int node_sync(ino_t ino, int fd, int datasync)
 
 static void *ff_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
-	(void)conn;
+	/* Every write reaches us as it is made (no kernel write-back cache in front of ours). */
+	conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
 	cfg->use_ino = 1;
 	/* The default: unlink of an open file renames it to .fuse_hidden* until its last close,
 	 * so every unlink and rename-over we see is of a file nobody has open. */
@@ -210,8 +212,9 @@ static int ff_getattr(const char *path, struct stat *st, struct fuse_file_info *
 static int ff_open_common(const char *path, mode_t mode, struct fuse_file_info *fi)
 {
 	/* Read-write for the read-modify-write of pages; no O_APPEND (the kernel gives offsets,
-	 * and pwrite on an O_APPEND descriptor would append); O_SYNC is kept as a flag. */
-	int flags = (fi->flags & ~(O_ACCMODE | O_APPEND | O_SYNC | O_DSYNC)) | O_RDWR;
+	 * and pwrite on an O_APPEND descriptor would append) nor O_DIRECT (our buffers are not
+	 * aligned); O_SYNC is kept as a flag. */
+	int flags = (fi->flags & ~(O_ACCMODE | O_APPEND | O_DIRECT | O_SYNC | O_DSYNC)) | O_RDWR;
 	int fd = openat(base, rel(path), flags, mode);
 	if (fd == -1)
 		return -errno;
