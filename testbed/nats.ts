@@ -53,7 +53,8 @@ export interface NatsOptions {
   /**
    * `sync_interval` written after the include of config/nats/jetstream.conf, which it then
    * overrides (nats-server takes a key's last value: `/varz` shows `sync_always` gone with
-   * `"2m"`). Only for drills that show what the shipped `always` prevents.
+   * `"2m"`, and the power-cut drill's control would fail if it did not). Only for drills that
+   * show what the shipped `always` prevents.
    */
   syncInterval?: string;
 }
