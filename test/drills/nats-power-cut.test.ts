@@ -1,5 +1,5 @@
 /**
- * Drill 8: a power cut of the NATS host. One nats-server whose JetStream store is on faultfs
+ * Drill: a power cut of the NATS host. One nats-server whose JetStream store is on faultfs
  * (testbed/faultfs: written data stays volatile until fsync'ed), s3rver on another "host",
  * and the gateway as a process beside nats-server. Clients push packages concurrently; at a
  * random moment (the k-th 200 of the cycle, k drawn at random) the host loses power: the
@@ -38,7 +38,7 @@ const CYCLES = size(3, 8);
 const CUT_AFTER = size<[number, number]>([40, 300], [100, 1500]);
 
 const SEED = Number(process.env.DRILL_SEED ?? Math.floor(Math.random() * 2 ** 31));
-/** mulberry32: a small seeded generator, so a run's cut points can be replayed. */
+/** mulberry32 (Tommy Ettinger, public domain): a small seeded generator, so a run's cut points can be replayed. */
 const random = ((a: number) => () => {
   a = (a + 0x6d2b79f5) | 0;
   let r = Math.imul(a ^ (a >>> 15), 1 | a);
