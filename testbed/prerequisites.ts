@@ -134,7 +134,7 @@ export const PREREQUISITES: Readonly<Record<string, Prerequisite>> = {
   // faultfs: built with the machine's gcc against libfuse3; fusermount3 unmounts it.
   gcc: { debian: 'gcc', find: () => onPath('gcc', process.env) },
   'pkg-config': { debian: 'pkg-config', find: () => onPath('pkg-config', process.env) },
-  libfuse3: { debian: 'libfuse3-dev', find: () => (fuse3Flags() ? '/usr/include/fuse3' : null) },
+  libfuse3: { debian: 'libfuse3-dev', find: () => (fuse3Flags() ? 'pkg-config fuse3' : null) },
   fusermount3: { debian: 'fuse3', find: () => onPath('fusermount3', process.env) },
 };
 

@@ -26,7 +26,8 @@
  * one file see each other's writes and an fsync on either makes both durable. A page is
  * copied from the backing file when first written (read-modify-write), so a write over
  * part of a synced page keeps the rest, and after a cut the old bytes come back. Inodes
- * are the backing file's, so unsynced data follows its file through a rename.
+ * are the backing file's (the backing directory is one filesystem), so unsynced data
+ * follows its file through a rename.
  */
 #define FUSE_USE_VERSION 31
 #define _GNU_SOURCE
