@@ -10,6 +10,14 @@
  * - `nats-distant`: one nats-server behind a TCP proxy that holds every chunk 1 ms in each
  *   direction (≈ 2 ms round trip: a cross-zone link), and s3rver.
  *
+ * Every nats-server runs the shipped JetStream settings (config/nats/jetstream.conf:
+ * `sync_interval: always`); a NATS engine with `:default-sync` appended (`nats:default-sync`)
+ * runs nats-server's default instead (an fsync every 2 minutes), to show in one run what
+ * syncing before each acknowledgement costs. For NATS engines the report also gives, per
+ * package, the messages stored in every stream plus acknowledgements and (single server)
+ * the server's fsync calls (strace with a seccomp filter), and in `many` the status p99
+ * measured during the load.
+ *
  * Scenarios: `many` — 16 sessions (one client each), 4 packages of ~7 KB in flight per
  * session, for --duration seconds; `one` — one session, 16 in flight, --grow packages, the
  * rate per tenth of them and the status latency at the end; `mib` — 1 MiB packages, 16 in
@@ -30,6 +38,7 @@ import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { connect as natsConnect } from 'nats';
 import { request } from 'undici';
 import { findEntity } from '../src/entities/catalog.js';
 import { hashToken } from '../src/http/auth.js';
@@ -81,6 +90,10 @@ interface Target {
   status?(client: BenchClient, uuid: string): Promise<void>;
   /** Whether every package the session got is stored (its uploads finished). */
   stored?(client: BenchClient, uuid: string): Promise<boolean>;
+  /** On NATS: messages stored in every stream plus acknowledgements so far. */
+  jetStreamWrites?(): Promise<number>;
+  /** On a single nats-server: its fsync and fdatasync calls so far. */
+  fsyncs?(): Promise<number>;
 }
 
 interface BenchClient {
@@ -230,7 +243,26 @@ async function delayProxy(upstreamPort: number, delayMs: number): Promise<{ url:
   return { url: `nats://127.0.0.1:${(server.address() as { port: number }).port}`, server };
 }
 
-async function startService(engine: string, dir: string, inlineBytes?: number): Promise<Target> {
+/** Messages stored in every stream plus every consumer's acknowledgements: JetStream's writes, each synced under `always`. */
+async function jetStreamWrites(natsUrl: string): Promise<number> {
+  const nc = await natsConnect({ servers: natsUrl.split(','), timeout: 5000 });
+  try {
+    const jsm = await nc.jetstreamManager();
+    let n = 0;
+    for await (const si of jsm.streams.list()) {
+      n += si.state.last_seq;
+      for await (const ci of jsm.consumers.list(si.config.name)) n += ci.ack_floor.consumer_seq;
+    }
+    return n;
+  } finally {
+    await nc.close();
+  }
+}
+
+async function startService(spec: string, dir: string, inlineBytes?: number): Promise<Target> {
+  const [engine, variant] = spec.split(':') as [string, string | undefined];
+  if (variant !== undefined && variant !== 'default-sync') throw new Error(`unknown engine variant ${spec}`);
+  const natsOpts = variant === 'default-sync' ? { syncInterval: '2m' } : {};
   const clientsFile = join(dir, 'clients.json');
   await writeFile(
     clientsFile,
@@ -243,17 +275,20 @@ async function startService(engine: string, dir: string, inlineBytes?: number): 
     ...(inlineBytes === undefined ? {} : { ingest: { inlineBytes } }),
   };
   let config: Record<string, unknown>;
+  let natsUrl: string | undefined;
+  let fsyncs: (() => Promise<number>) | undefined;
   if (engine === 'embedded') {
     config = { ...relaxed, connector: { webhookSecret: null } };
   } else {
     const s3 = await startS3Process(t);
-    let natsUrl: string;
     let replicas = 1;
     if (engine === 'nats-cluster') {
+      if (variant) throw new Error(`${spec}: the cluster runs the shipped settings only`);
       natsUrl = (await startNatsCluster(t, 3)).urls;
       replicas = 3;
     } else {
-      const nats = await startNats(t);
+      const nats = await startNats(t, { ...natsOpts, countSyncs: true });
+      fsyncs = () => nats.fsyncs();
       natsUrl = engine === 'nats-distant' ? (await delayProxy(Number(new URL(nats.url).port), 1)).url : nats.url;
     }
     const base = distributed(natsUrl, s3) as Record<string, any>;
@@ -264,12 +299,14 @@ async function startService(engine: string, dir: string, inlineBytes?: number): 
   // A CPU profile is written on a clean exit: stop the service (SIGTERM) before the teardown's kill.
   if (flags.length > 0) t.teardown(() => gw.stop());
   return {
-    name: `service (${engine}${inlineBytes === undefined ? '' : `, inlineBytes ${inlineBytes}`})`,
+    name: `service (${spec}${inlineBytes === undefined ? '' : `, inlineBytes ${inlineBytes}`})`,
     url: gw.url,
     pid: gw.child.pid!,
     session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
     status: async (client, uuid) => void (await api(gw.url, client, 'GET', `/${uuid}/status`)),
     stored: async (client, uuid) => (await api(gw.url, client, 'GET', `/${uuid}/status`)).upload_tasks_finished === true,
+    ...(natsUrl ? { jetStreamWrites: () => jetStreamWrites(natsUrl!) } : {}),
+    ...(fsyncs ? { fsyncs } : {}),
   };
 }
 
@@ -278,6 +315,15 @@ async function startPeer(dir: string): Promise<Target> {
   t.teardown(() => child.kill());
   const url = await new Promise<string>((resolve) => child.once('message', (m: { url: string }) => resolve(m.url)));
   return { name: 'durable conventional peer', url, pid: child.pid!, session: async () => 'bench' };
+}
+
+/**
+ * JetStream's messages and acknowledgements, and the server's fsyncs, per package answered,
+ * counted from the start of the load until its end (the uploads still running then are not in it).
+ */
+function perPackage(packages: number, writes: number | undefined, syncs: number | undefined): string {
+  const per = (n: number) => (n / Math.max(1, packages)).toFixed(2);
+  return (writes === undefined ? '' : `; JetStream messages + acks per package ${per(writes)}`) + (syncs === undefined ? '' : `; nats-server fsyncs per package ${per(syncs)}`);
 }
 
 function fmt(l: Load): string {
@@ -327,18 +373,48 @@ try {
     const sessions = await Promise.all(clients.map(async (c) => ({ uuid: await target.session(c), clientId: c.id, token: c.token })));
     if (SCENARIOS.includes('many')) {
       const lanes = sessions.flatMap((s) => [s, s, s, s]);
+      const writes0 = await target.jetStreamWrites?.();
+      const syncs0 = await target.fsyncs?.();
+      // Status of one of the sessions, asked in turn while the load runs.
+      let loading = true;
+      const statusLatencies: number[] = [];
+      const poll = (async () => {
+        if (!target.status) return;
+        const s0 = sessions[0]!;
+        while (loading) {
+          const t0 = performance.now();
+          await target.status({ id: s0.clientId, token: s0.token }, s0.uuid);
+          statusLatencies.push(performance.now() - t0);
+          await new Promise((r) => setTimeout(r, 10));
+        }
+      })();
       const r = await load(target, small, lanes, { durationMs: DURATION_MS });
+      loading = false;
+      await poll;
       say(`| ${target.name} | 16 sessions × 4 in flight, 7 KB | ${fmt(r)} |`);
+      const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
+      const syncs = syncs0 === undefined ? undefined : (await target.fsyncs!()) - syncs0;
+      if (target.status || writes !== undefined) {
+        notes.push(
+          `${target.name}, 16 sessions: status p99 during the load ${pct(statusLatencies.sort((a, b) => a - b), 99).toFixed(1)} ms (${statusLatencies.length} asked)` +
+            perPackage(r.packages, writes, syncs),
+        );
+      }
     }
     if (SCENARIOS.includes('one')) {
       const one = { uuid: await target.session(grower), clientId: grower.id, token: grower.token };
+      const writes0 = await target.jetStreamWrites?.();
+      const syncs0 = await target.fsyncs?.();
       const r = await load(target, small, Array.from({ length: 16 }, () => one), { count: GROW, blocks: 10 });
+      const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
+      const syncs = syncs0 === undefined ? undefined : (await target.fsyncs!()) - syncs0;
       const b = r.blocks!;
       say(`| ${target.name} | one session × 16 in flight, ${GROW} × 7 KB | ${fmt(r)} |`);
       const status = target.status ? await statusP99(target, grower, one.uuid) : null;
       notes.push(
         `${target.name}, one session: packages/s per tenth ${b.map((x) => x.toFixed(0)).join(', ')}; last ÷ first ${(b.at(-1)! / b[0]!).toFixed(2)}` +
-          (status === null ? '' : `; status p99 at ${GROW} packages ${status.toFixed(1)} ms`),
+          (status === null ? '' : `; status p99 at ${GROW} packages ${status.toFixed(1)} ms`) +
+          perPackage(r.packages, writes, syncs),
       );
     }
     if (SCENARIOS.includes('mib')) {

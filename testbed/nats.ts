@@ -6,7 +6,7 @@
  * `npm test` fetched into `.tools/nats-server/`).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
@@ -28,6 +28,8 @@ export interface NatsServer {
   stop(): Promise<void>;
   /** SIGKILL: a crash. The signal is sent before this returns, so kills made in one tick land together. */
   kill(): Promise<void>;
+  /** fsync and fdatasync calls of the server so far (started with `countSyncs`). */
+  fsyncs(): Promise<number>;
   /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
   restart(): Promise<void>;
 }
@@ -57,6 +59,11 @@ export interface NatsOptions {
    * show what the shipped `always` prevents.
    */
   syncInterval?: string;
+  /**
+   * Counts the server's fsync and fdatasync calls (strace with a seccomp filter, so the other
+   * calls run at full speed): `fsyncs()` reads the count so far. For the bench.
+   */
+  countSyncs?: boolean;
 }
 
 export async function startNats(t: Teardown, opts: NatsOptions = {}): Promise<NatsServer> {
@@ -88,6 +95,7 @@ class Node implements NatsServer {
   readonly storeDir: string;
   readonly #config: string;
   readonly #syncInterval: string | null;
+  readonly #syncLog: string | null;
   #proc: ChildProcess | null = null;
   #exited: Promise<void> = Promise.resolve();
   #log: string[] = [];
@@ -98,18 +106,27 @@ class Node implements NatsServer {
     readonly port: number,
     dir: string,
     readonly cluster: { name: string; port: number; routes: string[] } | null,
-    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval'> = {},
+    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs'> = {},
   ) {
     this.url = `nats://127.0.0.1:${port}`;
     // `dir` is the server's own: its configuration, and its store unless the caller gives one.
     this.#config = join(dir, 'server.conf');
     this.storeDir = opts.storeDir ?? dir;
     this.#syncInterval = opts.syncInterval ?? null;
+    this.#syncLog = opts.countSyncs ? join(dir, 'syncs.strace') : null;
     // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
     t.teardown(async () => {
       await this.kill();
       await rm(dir, { recursive: true, force: true });
     });
+  }
+
+  /** fsync and fdatasync calls of the server so far (`countSyncs`). */
+  async fsyncs(): Promise<number> {
+    if (!this.#syncLog) throw new Error('started without countSyncs');
+    const text = await readFile(this.#syncLog, 'utf8').catch(() => '');
+    // One line per call ("fsync(9</…/1.blk>) = 0", or "… <unfinished ...>" then a resumed line without the parenthesis).
+    return text.split('\n').filter((l) => /\bf(?:data)?sync\(/.test(l)).length;
   }
 
   get running(): boolean {
@@ -119,7 +136,10 @@ class Node implements NatsServer {
   async start(): Promise<void> {
     if (this.#proc) throw new Error(`nats-server ${this.name} is already running`);
     await writeFile(this.#config, this.#configText());
-    const proc = spawn(natsServerBin(), ['-c', this.#config], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const [cmd, ...args] = this.#syncLog
+      ? ['strace', '-f', '-qq', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, natsServerBin(), '-c', this.#config]
+      : [natsServerBin(), '-c', this.#config];
+    const proc = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.#proc = proc;
     this.#log = [];
     let sawReady: () => void = () => {};
@@ -166,6 +186,11 @@ class Node implements NatsServer {
   async kill(): Promise<void> {
     const proc = this.#proc;
     if (!proc) return;
+    // Under strace (countSyncs) the server is strace's child, which a killed strace would leave running.
+    if (this.#syncLog) {
+      const children = await readFile(`/proc/${proc.pid}/task/${proc.pid}/children`, 'utf8').catch(() => '');
+      for (const pid of children.split(/\s+/).filter(Boolean)) process.kill(Number(pid), 'SIGKILL');
+    }
     proc.kill('SIGKILL');
     await this.#exited;
   }

@@ -1,6 +1,8 @@
 import t, { type Test } from 'tap';
+import { StorageType } from 'nats';
 import { connectNats, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
+import { enableAtomicPublish, GroupPublisher } from '../../src/store/nats/group-publisher.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
@@ -160,6 +162,61 @@ t.test('NatsSessionStore on a single server: compare-and-set serialised under co
   await b.delete('session.x');
   t.equal(await a.get('session.x'), null, 'deleted reads as absent');
   t.ok((await a.create('session.x', { v: 10 })) > 0, 'create over a tombstone');
+});
+
+t.test('group commit: ledger entries and queue commits written at one moment share atomic batches, each stored once', async (t) => {
+  const h = await connection(t);
+  const ledger = await NatsLedger.open(h, { bucket: unique('ledger'), replicas: 1 });
+  const entry = (id: string) => ({ package_id: id, entity: 'stores', rows: 1, bytes: 10, object_bytes: 20 });
+  // 40 sessions recording at once: one append each, as 40 sessions' ledger writes would.
+  await Promise.all(Array.from({ length: 40 }, (_, i) => ledger.append(`u${i}`, [entry(`p${i}`)])));
+  t.ok(ledger.publishStats.batches >= 1, `batched: ${JSON.stringify(ledger.publishStats)}`);
+  t.equal(ledger.publishStats.batched + ledger.publishStats.single, 40, 'every entry went out once');
+  for (let i = 0; i < 40; i++) t.same(await ledger.get(`u${i}`, `p${i}`), entry(`p${i}`));
+
+  const sessions = await NatsSessionStore.open(h, { bucket: unique('sessions'), replicas: 1 });
+  const keys = Array.from({ length: 30 }, (_, i) => `session.g${i}`);
+  const revisions = await Promise.all(keys.map((k, i) => sessions.create(k, { i })));
+  t.ok(sessions.publishStats.batches >= 1, `batched: ${JSON.stringify(sessions.publishStats)}`);
+  t.same(
+    await Promise.all(keys.map((k) => sessions.get(k))),
+    keys.map((_, i) => ({ value: { i }, revision: revisions[i] })),
+    'each write answered with the revision it took',
+  );
+  // One stale compare-and-set among fresh ones: the batch is refused whole, and only that write fails.
+  const outcomes = await Promise.allSettled(keys.map((k, i) => sessions.update(k, { i, v: 2 }, i === 7 ? revisions[i]! - 1 : revisions[i]!)));
+  t.same(
+    outcomes.map((o) => (o.status === 'fulfilled' ? 'ok' : (o.reason as { code?: string }).code)),
+    keys.map((_, i) => (i === 7 ? 'STORE_CONFLICT' : 'ok')),
+  );
+
+  const stream = unique('GROUP');
+  const q = await openQueue(t, h, queueOpts(stream));
+  await Promise.all(Array.from({ length: 30 }, (_, i) => commit(q, meta(`u${i % 3}`, `p${i}`), [Buffer.from(`["${i}"]\n`)])));
+  t.ok(q.commitStats.batches >= 1, `batched: ${JSON.stringify(q.commitStats)}`);
+  const got = await drain(t, q, 30);
+  t.same(got.map((g) => g.meta.package_id).sort(), Array.from({ length: 30 }, (_, i) => `p${i}`).sort(), 'each package delivered once');
+  t.same(got.map((g) => g.attempt), got.map(() => 1));
+});
+
+t.test('group commit: a batch the server refuses goes out message by message, ids deduping what landed', async (t) => {
+  const h = await connection(t);
+  const stream = unique('REFUSE');
+  await h.jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File });
+  // The stream has no allow_atomic: the server refuses the batch (10174), the publisher stops batching.
+  const off = new GroupPublisher(h, stream, { atomic: true, budgetMs: 5000 });
+  await Promise.all(Array.from({ length: 10 }, (_, i) => off.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
+  t.equal(off.atomic, false, 'batching turned off');
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 10, 'each stored once');
+  t.ok(await enableAtomicPublish(h, stream, 5000), 'allow_atomic turned on');
+  // A re-send of messages that landed: the batch is refused for its duplicate ids, the singles dedupe.
+  const on = new GroupPublisher(h, stream, { atomic: true, budgetMs: 5000 });
+  await Promise.all(Array.from({ length: 10 }, (_, i) => on.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 10, 'nothing stored twice');
+  t.equal(on.atomic, true, 'batching stays on');
+  await Promise.all(Array.from({ length: 10 }, (_, i) => on.publish({ subject: `${stream}.b`, data: Buffer.from(`${i}`), msgID: `b${i}` })));
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 20);
+  t.ok(on.stats.batches >= 1, `new ids batched: ${JSON.stringify(on.stats)}`);
 });
 
 t.test('the supported nats-server floor is 2.10', async (t) => {

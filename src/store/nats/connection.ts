@@ -189,7 +189,8 @@ export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: 
 }
 
 /**
- * Publishes to JetStream with a message id, re-sent on transient failures within `budgetMs`.
+ * Publishes to JetStream, re-sent on transient failures within `budgetMs`, with a message id
+ * unless the message is safe to store twice (a plain put of the same value).
  * The stream's duplicate window turns a re-send of a publish that did land into the original
  * acknowledgement, so a retry never writes twice and never makes a compare-and-set lose
  * against itself (the server checks the id before the expected sequence).
@@ -198,12 +199,12 @@ export function publishOnce(
   ctx: NatsContext,
   subject: string,
   data: Uint8Array,
-  opts: { msgID: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number; lastSequence?: number },
+  opts: { msgID?: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number; lastSequence?: number },
 ): Promise<PubAck> {
   return withRetry(ctx, opts.budgetMs, (timeout) =>
     // Fresh options each time: nats.js writes into the options and headers it is given.
     ctx.js.publish(subject, data, {
-      msgID: opts.msgID,
+      ...(opts.msgID ? { msgID: opts.msgID } : {}),
       timeout,
       expect: {
         streamName: opts.stream,

@@ -1,6 +1,7 @@
 import { StorageType, type KV, type KvEntry } from 'nats';
 import { StoreError, type LedgerEntry, type PackageLedger } from '../ports.js';
 import { withRetry, type NatsContext } from './connection.js';
+import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
 
 export interface NatsLedgerOptions {
   /** KV bucket name (`[A-Za-z0-9_-]+`), its own stream (`KV_<bucket>`): ledger writes never touch the session bucket. */
@@ -15,9 +16,9 @@ const ID = /^[A-Za-z0-9_-]+$/;
 /**
  * `PackageLedger` on a JetStream KV bucket: one key `<upload_uuid>.<package_id>` per entry
  * (history 1). Every write is a plain put of a key no other package uses, so writes never
- * conflict and need no compare-and-set — on any server version, clustered or not: writing the
- * same entry twice (a retry, or two instances completing one recording) stores the same
- * value. Reads go to the stream leader (no direct get), so an entry whose put was
+ * conflict and need no compare-and-set: writing the same entry twice (a retry, or two
+ * instances completing one recording) stores the same value. Puts of every session that are
+ * ready at the same moment go out as one atomic batch where the server has them (2.12+). Reads go to the stream leader (no direct get), so an entry whose put was
  * acknowledged is read back everywhere. `list` is a KV watch of the session's keys, stopped
  * once the initial values are in.
  */
@@ -26,13 +27,21 @@ export class NatsLedger implements PackageLedger {
   readonly #kv: KV;
   readonly #bucket: string;
   readonly #retryMs: number;
+  /** Entries of every session written meanwhile go out together (group-publisher.ts). */
+  readonly #puts: GroupPublisher;
   #closed = false;
 
-  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number) {
+  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean) {
     this.#ctx = ctx;
     this.#kv = kv;
     this.#bucket = bucket;
     this.#retryMs = retryMs;
+    this.#puts = new GroupPublisher(ctx, `KV_${bucket}`, { atomic, budgetMs: retryMs });
+  }
+
+  /** How the entries went out: atomic batches and the entries in them, single puts. */
+  get publishStats(): GroupPublisher['stats'] {
+    return this.#puts.stats;
   }
 
   static async open(ctx: NatsContext, opts: NatsLedgerOptions): Promise<NatsLedger> {
@@ -41,16 +50,17 @@ export class NatsLedger implements PackageLedger {
     const kv = await withRetry(ctx, retryMs, () =>
       ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
     );
-    return new NatsLedger(ctx, kv, opts.bucket, retryMs);
+    const atomic = await enableAtomicPublish(ctx, `KV_${opts.bucket}`, retryMs);
+    return new NatsLedger(ctx, kv, opts.bucket, retryMs, atomic);
   }
 
   async append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void> {
     this.#check(uploadUuid);
+    // Plain puts of the KV's own message shape (`$KV.<bucket>.<key>`, no headers), published
+    // through the group publisher so that the entries of every session written meanwhile share
+    // one atomic batch: one set of syncs instead of one per entry.
     await Promise.all(
-      entries.map((e) => {
-        const data = Buffer.from(JSON.stringify(e));
-        return withRetry(this.#ctx, this.#retryMs, () => this.#kv.put(this.#key(uploadUuid, e.package_id), data));
-      }),
+      entries.map((e) => this.#puts.publish({ subject: `$KV.${this.#bucket}.${this.#key(uploadUuid, e.package_id)}`, data: Buffer.from(JSON.stringify(e)) })),
     );
   }
 

@@ -18,6 +18,7 @@ import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
 import { NAME, packageTail, QueueSubjects, token } from './subjects.js';
 import { sweepOrphans } from './sweeper.js';
+import { enableAtomicPublish, GroupPublisher } from '../group-publisher.js';
 import { NatsWriter } from './writer.js';
 
 export interface NatsBatchQueueOptions {
@@ -83,6 +84,8 @@ export class NatsBatchQueue implements BatchQueue {
   readonly #onError: (err: unknown, what: string) => void;
   readonly #writers = new Set<NatsWriter>();
   readonly #consumers = new Set<QueueConsumer>();
+  /** Commit messages of every package committed meanwhile go out together (group-publisher.ts). */
+  #commits!: GroupPublisher;
   #sweeper: NodeJS.Timeout | undefined;
   #closed = false;
 
@@ -106,6 +109,7 @@ export class NatsBatchQueue implements BatchQueue {
     const q = new NatsBatchQueue(ctx, opts);
     await q.#ensureStream(opts);
     await q.#ensureConsumer();
+    q.#commits = new GroupPublisher(ctx, opts.stream, { atomic: await enableAtomicPublish(ctx, opts.stream, q.#retryMs), budgetMs: q.#retryMs });
     const every = opts.sweepIntervalMs ?? 600_000;
     if (every > 0) {
       q.#sweeper = setInterval(() => {
@@ -129,16 +133,23 @@ export class NatsBatchQueue implements BatchQueue {
     const messages = this.#messages;
     const writer: NatsWriter = new NatsWriter(copy, {
       append: async (batch, n) => (await messages.publish(this.#subjects.batch(tail), batch, `${copy.package_id}:${n}`)).seq,
-      commit: async (rec, inline) => {
-        const subject = this.#subjects.commit(tail);
-        if (!inline) await messages.publish(subject, Buffer.from(JSON.stringify(rec)), `${copy.package_id}:commit`);
-        else await messages.publish(subject, inline, `${copy.package_id}:commit`, () => inlineCommitHeaders(rec));
-      },
+      commit: async (rec, inline) =>
+        void (await this.#commits.publish({
+          subject: this.#subjects.commit(tail),
+          data: inline ?? Buffer.from(JSON.stringify(rec)),
+          msgID: `${copy.package_id}:commit`,
+          ...(inline ? { headers: () => inlineCommitHeaders(rec) } : {}),
+        })),
       remove: () => messages.deleteMatching(this.#subjects.package(tail)),
       forget: () => this.#writers.delete(writer),
     });
     this.#writers.add(writer);
     return writer;
+  }
+
+  /** How the commit messages went out: atomic batches and the messages in them, single publishes. */
+  get commitStats(): GroupPublisher['stats'] {
+    return this.#commits.stats;
   }
 
   consume(handler: (pkg: CommittedPackage) => Promise<void>): QueueConsumer {
