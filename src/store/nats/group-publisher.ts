@@ -17,7 +17,7 @@
  * that safe for messages that carry one (a batch that did land answers with the original
  * acknowledgements); the messages without one are plain puts that store the same value again.
  */
-import { createInbox, headers as natsHeaders, nuid, type MsgHdrs } from 'nats';
+import { headers as natsHeaders, nuid, type Msg, type MsgHdrs } from 'nats';
 import { publishOnce, withRetry, type NatsContext } from './connection.js';
 
 /** Fewer waiting messages than this go out one by one: a batch costs about four syncs. */
@@ -133,13 +133,7 @@ export class GroupPublisher {
     const id = nuid.next();
     const { nc, requestTimeoutMs } = this.#ctx;
     try {
-      // The acknowledgement's subscription exists before the first message goes out.
-      const reply = createInbox();
-      const sub = nc.subscribe(reply, { max: 1, timeout: requestTimeoutMs });
-      const answer = (async () => {
-        for await (const msg of sub) return msg;
-        throw new Error('no acknowledgement of the atomic batch');
-      })();
+      let answer!: Promise<Msg>;
       round.forEach((m, i) => {
         const h = m.headers ? m.headers() : natsHeaders();
         h.set('Nats-Batch-Id', id);
@@ -147,9 +141,12 @@ export class GroupPublisher {
         h.set('Nats-Expected-Stream', this.#stream);
         if (m.msgID) h.set('Nats-Msg-Id', m.msgID);
         if (m.lastSubjectSequence !== undefined) h.set('Nats-Expected-Last-Subject-Sequence', String(m.lastSubjectSequence));
-        const last = i === round.length - 1;
-        if (last) h.set('Nats-Batch-Commit', '1');
-        nc.publish(m.subject, m.data, { headers: h, ...(last ? { reply } : {}) });
+        if (i < round.length - 1) nc.publish(m.subject, m.data, { headers: h });
+        else {
+          // The last message commits the batch; its reply is the batch's acknowledgement.
+          h.set('Nats-Batch-Commit', '1');
+          answer = nc.request(m.subject, m.data, { headers: h, timeout: requestTimeoutMs });
+        }
       });
       const ack = (await answer).json<{ error?: { err_code?: number; description?: string }; count?: number; seq?: number }>();
       if (ack.error?.err_code === JS_ATOMIC_PUBLISH_DISABLED) this.#atomic = false;
