@@ -137,7 +137,7 @@ class Node implements NatsServer {
     if (this.#proc) throw new Error(`nats-server ${this.name} is already running`);
     await writeFile(this.#config, this.#configText());
     const [cmd, ...args] = this.#syncLog
-      ? ['strace', '-f', '-qq', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, natsServerBin(), '-c', this.#config]
+      ? ['strace', '-f', '-qq', '-y', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, natsServerBin(), '-c', this.#config]
       : [natsServerBin(), '-c', this.#config];
     const proc = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'] });
     this.#proc = proc;
