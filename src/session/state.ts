@@ -216,7 +216,9 @@ export function decideIngestRecord(r: SessionRecord, pkg: PackageEntry, now: num
   const bad = requireUploading(r);
   if (bad) return fail(bad);
   const lease = r.in_flight[pkg.id];
-  if (lease === undefined || lease <= now) return fail(errors.internal(new Error(`Ingest lease of package ${pkg.id} is gone`)));
+  // 503, not 500: the lease ended because its renewals could not be written in time (or a
+  // retry took the request over); nothing of the package is stored, and a retry runs it again.
+  if (lease === undefined || lease <= now) return fail(errors.storageUnavailable(new Error(`Ingest lease of package ${pkg.id} is gone`)));
   const { id, ...entry } = pkg;
   return ok(
     touch(r, now, {

@@ -109,7 +109,7 @@ t.test('a decision that fails fails alone; the rest of its group is written', as
     s.beginIngest(client, uuid),
   ]);
   t.same(results.map((r) => r.status), ['rejected', 'fulfilled', 'fulfilled']);
-  t.match((results[0] as PromiseRejectedResult).reason, { code: 'INTERNAL' });
+  t.match((results[0] as PromiseRejectedResult).reason, { code: 'STORAGE_UNAVAILABLE' });
   const st = await s.status(client, uuid);
   t.same(st.entities, ['stock']);
   t.equal(st.upload_tasks_finished, false, 'the third decision’s lease is live');

@@ -82,7 +82,7 @@ t.test('record ends the lease and prunes dead ones; needs the live lease', async
   if (d.ok) t.same(d.next.in_flight, { p2: NOW + 100 });
   for (const [what, inFlight] of [['released', {}], ['expired', { p1: NOW }]] as const) {
     const gone = decideIngestRecord(session('UPLOADING', { in_flight: inFlight }), { id: 'p1', ...entry('products') }, NOW);
-    t.ok(!gone.ok && gone.error.code === 'INTERNAL', `a ${what} lease cannot be recorded`);
+    t.ok(!gone.ok && gone.error.code === 'STORAGE_UNAVAILABLE', `a ${what} lease cannot be recorded`);
   }
 });
 

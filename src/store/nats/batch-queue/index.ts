@@ -12,7 +12,7 @@ import {
   type StreamConfig,
 } from 'nats';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
-import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
+import { JS_NO_MESSAGE_FOUND, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
@@ -49,7 +49,6 @@ const PULL_EXPIRES_MS = 10_000;
 /** Batches read ahead of the one the handler consumes: with the one in hand, 2 MiB of 512 KiB batches. */
 const READ_AHEAD = 3;
 
-const JS_STREAM_NOT_FOUND = 10059;
 const JS_CONSUMER_NOT_FOUND = 10014;
 const JS_STREAM_NAME_IN_USE = 10058;
 
