@@ -11,15 +11,16 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
-import { errors, isServiceError, type ServiceError, type ValidationIssue } from '../errors.js';
+import { errors, isServiceError, isStorageUnavailable, type ServiceError, type ValidationIssue } from '../errors.js';
 import { activeKey, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
-import { isStoreConflict, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
+import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import {
   decideDelete,
   decideFold,
   decideIngestBegin,
   decideIngestRecord,
   decideIngestRelease,
+  decideIngestRenew,
   decideInitialize,
   decideStart,
   decideStartFailed,
@@ -45,7 +46,10 @@ export interface SessionServiceDeps {
   objects: ObjectStore;
   connector: Connector;
   objectPrefix: string;
-  /** How long an in-flight ingest holds `upload_tasks_finished` false if its instance dies. */
+  /**
+   * The lease of an ingest in flight: renewed every third of it while the ingest runs in this
+   * process, so it ends this long after its instance died (or stopped renewing).
+   */
   inFlightLeaseMs: number;
   /** Packages (accepted and in flight) one session may hold; past it, ingest answers 409. Default unbounded. */
   maxPackages?: number;
@@ -107,6 +111,10 @@ export class SessionService {
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
   /** Per session: recorded packages waiting for their ledger write, and whether one is under way. */
   private readonly ledgerQueues = new Map<string, { waiting: PackageEntry[]; run: Promise<void> | null }>();
+  /** Per session: the leases of the ingests running in this process, renewed by `renewLeases`. */
+  private readonly held = new Map<string, { client: ClientRef; ids: Set<string> }>();
+  /** Runs `renewLeases` every third of the lease while this process holds any. */
+  private heartbeat: NodeJS.Timeout | undefined;
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.now = deps.clock ?? Date.now;
@@ -200,7 +208,53 @@ export class SessionService {
       if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);
       throw err;
     }
+    this.hold(client, uploadUuid, packageId);
     return packageId;
+  }
+
+  /**
+   * Renews the leases of the ingests running in this process (`decideIngestRenew`): one
+   * compare-and-set per session, shared with whatever else the session's next write carries.
+   * Runs every third of `inFlightLeaseMs` while any is held, so a lease outlives two failed
+   * renewals, and a dead instance's leases end within `inFlightLeaseMs` (docs/reliability.md,
+   * Leftovers after a restart heal themselves).
+   */
+  async renewLeases(): Promise<void> {
+    await Promise.all(
+      [...this.held].map(async ([uploadUuid, { client, ids }]) => {
+        try {
+          await this.mutate(client, uploadUuid, 'any', (r) => decideIngestRenew(r, ids, this.now(), this.deps.inFlightLeaseMs));
+        } catch (err) {
+          // The session is gone, or the store is out (the next beat tries again; readiness says so).
+          if (isServiceError(err) || isStorageUnavailable(err) || isStoreError(err, 'STORE_CLOSED')) return;
+          this.deps.onBackgroundError?.(err, 'renew ingest leases');
+        }
+      }),
+    );
+  }
+
+  private hold(client: ClientRef, uploadUuid: string, packageId: string): void {
+    let session = this.held.get(uploadUuid);
+    if (!session) {
+      session = { client, ids: new Set() };
+      this.held.set(uploadUuid, session);
+    }
+    session.ids.add(packageId);
+    if (!this.heartbeat) {
+      this.heartbeat = setInterval(() => void this.renewLeases(), Math.max(1, Math.floor(this.deps.inFlightLeaseMs / 3)));
+      this.heartbeat.unref();
+    }
+  }
+
+  /** The ingest ended (recorded, failed, abandoned): its lease is no longer renewed here. */
+  private unhold(uploadUuid: string, packageId: string): void {
+    const session = this.held.get(uploadUuid);
+    if (!session?.ids.delete(packageId)) return;
+    if (session.ids.size === 0) this.held.delete(uploadUuid);
+    if (this.held.size === 0) {
+      clearInterval(this.heartbeat);
+      this.heartbeat = undefined;
+    }
   }
 
   /**
@@ -209,7 +263,12 @@ export class SessionService {
    * into the summary's totals (see state.ts).
    */
   async recordIngest(client: ClientRef, uploadUuid: string, pkg: PackageEntry): Promise<void> {
-    await this.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+    try {
+      await this.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+    } finally {
+      // Recorded (the lease became the record), or failed: the caller releases it then.
+      this.unhold(uploadUuid, pkg.id);
+    }
     this.toLedger(uploadUuid, [pkg]);
   }
 
@@ -242,6 +301,7 @@ export class SessionService {
    * lease would otherwise hold `upload_tasks_finished` false until it expires.
    */
   async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
+    this.unhold(uploadUuid, packageId);
     const release = () => this.mutate(client, uploadUuid, 'any', (r) => decideIngestRelease(r, [packageId], this.now()));
     try {
       await release();

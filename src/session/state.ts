@@ -279,6 +279,23 @@ export function decideReleaseAllLeases(r: SessionRecord, now: number): Decision 
   return ok(touch(r, now, { in_flight: {} }));
 }
 
+/**
+ * The heartbeat of ingests still running in one instance: their leases, while still live,
+ * last `leaseMs` from now. A lease that expired or is gone (released, revoked by an uploader,
+ * ended by start-upload or a takeover) stays so: its package may already have been dropped,
+ * and renewing it would let it be recorded. Allowed in any state; expired leases are pruned.
+ */
+export function decideIngestRenew(r: SessionRecord, packageIds: Iterable<string>, now: number, leaseMs: number): Decision {
+  let in_flight: Record<string, number> | null = null;
+  for (const id of packageIds) {
+    const lease = r.in_flight[id];
+    if (lease === undefined || lease <= now) continue;
+    in_flight ??= pruneLeases(r.in_flight, now);
+    in_flight[id] = now + leaseMs;
+  }
+  return in_flight ? ok(touch(r, now, { in_flight })) : ok(r);
+}
+
 /** Packages failed or were abandoned: only their leases end. Allowed in any state. */
 export function decideIngestRelease(r: SessionRecord, packageIds: readonly string[], now: number): Decision {
   if (!packageIds.some((id) => id in r.in_flight)) return ok(r);

@@ -54,8 +54,8 @@ async function rig(t: Test) {
     await objects.close();
     await sessions.close();
   });
-  const service = () =>
-    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb' });
+  const service = (clock?: () => number) =>
+    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}) });
   return { sessions, ledger, service };
 }
 
@@ -113,4 +113,28 @@ t.test('a decision that fails fails alone; the rest of its group is written', as
   const st = await s.status(client, uuid);
   t.same(st.entities, ['stock']);
   t.equal(st.upload_tasks_finished, false, 'the third decision’s lease is live');
+});
+
+t.test('the leases of running ingests are renewed while they run, and only theirs (injected clock)', async (t) => {
+  const { service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  const s = service(() => now);
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const [running, ended] = await Promise.all([s.beginIngest(client, uuid), s.beginIngest(client, uuid)]);
+  await s.releaseIngest(client, uuid, ended);
+  now += 50_000;
+  await s.renewLeases();
+  now += 50_000; // 100 s after the lease was taken: past its first 60 s
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, false, 'the running ingest still counts');
+  await s.recordIngest(client, uuid, { id: running, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, true, 'recorded: nothing left in flight');
+  await s.renewLeases(); // holds nothing any more: writes nothing, adds nothing back
+  t.same((await s.status(client, uuid)).entities, ['stock']);
+
+  const dead = await s.beginIngest(client, uuid);
+  now += 61_000; // no renewal in between: the instance died, as far as anyone can tell
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, true, 'an unrenewed lease ends');
+  await s.renewLeases();
+  const late = await s.recordIngest(client, uuid, { id: dead, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((err: unknown) => err);
+  t.match(late, { code: 'STORAGE_UNAVAILABLE' }, 'an expired lease is not renewed, and its package cannot be recorded');
 });
