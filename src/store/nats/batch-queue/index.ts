@@ -67,9 +67,9 @@ const JS_STREAM_NAME_IN_USE = 10058;
  * handler reads the batches by sequence (direct get, falling back to the leader). Success:
  * the commit is acked (which removes it), then the batches are deleted; a crash in between
  * leaves batches without a commit, which the sweep (sweeper.ts) removes. Failure: nak with a
- * growing delay. `pending(uuid)` counts the session's commit messages still in the stream
- * (the one in a handler included); `purge(uuid)` and `abort` delete the matching messages
- * with a filtered purge.
+ * growing delay. `pending(uuid)` counts the session's commit messages above the consumer's
+ * ack floor (the one in a handler included; one at or below it is acked, whatever the stream
+ * still holds); `purge(uuid)` and `abort` delete the matching messages with a filtered purge.
  *
  * Package ids must be unique (they are random UUIDs): the message ids dedupe on them.
  */
