@@ -83,6 +83,8 @@ const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 function conflictBackoff(attempt: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 2 ** attempt)));
 }
+/** How long a record write of unknown outcome is resolved before its ingest answers anyway (`resolveRecord`). */
+const RESOLVE_RECORD_MS = 30_000;
 /** Background retries (a lease release, a ledger write) back off up to this delay (about a minute in all). */
 const RETRY_MAX_DELAY_MS = 32_000;
 
@@ -265,11 +267,36 @@ export class SessionService {
   async recordIngest(client: ClientRef, uploadUuid: string, pkg: PackageEntry): Promise<void> {
     try {
       await this.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+    } catch (err) {
+      // The decision refused (nothing written): the caller releases the lease.
+      if (isServiceError(err)) throw err;
+      // A store failure (a timeout) may have landed: resolve it before anyone answers.
+      if ((await this.resolveRecord(client, uploadUuid, pkg.id, err)) === 'fenced') throw errors.storageUnavailable(err);
     } finally {
-      // Recorded (the lease became the record), or failed: the caller releases it then.
+      // Recorded (the lease became the record), or failed: no more renewals.
       this.unhold(uploadUuid, pkg.id);
     }
     this.toLedger(uploadUuid, [pkg]);
+  }
+
+  /**
+   * After a record write of unknown outcome: either it landed (`recorded`: the package will be
+   * stored, its client gets 200), or its lease is ended now in one compare-and-set (`fenced`:
+   * it can never be recorded, the uploader drops it, its client is told 503 and nothing is
+   * stored). Tries for `RESOLVE_RECORD_MS` while the store does not answer; still unknown then,
+   * throws `first` (the ingest then keeps the package among its key's attempts, see idempotency.ts).
+   */
+  private async resolveRecord(client: ClientRef, uploadUuid: string, packageId: string, first: unknown): Promise<'recorded' | 'fenced'> {
+    const deadline = Date.now() + RESOLVE_RECORD_MS;
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
+      try {
+        return (await this.settleAttempts(client, uploadUuid, [packageId])) ? 'recorded' : 'fenced';
+      } catch (err) {
+        if (isServiceError(err) && err.statusCode < 500) throw err; // the session is gone
+        if (Date.now() + delay >= deadline) throw first;
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
   }
 
   /**

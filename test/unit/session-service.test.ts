@@ -15,7 +15,7 @@ import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
-import type { SessionStore } from '../../src/store/ports.js';
+import { StoreError, type SessionStore } from '../../src/store/ports.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = {
@@ -24,16 +24,25 @@ const noConnector: Connector = {
   close: async () => {},
 };
 
-/** A session store that counts the summary writes it is asked for. */
-function counting(store: SessionStore): SessionStore & { updates: number } {
+/**
+ * A session store that counts the summary writes it is asked for; `failNext` makes the next
+ * summary write fail as a NATS timeout does, after it landed or before.
+ */
+function counting(store: SessionStore): SessionStore & { updates: number; failNext: 'landed' | 'lost' | null } {
   const counted = {
     updates: 0,
+    failNext: null as 'landed' | 'lost' | null,
     capabilities: store.capabilities,
     get: store.get.bind(store),
     create: store.create.bind(store),
-    update: <T>(key: string, value: T, revision: number) => {
+    update: async <T>(key: string, value: T, revision: number) => {
       if (key.startsWith('session.')) counted.updates++;
-      return store.update(key, value, revision);
+      const fail = key.startsWith('session.') ? counted.failNext : null;
+      counted.failNext = null;
+      if (fail === 'lost') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      const written = await store.update(key, value, revision);
+      if (fail === 'landed') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      return written;
     },
     delete: store.delete.bind(store),
     close: store.close.bind(store),
@@ -137,4 +146,23 @@ t.test('the leases of running ingests are renewed while they run, and only their
   await s.renewLeases();
   const late = await s.recordIngest(client, uuid, { id: dead, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((err: unknown) => err);
   t.match(late, { code: 'STORAGE_UNAVAILABLE' }, 'an expired lease is not renewed, and its package cannot be recorded');
+});
+
+t.test('a record write of unknown outcome is resolved before the ingest answers: landed, it stands; lost, the lease ends', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const landed = await s.beginIngest(client, uuid);
+  sessions.failNext = 'landed';
+  await s.recordIngest(client, uuid, { id: landed, entity: 'stock', rows: 2, bytes: 2, object_bytes: 102 });
+  t.same((await s.status(client, uuid)).entities, ['stock'], 'the write landed: recorded, and the ingest answers 200');
+
+  const lost = await s.beginIngest(client, uuid);
+  sessions.failNext = 'lost';
+  const err = await s.recordIngest(client, uuid, { id: lost, entity: 'receipts', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  t.match(err, { code: 'STORAGE_UNAVAILABLE', statusCode: 503 }, 'not recorded: 503');
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.notOk(lost in after.in_flight, 'and its lease ended, so it never can be (the uploader drops it)');
+  t.notOk(lost in after.recording);
+  t.same((await s.status(client, uuid)).entities, ['stock']);
 });
