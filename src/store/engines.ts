@@ -13,7 +13,7 @@ import { FileLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
 import { FileSessionStore } from './embedded/session-store.js';
 import { NatsBatchQueue } from './nats/batch-queue/index.js';
-import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, type NatsHandle } from './nats/connection.js';
+import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHandle } from './nats/connection.js';
 import { NatsLedger } from './nats/ledger.js';
 import { NatsSessionStore } from './nats/session-store.js';
 import { StoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from './ports.js';
@@ -54,7 +54,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       const handle = nats;
       closers.push(() => handle.close());
       streams = [`KV_${config.nats.kvBucket}`, `KV_${config.nats.ledgerBucket}`, config.nats.stream];
-      reportMissingStreams(await missingStreams(handle, streams), streams, log);
+      reportMissingStreams(await missingStreams(handle, streams, START_RETRY_MS), streams, log);
       sessions = await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas });
       closers.push(() => sessions.close());
       ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas });
@@ -131,13 +131,20 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
   }
 }
 
+/** How long the start's look at the streams re-sends through transient failures, as the adapters' own opens do. */
+const START_RETRY_MS = 10_000;
+
 const LOST = 'the server lost them (its storage was replaced or wiped) or they were deleted; what they held is gone';
 
-/** Which of `names` JetStream does not have (one stream info each, bounded by the connection's request timeout). */
-async function missingStreams(nats: NatsHandle, names: readonly string[]): Promise<string[]> {
+/**
+ * Which of `names` JetStream does not have: one stream info each, each bounded by the
+ * connection's request timeout and, with `retryMs`, re-sent through transient failures (a
+ * cluster still electing its leaders at start) for that long.
+ */
+async function missingStreams(nats: NatsHandle, names: readonly string[], retryMs = 0): Promise<string[]> {
   const found = await Promise.all(
     names.map((name) =>
-      nats.jsm.streams.info(name).then(
+      withRetry(nats, retryMs, () => nats.jsm.streams.info(name)).then(
         () => true,
         (err: unknown) => {
           if (jsErrorCode(err) === JS_STREAM_NOT_FOUND) return false;
