@@ -15,6 +15,7 @@ import { FileSessionStore } from './embedded/session-store.js';
 import { NatsBatchQueue } from './nats/batch-queue/index.js';
 import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHandle } from './nats/connection.js';
 import { NatsLedger } from './nats/ledger.js';
+import { LostKeysGuard } from './nats/lost-keys.js';
 import { NatsSessionStore } from './nats/session-store.js';
 import { StoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from './ports.js';
 import { S3ObjectStore } from './s3/object-store.js';
@@ -55,7 +56,8 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       closers.push(() => handle.close());
       streams = [`KV_${config.nats.kvBucket}`, `KV_${config.nats.ledgerBucket}`, config.nats.stream];
       reportMissingStreams(await missingStreams(handle, streams, START_RETRY_MS), streams, log);
-      sessions = await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas });
+      // Reads that find nothing are checked against the stream: lost data is never "no session" (lost-keys.ts).
+      sessions = new LostKeysGuard(await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas }), nats, config.nats.kvBucket);
       closers.push(() => sessions.close());
       ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas });
       closers.push(() => ledger.close());
