@@ -89,8 +89,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
         const missing = await missingStreams(handle, streams);
         if (missing.length > 0) throw new StoreError('STORE_UNAVAILABLE', `JetStream stream${missing.length > 1 ? 's' : ''} ${missing.join(', ')} missing: ${LOST}`);
       };
-    }
-    else probes.storage = dataDirWritable;
+    } else probes.storage = dataDirWritable;
     let objects: ObjectStore;
     let sweepIncompleteUploads = async () => 0;
     const { s3 } = config;
