@@ -371,6 +371,7 @@ class Exchange {
         // Handlers wrap unexpected failures (a worker crash, a store error) as INTERNAL
         // ServiceErrors: those are logged too, with what caused them.
         if (failure.code === 'INTERNAL') this.opts.onInternalError(failure === err ? (failure.cause ?? failure) : err, this.req);
+        else if (failure.code === 'STORAGE_UNAVAILABLE') this.opts.onStorageUnavailable?.(failure.cause ?? failure, this.req);
         this.send(replyFor(failure), !this.bodyDone);
       },
     );

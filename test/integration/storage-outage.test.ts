@@ -60,6 +60,7 @@ t.test('NATS frozen (SIGSTOP): 503 with Retry-After on every endpoint, then 200 
   t.equal(ready.status, 503, '/readyz 503 while NATS does not answer');
   t.match(ready.body, { detail: 'Not ready', checks: { nats: /^(failed|timeout)$/ } }, '/readyz names the failing check');
   t.ok(tookMs < 60_000, `answered within the request timeout (${tookMs} ms)`);
+  t.match(gw.output(), /"level":"error"[^\n]*"code":"STORE_UNAVAILABLE"[^\n]*"msg":"storage unavailable: answered 503"/, 'the cause is logged (once every 10 s at most)');
 
   nats.resume();
   await until200('status', () => demo.status(uuid));
