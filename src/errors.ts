@@ -267,9 +267,10 @@ export const STORAGE_RETRY_AFTER_SECONDS = 5;
 
 /**
  * OS error codes of a disk that cannot take or give back data for now (docs/api.md, Storage
- * unavailable: disk full, an I/O error, a file system gone read-only).
+ * unavailable): full, an I/O error, gone read-only, or a file system whose backend went away
+ * under its open files (a FUSE daemon gone: `ENOTCONN`; an NFS server that lost them: `ESTALE`).
  */
-const STORAGE_ERRNO: ReadonlySet<string> = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'EROFS']);
+const STORAGE_ERRNO: ReadonlySet<string> = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'EROFS', 'ENOTCONN', 'ESTALE']);
 
 /**
  * Whether a failure means the storage cannot be used for now: a store's `STORE_UNAVAILABLE`

@@ -9,6 +9,7 @@ import { join, resolve } from 'node:path';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import { FileBatchQueue } from './embedded/batch-queue.js';
+import { READINESS_KEY } from './keys.js';
 import { FileLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
 import { FileSessionStore } from './embedded/session-store.js';
@@ -17,7 +18,7 @@ import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHand
 import { NatsLedger } from './nats/ledger.js';
 import { LostKeysGuard } from './nats/lost-keys.js';
 import { NatsSessionStore } from './nats/session-store.js';
-import { StoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from './ports.js';
+import { isStoreConflict, StoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from './ports.js';
 import { S3ObjectStore } from './s3/object-store.js';
 
 export interface Engines {
@@ -88,8 +89,14 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
         // JetStream answering is not enough: a server that came back without its data answers too.
         const missing = await missingStreams(handle, streams);
         if (missing.length > 0) throw new StoreError('STORE_UNAVAILABLE', `JetStream stream${missing.length > 1 ? 's' : ''} ${missing.join(', ')} missing: ${LOST}`);
+        await writeProbe(sessions);
       };
-    } else probes.storage = dataDirWritable;
+    } else {
+      probes.storage = async () => {
+        await dataDirWritable();
+        await writeProbe(sessions);
+      };
+    }
     let objects: ObjectStore;
     let sweepIncompleteUploads = async () => 0;
     const { s3 } = config;
@@ -130,6 +137,18 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
     await close();
     throw err;
   }
+}
+
+/**
+ * A write the session store must make durable, then its removal. Reads alone can pass where
+ * writes fail: a NATS server whose disk is gone still answers from its memory, and a data
+ * directory detached under the open files still takes new ones.
+ */
+async function writeProbe(sessions: SessionStore): Promise<void> {
+  await sessions.create(READINESS_KEY, { at: new Date().toISOString() }).catch((err: unknown) => {
+    if (!isStoreConflict(err)) throw err; // another instance's probe: the delete below still writes
+  });
+  await sessions.delete(READINESS_KEY);
 }
 
 /** How long the start's look at the streams re-sends through transient failures, as the adapters' own opens do. */

@@ -41,4 +41,6 @@ t.test("the NATS server's disk gone: 503 with Retry-After, never 400 or 404", as
   unavailable(t, 'initialize-session of another client', init);
   unavailable(t, 'start-upload', start);
   unavailable(t, 'status of a session never created (the store cannot tell)', unknown);
+  const ready = await call(gw.url, 'GET', '/readyz', { client: null });
+  t.match([ready.status, ready.body], [503, { detail: 'Not ready', checks: { nats: /^(failed|timeout)$/ } }], '/readyz names nats: it answers, but cannot write');
 });
