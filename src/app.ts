@@ -207,6 +207,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       onListenRetry: (retryMs) =>
         log.warn('bind failed although no process listens (closed connections of a previous run in TIME_WAIT?): retrying', { address, retry_ms: retryMs }),
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.requestId }),
+      onStorageUnavailable: storageLog(log),
       onResponse: responseObserver(log, metrics, new Set(operatorRoutes.map((r) => r.pattern))),
     }).catch((err: unknown) => {
       throw new ListenError(`Cannot listen on ${address}: the bind still fails after ${Math.round((opts.listenRetryMs ?? LISTEN_RETRY_MS) / 1000)} s`, { cause: err });
@@ -261,6 +262,24 @@ function bindError(host: string, port: number): Promise<NodeJS.ErrnoException | 
     probe.once('error', (err: NodeJS.ErrnoException) => resolve(err));
     probe.listen({ host, port, exclusive: true }, () => probe.close(() => resolve(null)));
   });
+}
+
+/**
+ * The cause of 503 `Storage temporarily unavailable` answers, at most one line every 10 s
+ * (an outage answers thousands of requests a second), with how many were answered so since
+ * the last line; the access log has every one of them.
+ */
+function storageLog(log: Logger): (err: unknown, req: { method: string; path: string; requestId: string }) => void {
+  let last = -Infinity;
+  let since = 0;
+  return (err, req) => {
+    since++;
+    const now = performance.now();
+    if (now - last < 10_000) return;
+    log.error('storage unavailable: answered 503', { err, answered: since, method: req.method, path: req.path, request_id: req.requestId });
+    last = now;
+    since = 0;
+  };
 }
 
 /**

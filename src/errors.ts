@@ -87,6 +87,7 @@ export const ERROR_CODES = {
   IDEMPOTENCY_KEY_IN_PROGRESS: 409,
   IDEMPOTENCY_KEY_REUSED: 422,
   NOT_READY: 503,
+  STORAGE_UNAVAILABLE: 503,
   INTERNAL: 500,
   // Internal: never an HTTP answer of their own.
   /** `ClientGone` (session/ingest.ts): the client went away, or was answered, before its package was recorded. */
@@ -163,6 +164,7 @@ export const MESSAGES = {
   IDEMPOTENCY_KEY_IN_PROGRESS: 'A request with this Idempotency-Key is in progress',
   IDEMPOTENCY_KEY_REUSED: 'Idempotency-Key was already used for a different request (another upload_uuid, entity or body length)',
   NOT_READY: 'Not ready',
+  STORAGE_UNAVAILABLE: 'Storage temporarily unavailable',
   INTERNAL: 'Internal server error',
 } as const satisfies Partial<Record<ErrorCode, string>>;
 
@@ -251,8 +253,43 @@ export const errors = {
   /** `GET /readyz` 503 (gateway and uploader): `{detail: "Not ready", checks, ...extra}`. */
   notReady: (checks: Readonly<Record<string, string>>, extra: Readonly<Record<string, unknown>> = {}) =>
     fixed('NOT_READY', { body: { detail: MESSAGES.NOT_READY, checks, ...extra } }),
+  /**
+   * The service cannot read or write its own state or queue (NATS unreachable or not answering
+   * in time, a stream gone, a disk full or failing): 503 with `Retry-After`, never 500.
+   */
+  storageUnavailable: (cause?: unknown) =>
+    fixed('STORAGE_UNAVAILABLE', { cause, headers: { 'Retry-After': String(STORAGE_RETRY_AFTER_SECONDS) } }),
   internal: (cause?: unknown) => fixed('INTERNAL', { cause }),
 };
+
+/** `Retry-After` of a 503 `Storage temporarily unavailable`: outages seen last seconds (a leader election, a restart). */
+export const STORAGE_RETRY_AFTER_SECONDS = 5;
+
+/**
+ * OS error codes of a disk that cannot take or give back data for now (docs/api.md, Storage
+ * unavailable): full, an I/O error, gone read-only, or a file system whose backend went away
+ * under its open files (a FUSE daemon gone: `ENOTCONN`; an NFS server that lost them: `ESTALE`).
+ */
+const STORAGE_ERRNO: ReadonlySet<string> = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'EROFS', 'ENOTCONN', 'ESTALE']);
+
+/**
+ * Whether a failure means the storage cannot be used for now: a store's `STORE_UNAVAILABLE`
+ * (store/ports.ts; the NATS adapters raise it for timeouts, a lost connection, JetStream
+ * refusing or a stream gone) or an OS error of the disk. Matched on the code, never the text.
+ */
+export function isStorageUnavailable(err: unknown): boolean {
+  const code = typeof err === 'object' && err !== null ? (err as { code?: unknown }).code : undefined;
+  return code === 'STORE_UNAVAILABLE' || (typeof code === 'string' && STORAGE_ERRNO.has(code));
+}
+
+/**
+ * A failure as the client is told it: a `ServiceError` as it is, storage that cannot be used
+ * for now 503 `Storage temporarily unavailable`, anything else 500 `Internal server error`.
+ */
+export function asServiceError(err: unknown): ServiceError {
+  if (isServiceError(err)) return err;
+  return isStorageUnavailable(err) ? errors.storageUnavailable(err) : errors.internal(err);
+}
 
 /**
  * How deeply an echoed 422 `input` may nest. Pydantic echoes the offending value as is; a

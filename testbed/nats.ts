@@ -32,6 +32,10 @@ export interface NatsServer {
   fsyncs(): Promise<number>;
   /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
   restart(): Promise<void>;
+  /** SIGSTOP: the server keeps its connections but answers nothing (a hung disk, a frozen VM). */
+  pause(): void;
+  /** SIGCONT after `pause`. */
+  resume(): void;
 }
 
 export interface NatsCluster {
@@ -175,6 +179,7 @@ class Node implements NatsServer {
   async stop(): Promise<void> {
     const proc = this.#proc;
     if (!proc) return;
+    proc.kill('SIGCONT'); // a paused server would not act on SIGTERM
     proc.kill('SIGTERM');
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'late'>((resolve) => (timer = setTimeout(() => resolve('late'), 10_000)));
@@ -193,6 +198,14 @@ class Node implements NatsServer {
     }
     proc.kill('SIGKILL');
     await this.#exited;
+  }
+
+  pause(): void {
+    this.#proc?.kill('SIGSTOP');
+  }
+
+  resume(): void {
+    this.#proc?.kill('SIGCONT');
   }
 
   async restart(): Promise<void> {

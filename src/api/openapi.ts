@@ -7,7 +7,7 @@
  */
 import typia, { tags } from 'typia';
 import { ENTITIES, TYPE_LABELS } from '../entities/catalog.js';
-import { errors, MESSAGES, type InitConflictBody, type ValidationIssue as Issue } from '../errors.js';
+import { errors, MESSAGES, STORAGE_RETRY_AFTER_SECONDS, type InitConflictBody, type ValidationIssue as Issue } from '../errors.js';
 import type { WebhookPayload } from '../connector/types.js';
 import type { CheckResult } from '../observability/readiness.js';
 import type { SessionStatus, StatusView } from '../session/state.js';
@@ -284,13 +284,16 @@ const IDEMPOTENCY_KEY: Json = {
   schema: { type: 'string', minLength: 1, maxLength: 255, pattern: '^[!-~]+$' },
 };
 
-/** Answers every client operation may give: authentication, limits, internal errors. */
-const clientResponses = (own: Json): Json => ({
+/**
+ * Answers every client operation may give: authentication, limits, internal errors; and,
+ * unless `stateless` (the catalog), the storage being unavailable.
+ */
+const clientResponses = (own: Json, stateless = false): Json => ({
   '401': shared('Unauthorized'),
   '408': shared('RequestTimeout'),
   '413': shared('PayloadTooLarge'),
   '500': shared('InternalError'),
-  '503': shared('RateLimited'),
+  '503': shared(stateless ? 'RateLimited' : 'Unavailable'),
   ...own,
 });
 
@@ -479,11 +482,14 @@ const paths: Json = {
       tags: ['uploading'],
       summary: 'List the entity catalog',
       description: `Entity names, columns, types, required flags and parents. ${typeLegend}`,
-      responses: clientResponses({
-        '200': json('The catalog.', schema('EntityCatalog')),
-        '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
-        '403': error([IP_NOT_ALLOWED]),
-      }),
+      responses: clientResponses(
+        {
+          '200': json('The catalog.', schema('EntityCatalog')),
+          '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
+          '403': error([IP_NOT_ALLOWED]),
+        },
+        true,
+      ),
     },
   },
   [`${BASE}/webhooks/upload-finished`]: {
@@ -506,7 +512,7 @@ const paths: Json = {
         '413': shared('PayloadTooLarge'),
         '422': error(['The body is not a valid payload'], 'ValidationError'),
         '500': shared('InternalError'),
-        '503': shared('RateLimited'),
+        '503': shared('Unavailable'),
       },
     },
   },
@@ -766,6 +772,20 @@ const document = {
       RateLimited: {
         ...error([`${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`]),
         headers: { 'Retry-After': RETRY_AFTER },
+      },
+      Unavailable: {
+        ...error([
+          `${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`,
+          `${q('STORAGE_UNAVAILABLE')}: the service cannot read or write its session state or queue for now (NATS ` +
+            'unreachable or not answering in time, a stream of the service gone, a disk full or failing); nothing of the ' +
+            'request is stored, and the service recovers by itself once its storage works again',
+        ]),
+        headers: {
+          'Retry-After': {
+            ...RETRY_AFTER,
+            description: `${RETRY_AFTER.description} ${STORAGE_RETRY_AFTER_SECONDS} with ${q('STORAGE_UNAVAILABLE')}.`,
+          },
+        },
       },
     },
   },

@@ -75,8 +75,11 @@ export interface Config {
     memoryBudgetBytes: PositiveInt;
     /** Upper bound of one encoded batch (NATS max_payload is 1 MiB). */
     batchBytes: number & tags.Type<'uint32'> & tags.Minimum<1024> & tags.Maximum<1000000>;
-    /** How long an in-flight ingest counts against `upload_tasks_finished` if its instance dies. */
-    inFlightLeaseMs: PositiveInt;
+    /**
+     * The lease of an ingest in flight, renewed every third of it while the ingest runs: how long
+     * a dead instance's ingest still counts against `upload_tasks_finished`.
+     */
+    inFlightLeaseMs: PositiveInt & tags.Minimum<300>;
   };
   storage: {
     objectPrefix: string;

@@ -6,7 +6,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
-import { errors, isServiceError, ServiceError } from '../errors.js';
+import { asServiceError, errors, isServiceError, ServiceError } from '../errors.js';
 import type { IngestSink } from '../ingest/types.js';
 import { clientAddress } from './auth.js';
 import { ClientLimiter, type ClientSlot } from './client-limiter.js';
@@ -367,10 +367,11 @@ class Exchange {
         // Already answered or aborted: the failure is the consequence (the client went away,
         // a limit cut the body), and nobody is there to tell.
         if (this.finished) return;
-        const failure = isServiceError(err) ? err : errors.internal(err);
+        const failure = asServiceError(err);
         // Handlers wrap unexpected failures (a worker crash, a store error) as INTERNAL
         // ServiceErrors: those are logged too, with what caused them.
         if (failure.code === 'INTERNAL') this.opts.onInternalError(failure === err ? (failure.cause ?? failure) : err, this.req);
+        else if (failure.code === 'STORAGE_UNAVAILABLE') this.opts.onStorageUnavailable?.(failure.cause ?? failure, this.req);
         this.send(replyFor(failure), !this.bodyDone);
       },
     );

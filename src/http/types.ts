@@ -117,6 +117,8 @@ export interface ServerOptions {
   onListenRetry?: (retryMs: number) => void;
   /** Called with errors that become 500s; never with client errors. */
   onInternalError: (err: unknown, req: Request) => void;
+  /** Called with what made a request answer 503 `Storage temporarily unavailable` (the store's own error). */
+  onStorageUnavailable?: (err: unknown, req: Request) => void;
   /** Called once per request when it is answered or aborted (metrics, access log). */
   onResponse?: (event: ResponseEvent) => void;
 }

@@ -33,7 +33,7 @@
  */
 import { Buffer } from 'node:buffer';
 import { INVALID_JSON, bodyIssue, columnsError, duplicateKeyMessage, rowNotListIssue } from '../entities/validators.js';
-import { ROW_ERRORS_MAX, errors, isServiceError, type RowError, type ServiceError } from '../errors.js';
+import { ROW_ERRORS_MAX, asServiceError, errors, type RowError, type ServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
 import { PieceCutter } from './cutter.js';
 import { HeadScanner } from './head.js';
@@ -622,6 +622,3 @@ function aborted(signal: AbortSignal): ServiceError {
   return errors.internal(signal.reason);
 }
 
-function asServiceError(err: unknown): ServiceError {
-  return isServiceError(err) ? err : errors.internal(err);
-}

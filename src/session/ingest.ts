@@ -13,7 +13,7 @@
  * for a retry.
  */
 import { findEntity } from '../entities/catalog.js';
-import { errors, isServiceError, type InternalErrorCode, type ServiceError } from '../errors.js';
+import { errors, isServiceError, isStorageUnavailable, type InternalErrorCode, type ServiceError } from '../errors.js';
 import type { ValidationPool } from '../ingest/pool.js';
 import type { IngestResult, IngestSink } from '../ingest/types.js';
 import type { BatchQueue, PackageMeta } from '../store/ports.js';
@@ -89,7 +89,8 @@ export class PackageIngest {
     }
     // The lease checks the session's state (409 when not UPLOADING).
     const packageId = await service.beginIngest(client, uploadUuid).catch(async (err: unknown) => {
-      if (hinted) await service.requirePointer(client, uploadUuid);
+      // With the store unavailable the pointer cannot be read either: answer at once.
+      if (hinted && !isStorageUnavailable(err)) await service.requirePointer(client, uploadUuid);
       throw err;
     });
     const release = () => service.releaseIngest(client, uploadUuid, packageId);

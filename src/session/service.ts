@@ -11,15 +11,16 @@
  */
 import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
-import { errors, isServiceError, type ServiceError, type ValidationIssue } from '../errors.js';
+import { errors, isServiceError, isStorageUnavailable, type ServiceError, type ValidationIssue } from '../errors.js';
 import { activeKey, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
-import { isStoreConflict, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
+import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import {
   decideDelete,
   decideFold,
   decideIngestBegin,
   decideIngestRecord,
   decideIngestRelease,
+  decideIngestRenew,
   decideInitialize,
   decideStart,
   decideStartFailed,
@@ -45,7 +46,10 @@ export interface SessionServiceDeps {
   objects: ObjectStore;
   connector: Connector;
   objectPrefix: string;
-  /** How long an in-flight ingest holds `upload_tasks_finished` false if its instance dies. */
+  /**
+   * The lease of an ingest in flight: renewed every third of it while the ingest runs in this
+   * process, so it ends this long after its instance died (or stopped renewing).
+   */
   inFlightLeaseMs: number;
   /** Packages (accepted and in flight) one session may hold; past it, ingest answers 409. Default unbounded. */
   maxPackages?: number;
@@ -79,6 +83,8 @@ const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 function conflictBackoff(attempt: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 2 ** attempt)));
 }
+/** How long a record write of unknown outcome is resolved before its ingest answers anyway (`resolveRecord`). */
+const RESOLVE_RECORD_MS = 30_000;
 /** Background retries (a lease release, a ledger write) back off up to this delay (about a minute in all). */
 const RETRY_MAX_DELAY_MS = 32_000;
 
@@ -107,6 +113,10 @@ export class SessionService {
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
   /** Per session: recorded packages waiting for their ledger write, and whether one is under way. */
   private readonly ledgerQueues = new Map<string, { waiting: PackageEntry[]; run: Promise<void> | null }>();
+  /** Per session: the leases of the ingests running in this process, renewed by `renewLeases`. */
+  private readonly held = new Map<string, { client: ClientRef; ids: Set<string> }>();
+  /** Runs `renewLeases` every third of the lease while this process holds any. */
+  private heartbeat: NodeJS.Timeout | undefined;
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.now = deps.clock ?? Date.now;
@@ -200,7 +210,53 @@ export class SessionService {
       if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);
       throw err;
     }
+    this.hold(client, uploadUuid, packageId);
     return packageId;
+  }
+
+  /**
+   * Renews the leases of the ingests running in this process (`decideIngestRenew`): one
+   * compare-and-set per session, shared with whatever else the session's next write carries.
+   * Runs every third of `inFlightLeaseMs` while any is held, so a lease outlives two failed
+   * renewals, and a dead instance's leases end within `inFlightLeaseMs` (docs/reliability.md,
+   * Leftovers after a restart heal themselves).
+   */
+  async renewLeases(): Promise<void> {
+    await Promise.all(
+      [...this.held].map(async ([uploadUuid, { client, ids }]) => {
+        try {
+          await this.mutate(client, uploadUuid, 'any', (r) => decideIngestRenew(r, ids, this.now(), this.deps.inFlightLeaseMs));
+        } catch (err) {
+          // The session is gone, or the store is out (the next beat tries again; readiness says so).
+          if (isServiceError(err) || isStorageUnavailable(err) || isStoreError(err, 'STORE_CLOSED')) return;
+          this.deps.onBackgroundError?.(err, 'renew ingest leases');
+        }
+      }),
+    );
+  }
+
+  private hold(client: ClientRef, uploadUuid: string, packageId: string): void {
+    let session = this.held.get(uploadUuid);
+    if (!session) {
+      session = { client, ids: new Set() };
+      this.held.set(uploadUuid, session);
+    }
+    session.ids.add(packageId);
+    if (!this.heartbeat) {
+      this.heartbeat = setInterval(() => void this.renewLeases(), Math.max(1, Math.floor(this.deps.inFlightLeaseMs / 3)));
+      this.heartbeat.unref();
+    }
+  }
+
+  /** The ingest ended (recorded, failed, abandoned): its lease is no longer renewed here. */
+  private unhold(uploadUuid: string, packageId: string): void {
+    const session = this.held.get(uploadUuid);
+    if (!session?.ids.delete(packageId)) return;
+    if (session.ids.size === 0) this.held.delete(uploadUuid);
+    if (this.held.size === 0) {
+      clearInterval(this.heartbeat);
+      this.heartbeat = undefined;
+    }
   }
 
   /**
@@ -209,8 +265,38 @@ export class SessionService {
    * into the summary's totals (see state.ts).
    */
   async recordIngest(client: ClientRef, uploadUuid: string, pkg: PackageEntry): Promise<void> {
-    await this.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+    try {
+      await this.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+    } catch (err) {
+      // The decision refused (nothing written): the caller releases the lease.
+      if (isServiceError(err)) throw err;
+      // A store failure (a timeout) may have landed: resolve it before anyone answers.
+      if ((await this.resolveRecord(client, uploadUuid, pkg.id, err)) === 'fenced') throw errors.storageUnavailable(err);
+    } finally {
+      // Recorded (the lease became the record), or failed: no more renewals.
+      this.unhold(uploadUuid, pkg.id);
+    }
     this.toLedger(uploadUuid, [pkg]);
+  }
+
+  /**
+   * After a record write of unknown outcome: either it landed (`recorded`: the package will be
+   * stored, its client gets 200), or its lease is ended now in one compare-and-set (`fenced`:
+   * it can never be recorded, the uploader drops it, its client is told 503 and nothing is
+   * stored). Tries for `RESOLVE_RECORD_MS` while the store does not answer; still unknown then,
+   * throws `first` (the ingest then keeps the package among its key's attempts, see idempotency.ts).
+   */
+  private async resolveRecord(client: ClientRef, uploadUuid: string, packageId: string, first: unknown): Promise<'recorded' | 'fenced'> {
+    const deadline = Date.now() + RESOLVE_RECORD_MS;
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
+      try {
+        return (await this.settleAttempts(client, uploadUuid, [packageId])) ? 'recorded' : 'fenced';
+      } catch (err) {
+        if (isServiceError(err) && err.statusCode < 500) throw err; // the session is gone
+        if (Date.now() + delay >= deadline) throw first;
+        await new Promise((resolve) => setTimeout(resolve, delay));
+      }
+    }
   }
 
   /**
@@ -242,6 +328,7 @@ export class SessionService {
    * lease would otherwise hold `upload_tasks_finished` false until it expires.
    */
   async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
+    this.unhold(uploadUuid, packageId);
     const release = () => this.mutate(client, uploadUuid, 'any', (r) => decideIngestRelease(r, [packageId], this.now()));
     try {
       await release();

@@ -216,7 +216,9 @@ export function decideIngestRecord(r: SessionRecord, pkg: PackageEntry, now: num
   const bad = requireUploading(r);
   if (bad) return fail(bad);
   const lease = r.in_flight[pkg.id];
-  if (lease === undefined || lease <= now) return fail(errors.internal(new Error(`Ingest lease of package ${pkg.id} is gone`)));
+  // 503, not 500: the lease ended because its renewals could not be written in time (or a
+  // retry took the request over); nothing of the package is stored, and a retry runs it again.
+  if (lease === undefined || lease <= now) return fail(errors.storageUnavailable(new Error(`Ingest lease of package ${pkg.id} is gone`)));
   const { id, ...entry } = pkg;
   return ok(
     touch(r, now, {
@@ -275,6 +277,23 @@ export function packageFate(r: SessionRecord | null, packageId: string, now: num
 export function decideReleaseAllLeases(r: SessionRecord, now: number): Decision {
   if (Object.keys(r.in_flight).length === 0) return ok(r);
   return ok(touch(r, now, { in_flight: {} }));
+}
+
+/**
+ * The heartbeat of ingests still running in one instance: their leases, while still live,
+ * last `leaseMs` from now. A lease that expired or is gone (released, revoked by an uploader,
+ * ended by start-upload or a takeover) stays so: its package may already have been dropped,
+ * and renewing it would let it be recorded. Allowed in any state; expired leases are pruned.
+ */
+export function decideIngestRenew(r: SessionRecord, packageIds: Iterable<string>, now: number, leaseMs: number): Decision {
+  let in_flight: Record<string, number> | null = null;
+  for (const id of packageIds) {
+    const lease = r.in_flight[id];
+    if (lease === undefined || lease <= now) continue;
+    in_flight ??= pruneLeases(r.in_flight, now);
+    in_flight[id] = now + leaseMs;
+  }
+  return in_flight ? ok(touch(r, now, { in_flight })) : ok(r);
 }
 
 /** Packages failed or were abandoned: only their leases end. Allowed in any state. */

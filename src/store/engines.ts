@@ -9,14 +9,16 @@ import { join, resolve } from 'node:path';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import { FileBatchQueue } from './embedded/batch-queue.js';
+import { READINESS_KEY } from './keys.js';
 import { FileLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
 import { FileSessionStore } from './embedded/session-store.js';
 import { NatsBatchQueue } from './nats/batch-queue/index.js';
-import { connectNats, type NatsHandle } from './nats/connection.js';
+import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHandle } from './nats/connection.js';
 import { NatsLedger } from './nats/ledger.js';
+import { LostKeysGuard } from './nats/lost-keys.js';
 import { NatsSessionStore } from './nats/session-store.js';
-import type { BatchQueue, ObjectStore, PackageLedger, SessionStore } from './ports.js';
+import { isStoreConflict, StoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from './ports.js';
 import { S3ObjectStore } from './s3/object-store.js';
 
 export interface Engines {
@@ -47,11 +49,16 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
     let ledger: PackageLedger;
     let queue: BatchQueue;
     let nats: NatsHandle | undefined;
+    /** The JetStream streams the adapters make at open: the session bucket's, the ledger's, the queue. */
+    let streams: string[] = [];
     if (config.nats.url) {
       nats = await connectNats({ servers: config.nats.url, name, requestTimeoutMs: config.nats.requestTimeoutMs });
       const handle = nats;
       closers.push(() => handle.close());
-      sessions = await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas });
+      streams = [`KV_${config.nats.kvBucket}`, `KV_${config.nats.ledgerBucket}`, config.nats.stream];
+      reportMissingStreams(await missingStreams(handle, streams, START_RETRY_MS), streams, log);
+      // Reads that find nothing are checked against the stream: lost data is never "no session" (lost-keys.ts).
+      sessions = new LostKeysGuard(await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas }), nats, config.nats.kvBucket);
       closers.push(() => sessions.close());
       ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas });
       closers.push(() => ledger.close());
@@ -75,8 +82,21 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
 
     const probes: Engines['probes'] = {};
     const dataDirWritable = () => access(dataDir, constants.W_OK);
-    if (nats) probes.nats = nats.probe;
-    else probes.storage = dataDirWritable;
+    if (nats) {
+      const handle = nats;
+      probes.nats = async (timeoutMs) => {
+        await handle.probe(timeoutMs);
+        // JetStream answering is not enough: a server that came back without its data answers too.
+        const missing = await missingStreams(handle, streams);
+        if (missing.length > 0) throw new StoreError('STORE_UNAVAILABLE', `JetStream stream${missing.length > 1 ? 's' : ''} ${missing.join(', ')} missing: ${LOST}`);
+        await writeProbe(sessions);
+      };
+    } else {
+      probes.storage = async () => {
+        await dataDirWritable();
+        await writeProbe(sessions);
+      };
+    }
     let objects: ObjectStore;
     let sweepIncompleteUploads = async () => 0;
     const { s3 } = config;
@@ -116,5 +136,57 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
   } catch (err) {
     await close();
     throw err;
+  }
+}
+
+/**
+ * A write the session store must make durable, then its removal. Reads alone can pass where
+ * writes fail: a NATS server whose disk is gone still answers from its memory, and a data
+ * directory detached under the open files still takes new ones.
+ */
+async function writeProbe(sessions: SessionStore): Promise<void> {
+  await sessions.create(READINESS_KEY, { at: new Date().toISOString() }).catch((err: unknown) => {
+    if (!isStoreConflict(err)) throw err; // another instance's probe: the delete below still writes
+  });
+  await sessions.delete(READINESS_KEY);
+}
+
+/** How long the start's look at the streams re-sends through transient failures, as the adapters' own opens do. */
+const START_RETRY_MS = 10_000;
+
+const LOST = 'the server lost them (its storage was replaced or wiped) or they were deleted; what they held is gone';
+
+/**
+ * Which of `names` JetStream does not have: one stream info each, each bounded by the
+ * connection's request timeout and, with `retryMs`, re-sent through transient failures (a
+ * cluster still electing its leaders at start) for that long.
+ */
+async function missingStreams(nats: NatsHandle, names: readonly string[], retryMs = 0): Promise<string[]> {
+  const found = await Promise.all(
+    names.map((name) =>
+      withRetry(nats, retryMs, () => nats.jsm.streams.info(name)).then(
+        () => true,
+        (err: unknown) => {
+          if (jsErrorCode(err) === JS_STREAM_NOT_FOUND) return false;
+          throw err;
+        },
+      ),
+    ),
+  );
+  return names.filter((_, i) => !found[i]);
+}
+
+/**
+ * At start the adapters make whatever stream is missing, empty. Some of them missing while
+ * others exist means that data was lost: said as an error, naming them (the gateway still
+ * starts, so that the service works again, but never silently). None at all is a first start,
+ * or a server that lost everything: said as a warning.
+ */
+function reportMissingStreams(missing: string[], all: readonly string[], log: Logger): void {
+  if (missing.length === 0) return;
+  if (missing.length < all.length) {
+    log.error(`JetStream streams missing, created empty: ${missing.join(', ')}; ${LOST}`, { missing, existing: all.filter((s) => !missing.includes(s)) });
+  } else {
+    log.warn(`No JetStream stream of the service exists (${all.join(', ')}): creating them empty. Expected on a first start only; otherwise the server lost its data`, { missing });
   }
 }

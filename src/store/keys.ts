@@ -7,6 +7,9 @@
 import { createHash } from 'node:crypto';
 import type { PackageMeta } from './ports.js';
 
+/** Written and removed by every readiness probe (store/engines.ts): a store that only reads does not pass. */
+export const READINESS_KEY = 'readiness.probe';
+
 export const sessionKey = (uploadUuid: string): string => `session.${uploadUuid}`;
 
 export const activeKey = (clientId: string): string => `active.${Buffer.from(clientId, 'utf8').toString('hex')}`;

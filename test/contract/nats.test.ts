@@ -364,6 +364,39 @@ t.test('NatsBatchQueue: sweep removes batches of dead writers only', async (t) =
   t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'no batch of the dead writer is left');
 });
 
+t.test('NatsBatchQueue: packages acknowledged but left in the stream (a power cut between the ack and the removal) are not pending; the sweep removes them', async (t) => {
+  const h = await connection(t);
+  const stream = unique('LEFTOVER');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, queueOpts(stream));
+  await commit(q, meta('u-left', 'p1'), [Buffer.from('["a"]\n'), Buffer.from('["b"]\n')]);
+  await commit(q, meta('u-left', 'p2'), [Buffer.from('["c"]\n')]);
+  await commit(q, meta('u-live', 'p3'), [Buffer.from('["d"]\n')]);
+  t.equal(await q.hasPending('u-left'), true, 'pending while nobody acked them');
+
+  // What the server held after the power cut: the consumer's ack floor past u-left's commits,
+  // the messages still in the stream. A work queue removes a message when it is acked; the
+  // consumer reset of nats-server 2.14+ moves the floor without removing anything.
+  const commitOf = (uuid: string, id: string) => `${stream}.c.${Buffer.from('client-1').toString('hex')}.${uuid}.stores.${id}`;
+  const p2 = await h.jsm.streams.getMessage(stream, { last_by_subj: commitOf('u-left', 'p2') });
+  const reset = await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p2.seq + 1 })), { timeout: 5000 });
+  t.notOk(reset.json<{ error?: unknown }>().error, 'consumer reset');
+  t.equal((await h.jsm.consumers.info(stream, 'uploader')).ack_floor.stream_seq, p2.seq, 'acknowledged up to p2');
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 5, 'every message still in the stream (p1: two batches and its commit)');
+
+  // Another process (no ack floor read yet) asks what status and start-upload ask.
+  const other = await openQueue(t, h, queueOpts(stream));
+  t.equal(await other.hasPending('u-left'), false, 'acknowledged packages left in the stream are not pending');
+  t.equal(await other.pending('u-left'), 0);
+  t.equal(await other.hasPending('u-live'), true, 'the package above the floor still is');
+  t.equal(await other.pending('u-live'), 1);
+
+  t.equal(await other.sweep(), 2, 'the sweep removes the two leftovers');
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 1, 'with their batches; the live package stays');
+  const got = await drain(t, other, 1);
+  t.same(got.map((d) => [d.meta.package_id, d.data.toString()]), [['p3', '["d"]\n']], 'and is delivered');
+});
+
 t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, not redelivered forever', async (t) => {
   const h = await connection(t);
   const stream = unique('LOST');

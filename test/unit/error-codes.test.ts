@@ -57,6 +57,7 @@ const FACTORY_ARGS: { [K in keyof typeof errors]: Parameters<(typeof errors)[K]>
   idempotencyKeyInProgress: [],
   idempotencyKeyReused: [],
   notReady: [{ workers: 'failed' }],
+  storageUnavailable: [],
   internal: [],
 };
 

@@ -15,7 +15,7 @@ import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
-import type { SessionStore } from '../../src/store/ports.js';
+import { StoreError, type SessionStore } from '../../src/store/ports.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = {
@@ -24,16 +24,25 @@ const noConnector: Connector = {
   close: async () => {},
 };
 
-/** A session store that counts the summary writes it is asked for. */
-function counting(store: SessionStore): SessionStore & { updates: number } {
+/**
+ * A session store that counts the summary writes it is asked for; `failNext` makes the next
+ * summary write fail as a NATS timeout does, after it landed or before.
+ */
+function counting(store: SessionStore): SessionStore & { updates: number; failNext: 'landed' | 'lost' | null } {
   const counted = {
     updates: 0,
+    failNext: null as 'landed' | 'lost' | null,
     capabilities: store.capabilities,
     get: store.get.bind(store),
     create: store.create.bind(store),
-    update: <T>(key: string, value: T, revision: number) => {
+    update: async <T>(key: string, value: T, revision: number) => {
       if (key.startsWith('session.')) counted.updates++;
-      return store.update(key, value, revision);
+      const fail = key.startsWith('session.') ? counted.failNext : null;
+      counted.failNext = null;
+      if (fail === 'lost') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      const written = await store.update(key, value, revision);
+      if (fail === 'landed') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      return written;
     },
     delete: store.delete.bind(store),
     close: store.close.bind(store),
@@ -54,8 +63,8 @@ async function rig(t: Test) {
     await objects.close();
     await sessions.close();
   });
-  const service = () =>
-    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb' });
+  const service = (clock?: () => number) =>
+    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}) });
   return { sessions, ledger, service };
 }
 
@@ -109,8 +118,51 @@ t.test('a decision that fails fails alone; the rest of its group is written', as
     s.beginIngest(client, uuid),
   ]);
   t.same(results.map((r) => r.status), ['rejected', 'fulfilled', 'fulfilled']);
-  t.match((results[0] as PromiseRejectedResult).reason, { code: 'INTERNAL' });
+  t.match((results[0] as PromiseRejectedResult).reason, { code: 'STORAGE_UNAVAILABLE' });
   const st = await s.status(client, uuid);
   t.same(st.entities, ['stock']);
   t.equal(st.upload_tasks_finished, false, 'the third decision’s lease is live');
+});
+
+t.test('the leases of running ingests are renewed while they run, and only theirs (injected clock)', async (t) => {
+  const { service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  const s = service(() => now);
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const [running, ended] = await Promise.all([s.beginIngest(client, uuid), s.beginIngest(client, uuid)]);
+  await s.releaseIngest(client, uuid, ended);
+  now += 50_000;
+  await s.renewLeases();
+  now += 50_000; // 100 s after the lease was taken: past its first 60 s
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, false, 'the running ingest still counts');
+  await s.recordIngest(client, uuid, { id: running, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, true, 'recorded: nothing left in flight');
+  await s.renewLeases(); // holds nothing any more: writes nothing, adds nothing back
+  t.same((await s.status(client, uuid)).entities, ['stock']);
+
+  const dead = await s.beginIngest(client, uuid);
+  now += 61_000; // no renewal in between: the instance died, as far as anyone can tell
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, true, 'an unrenewed lease ends');
+  await s.renewLeases();
+  const late = await s.recordIngest(client, uuid, { id: dead, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((err: unknown) => err);
+  t.match(late, { code: 'STORAGE_UNAVAILABLE' }, 'an expired lease is not renewed, and its package cannot be recorded');
+});
+
+t.test('a record write of unknown outcome is resolved before the ingest answers: landed, it stands; lost, the lease ends', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const landed = await s.beginIngest(client, uuid);
+  sessions.failNext = 'landed';
+  await s.recordIngest(client, uuid, { id: landed, entity: 'stock', rows: 2, bytes: 2, object_bytes: 102 });
+  t.same((await s.status(client, uuid)).entities, ['stock'], 'the write landed: recorded, and the ingest answers 200');
+
+  const lost = await s.beginIngest(client, uuid);
+  sessions.failNext = 'lost';
+  const err = await s.recordIngest(client, uuid, { id: lost, entity: 'receipts', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  t.match(err, { code: 'STORAGE_UNAVAILABLE', statusCode: 503 }, 'not recorded: 503');
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.notOk(lost in after.in_flight, 'and its lease ended, so it never can be (the uploader drops it)');
+  t.notOk(lost in after.recording);
+  t.same((await s.status(client, uuid)).entities, ['stock']);
 });

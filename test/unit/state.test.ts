@@ -6,6 +6,7 @@ import {
   decideIngestBegin,
   decideIngestRecord,
   decideIngestRelease,
+  decideIngestRenew,
   decideInitialize,
   decideStart,
   decideStartFailed,
@@ -82,8 +83,22 @@ t.test('record ends the lease and prunes dead ones; needs the live lease', async
   if (d.ok) t.same(d.next.in_flight, { p2: NOW + 100 });
   for (const [what, inFlight] of [['released', {}], ['expired', { p1: NOW }]] as const) {
     const gone = decideIngestRecord(session('UPLOADING', { in_flight: inFlight }), { id: 'p1', ...entry('products') }, NOW);
-    t.ok(!gone.ok && gone.error.code === 'INTERNAL', `a ${what} lease cannot be recorded`);
+    t.ok(!gone.ok && gone.error.code === 'STORAGE_UNAVAILABLE', `a ${what} lease cannot be recorded`);
   }
+});
+
+t.test('renew extends live leases only: an expired, released or revoked one stays ended', async (t) => {
+  const r = session('UPLOADING', { in_flight: { live: NOW + 100, other: NOW + 50, expired: NOW, dead: NOW - 1 } });
+  const d = decideIngestRenew(r, ['live', 'expired', 'gone'], NOW, 15_000);
+  if (!t.ok(d.ok) || !d.ok) return;
+  t.same(d.next.in_flight, { live: NOW + 15_000, other: NOW + 50 }, 'the live one renewed, another instance’s kept, expired ones pruned, none added');
+  const none = decideIngestRenew(r, ['expired', 'gone'], NOW, 15_000);
+  t.ok(none.ok && none.next === r, 'nothing live to renew: no write');
+  const started = decideIngestRenew(session('STARTED', { in_flight: {} }), ['live'], NOW, 15_000);
+  t.ok(started.ok && started.next.in_flight.live === undefined, 'start-upload ended it: not renewed');
+  // Renewed, then recorded: the record needs exactly that live lease.
+  const recorded = decideIngestRecord(d.next, { id: 'live', ...entry('products') }, NOW + 14_000);
+  t.ok(recorded.ok, 'a renewed lease is recorded after the first lease would have ended');
 });
 
 t.test('fold moves recorded packages into the totals, once; the sum never changes', async (t) => {

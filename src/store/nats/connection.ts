@@ -156,9 +156,11 @@ export function isWrongLastSequence(err: unknown): boolean {
 export const JS_NO_MESSAGE_FOUND = 10037;
 export const JS_NO_SUITABLE_PEERS = 10005;
 
+/** The JetStream API error code of `err`, or of the NATS error a `STORE_UNAVAILABLE` wraps (`unavailable`). */
 export function jsErrorCode(err: unknown): number | undefined {
   const api = (err as { api_error?: { err_code?: unknown } } | null)?.api_error;
-  return typeof api?.err_code === 'number' ? api.err_code : undefined;
+  if (typeof api?.err_code === 'number') return api.err_code;
+  return err instanceof StoreError && err.code === 'STORE_UNAVAILABLE' ? jsErrorCode(err.cause) : undefined;
 }
 
 /** No answer in time, nobody listening, or JetStream unavailable for a moment (a leader moving): worth another try. */
@@ -171,9 +173,40 @@ export function isTransient(err: unknown): boolean {
   return api?.code === 503 || api?.err_code === JS_NO_SUITABLE_PEERS;
 }
 
+/** "stream not found": the adapters make their streams at open, so one missing later was lost (deleted, or a server that came back empty). */
+export const JS_STREAM_NOT_FOUND = 10059;
+/**
+ * JetStream errors that say its storage cannot be used (nats-server errors.json): "JetStream
+ * store failed" (a write the disk refused), "insufficient storage resources", "resource limits
+ * exceeded" (the server's storage budget is full).
+ */
+const JS_STORAGE_FAILED = new Set([10077, 10047, 10023, 10049]);
+
+/**
+ * Whether `err` means that NATS cannot keep or give back our data for now: a transient failure
+ * that outlasted its retries, JetStream refusing for lack of storage, or one of our streams gone.
+ * The HTTP answer of such a failure is 503 `Storage temporarily unavailable` (errors.ts), so the
+ * adapters raise it as `STORE_UNAVAILABLE` (`unavailable`), never as a missing key or a 500.
+ */
+export function isUnavailable(err: unknown): boolean {
+  if (isTransient(err)) return true;
+  const code = jsErrorCode(err);
+  return code === JS_STREAM_NOT_FOUND || (code !== undefined && JS_STORAGE_FAILED.has(code));
+}
+
+/** `err` as the port reports it: `STORE_UNAVAILABLE` (with the NATS error as its cause) when `isUnavailable`, else unchanged. */
+export function unavailable(err: unknown): unknown {
+  if (err instanceof StoreError || !isUnavailable(err)) return err;
+  const code = jsErrorCode(err);
+  const what = code === JS_STREAM_NOT_FOUND ? 'a JetStream stream of the service is gone (deleted, or the server lost its data)' : 'NATS JetStream is unavailable';
+  return new StoreError('STORE_UNAVAILABLE', `${what}: ${(err as Error)?.message ?? String(err)}`, { cause: err });
+}
+
 /**
  * Runs `attempt` again on transient failures until `budgetMs` is spent; `attempt` gets the
  * time left, to use as its own request timeout. Only for operations that are safe to repeat.
+ * What still fails and means NATS cannot be used (`isUnavailable`) is thrown as
+ * `STORE_UNAVAILABLE`; anything else (a lost compare-and-set, no such message) as it came.
  */
 export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: (timeoutMs: number) => Promise<T>): Promise<T> {
   const deadline = Date.now() + budgetMs;
@@ -182,7 +215,7 @@ export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: 
       return await attempt(Math.max(1, Math.min(ctx.requestTimeoutMs, deadline - Date.now())));
     } catch (err) {
       const wait = Math.min(100 * 2 ** n, 1000);
-      if (!isTransient(err) || ctx.nc.isClosed() || Date.now() + wait >= deadline) throw err;
+      if (!isTransient(err) || ctx.nc.isClosed() || Date.now() + wait >= deadline) throw unavailable(err);
       await new Promise((resolve) => setTimeout(resolve, wait));
     }
   }

@@ -1,3 +1,4 @@
+import { performance } from 'node:perf_hooks';
 import {
   AckPolicy,
   DeliverPolicy,
@@ -12,12 +13,12 @@ import {
   type StreamConfig,
 } from 'nats';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
-import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
+import { JS_NO_MESSAGE_FOUND, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
 import { NAME, packageTail, QueueSubjects, token } from './subjects.js';
-import { sweepOrphans } from './sweeper.js';
+import { sweepAcknowledged, sweepOrphans } from './sweeper.js';
 import { enableAtomicPublish, GroupPublisher } from '../group-publisher.js';
 import { NatsWriter } from './writer.js';
 
@@ -48,8 +49,9 @@ const MAX_ACK_PENDING = 1000;
 const PULL_EXPIRES_MS = 10_000;
 /** Batches read ahead of the one the handler consumes: with the one in hand, 2 MiB of 512 KiB batches. */
 const READ_AHEAD = 3;
+/** How long `hasPending` reuses the consumer's ack floor it read. */
+const ACK_FLOOR_REUSE_MS = 1000;
 
-const JS_STREAM_NOT_FOUND = 10059;
 const JS_CONSUMER_NOT_FOUND = 10014;
 const JS_STREAM_NAME_IN_USE = 10058;
 
@@ -65,9 +67,9 @@ const JS_STREAM_NAME_IN_USE = 10058;
  * handler reads the batches by sequence (direct get, falling back to the leader). Success:
  * the commit is acked (which removes it), then the batches are deleted; a crash in between
  * leaves batches without a commit, which the sweep (sweeper.ts) removes. Failure: nak with a
- * growing delay. `pending(uuid)` counts the session's commit messages still in the stream
- * (the one in a handler included); `purge(uuid)` and `abort` delete the matching messages
- * with a filtered purge.
+ * growing delay. `pending(uuid)` counts the session's commit messages above the consumer's
+ * ack floor (the one in a handler included; one at or below it is acked, whatever the stream
+ * still holds); `purge(uuid)` and `abort` delete the matching messages with a filtered purge.
  *
  * Package ids must be unique (they are random UUIDs): the message ids dedupe on them.
  */
@@ -87,6 +89,8 @@ export class NatsBatchQueue implements BatchQueue {
   /** Commit messages of every package committed meanwhile go out together (group-publisher.ts). */
   #commits!: GroupPublisher;
   #sweeper: NodeJS.Timeout | undefined;
+  /** The consumer's ack floor as last read (`#ackFloor`). */
+  #floor: { at: number; seq: Promise<number> } | null = null;
   #closed = false;
 
   private constructor(ctx: NatsContext, opts: NatsBatchQueueOptions) {
@@ -173,18 +177,49 @@ export class NatsBatchQueue implements BatchQueue {
     return consumer;
   }
 
+  /** The session's commit messages above the consumer's ack floor, one lookup each (tests and tools; status asks `hasPending`). */
   async pending(uploadUuid: string): Promise<number> {
     this.#check();
-    const counts = await this.#messages.subjects(this.#subjects.sessionCommits(uploadUuid));
+    const filter = this.#subjects.sessionCommits(uploadUuid);
     let n = 0;
-    for (const count of counts.values()) n += count;
+    for (let sm = await this.#messages.get({ seq: (await this.#ackFloor()) + 1, next_by_subj: filter }); sm; sm = await this.#messages.get({ seq: sm.seq + 1, next_by_subj: filter })) n++;
     return n;
   }
 
-  /** The first of the session's commit messages still in the stream, if any: one lookup, where `pending` lists a subject per package. */
+  /**
+   * The first of the session's commit messages above the consumer's ack floor, if any: two
+   * lookups (the floor is shared by the calls of about a second). Not every commit message in
+   * the stream: one at or below the floor is acknowledged, whatever the stream still holds.
+   * A work queue removes a message when it is acked, but a server that lost power between the
+   * two keeps it (68 of them held three sessions' `upload_tasks_finished` false for good), and
+   * no consumer will ever deliver it again; the sweep removes them.
+   */
   async hasPending(uploadUuid: string): Promise<boolean> {
     this.#check();
-    return (await this.#messages.get({ seq: 1, next_by_subj: this.#subjects.sessionCommits(uploadUuid) })) !== null;
+    const first = (await this.#ackFloor()) + 1;
+    return (await this.#messages.get({ seq: first, next_by_subj: this.#subjects.sessionCommits(uploadUuid) })) !== null;
+  }
+
+  /**
+   * The stream sequence of the consumer's ack floor: every commit message at or below it is
+   * acknowledged. Read at most once every `ACK_FLOOR_REUSE_MS` and shared: the floor only
+   * moves up, so one a little old only counts a package acknowledged meanwhile as pending, which
+   * the stream has usually removed anyway. No consumer (deleted, not yet made again): 0, all pending.
+   */
+  #ackFloor(): Promise<number> {
+    const cached = this.#floor;
+    if (cached && performance.now() - cached.at < ACK_FLOOR_REUSE_MS) return cached.seq;
+    const at = performance.now();
+    const seq = withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.consumers.info(this.#stream, this.#durable)).then(
+      (info) => info.ack_floor.stream_seq,
+      (err: unknown) => {
+        if (this.#floor?.seq === seq) this.#floor = null;
+        if (jsErrorCode(err) === JS_CONSUMER_NOT_FOUND) return 0;
+        throw err;
+      },
+    );
+    this.#floor = { at, seq };
+    return seq;
   }
 
   /**
@@ -216,13 +251,17 @@ export class NatsBatchQueue implements BatchQueue {
   }
 
   /**
-   * Removes orphaned batches (sweeper.ts): packages with batches but no commit whose newest
-   * batch is older than `orphanAfterMs`. Returns how many packages it removed. Safe to run
-   * anywhere, any time.
+   * Removes what no consumer will take (sweeper.ts): packages acknowledged but still in the
+   * stream (their commit at or below the consumer's ack floor), then orphaned batches
+   * (packages with batches but no commit whose newest batch is older than `orphanAfterMs`).
+   * Returns how many packages it removed. Safe to run anywhere, any time.
    */
   async sweep(now = Date.now()): Promise<number> {
     this.#check();
-    return sweepOrphans(this.#messages, this.#subjects, this.#orphanAfterMs, now);
+    this.#floor = null;
+    const acked = await sweepAcknowledged(this.#messages, this.#subjects, await this.#ackFloor());
+    if (acked > 0) this.#onError(new StoreError('STORE_CORRUPT', `${acked} acknowledged packages were still in stream ${this.#stream}`), 'remove acknowledged packages left in the stream (a server that lost power after an ack)');
+    return acked + (await sweepOrphans(this.#messages, this.#subjects, this.#orphanAfterMs, now));
   }
 
   async close(): Promise<void> {

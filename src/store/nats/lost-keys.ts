@@ -1,0 +1,93 @@
+/**
+ * A session-store read that finds nothing, told apart from one whose data the server lost.
+ *
+ * nats-server answers a read of a message it cannot load from its disk as "no message found"
+ * (its message-get API reports every load error so), and a stream whose file store failed a
+ * write comes back without its messages while its per-subject index still counts them (seen
+ * with the store's disk detached under a running 2.15 server: `messages` 0, `first_seq` past
+ * `last_seq`, every key "not found"). A KV read then says "no such key", and the service would
+ * answer 400 `Upload session not initialized` or 404, or the uploader would drop a package of
+ * a session it could not find. So a read that finds nothing asks the stream once more (only
+ * then): a subject the stream still counts messages on but cannot give back, or a stream that
+ * holds no message at all although its sequence moved (the session bucket never purges: a
+ * delete writes a marker), means lost data: `STORE_UNAVAILABLE`, never "absent".
+ */
+import { StoreError, type SessionStore, type Versioned } from '../ports.js';
+import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from './connection.js';
+
+/** Port keys that are NATS subjects as they are (every key the service uses); see session-store.ts. */
+const SUBJECT_SAFE = /^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$/;
+
+/** The header of a KV delete or purge marker (nats.js KV). */
+const KV_OPERATION = 'KV-Operation';
+
+/** How long the check re-sends through transient failures, as one store operation does. */
+const RETRY_MS = 10_000;
+
+export class LostKeysGuard implements SessionStore {
+  readonly #inner: SessionStore;
+  readonly #ctx: NatsContext;
+  readonly #bucket: string;
+  readonly #stream: string;
+
+  constructor(inner: SessionStore, ctx: NatsContext, bucket: string) {
+    this.#inner = inner;
+    this.#ctx = ctx;
+    this.#bucket = bucket;
+    this.#stream = `KV_${bucket}`;
+  }
+
+  get capabilities() {
+    return this.#inner.capabilities;
+  }
+
+  async get<T>(key: string): Promise<Versioned<T> | null> {
+    const found = await this.#inner.get<T>(key);
+    if (found !== null) return found;
+    // Written meanwhile (the stream counts it now): read again; still nothing then, it is lost.
+    return (await this.#absent(key)) ? null : ((await this.#inner.get<T>(key)) ?? this.#lost(key));
+  }
+
+  create<T>(key: string, value: T): Promise<number> {
+    return this.#inner.create(key, value);
+  }
+
+  update<T>(key: string, value: T, revision: number): Promise<number> {
+    return this.#inner.update(key, value, revision);
+  }
+
+  delete(key: string, revision?: number): Promise<void> {
+    return this.#inner.delete(key, revision);
+  }
+
+  close(): Promise<void> {
+    return this.#inner.close();
+  }
+
+  /** True when the key holds nothing (never written, or its last message is a delete marker); false when it holds a message again; throws when its message is lost. */
+  async #absent(key: string): Promise<boolean> {
+    const subject = SUBJECT_SAFE.test(key) ? `$KV.${this.#bucket}.${key}` : null;
+    const info = await withRetry(this.#ctx, RETRY_MS, () =>
+      this.#ctx.jsm.streams.info(this.#stream, subject ? { subjects_filter: subject } : undefined),
+    );
+    if (info.state.messages === 0 && info.state.last_seq > 0) this.#lost(key);
+    if (!subject || (info.state.subjects?.[subject] ?? 0) === 0) return true;
+    // The stream counts a message on the key: a delete marker (absent), a value written since
+    // the first read (read again), or one it cannot load (lost).
+    try {
+      const last = await withRetry(this.#ctx, RETRY_MS, () => this.#ctx.jsm.streams.getMessage(this.#stream, { last_by_subj: subject }));
+      const op = last.header?.get(KV_OPERATION);
+      return op === 'DEL' || op === 'PURGE';
+    } catch (err) {
+      if (jsErrorCode(err) === JS_NO_MESSAGE_FOUND) this.#lost(key);
+      throw err;
+    }
+  }
+
+  #lost(key: string): never {
+    throw new StoreError(
+      'STORE_UNAVAILABLE',
+      `KV bucket ${this.#bucket}: the message of ${key} is counted but cannot be read back (the server's storage failed or lost it)`,
+    );
+  }
+}

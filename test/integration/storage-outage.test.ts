@@ -1,0 +1,110 @@
+/**
+ * NATS that does not answer (the server frozen with SIGSTOP: a hung disk, a paused VM) or
+ * whose streams are gone: every endpoint that needs its state answers 503 `Storage
+ * temporarily unavailable` with `Retry-After` (docs/api.md, Storage unavailable), never
+ * 400, 404 or 500, nothing of such a request is stored, and the gateway serves again by
+ * itself once NATS answers.
+ */
+import t, { type Test } from 'tap';
+import { request } from 'undici';
+import { API, call, clientOf, DEMO2, products, yesterday, type Answer } from '../support/harness.js';
+import { startNats } from '../../testbed/nats.js';
+import { distributed, spawnGateway } from '../../testbed/processes.js';
+import { startS3 } from '../../testbed/s3.js';
+
+const UNAVAILABLE = { detail: 'Storage temporarily unavailable' };
+
+function unavailable(t: Test, what: string, res: Answer): void {
+  t.same([res.status, res.body], [503, UNAVAILABLE], `${what}: 503 Storage temporarily unavailable`);
+  t.match(res.headers['retry-after'], /^[1-9]\d*$/, `${what}: with Retry-After`);
+}
+
+/** Until `probe` answers 200 (bounded: the gateway reconnects by itself). */
+async function until200(what: string, probe: () => Promise<Answer>, timeoutMs = 30_000): Promise<Answer> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const res = await probe();
+    if (res.status === 200) return res;
+    if (Date.now() > deadline) throw new Error(`${what} never answered 200: ${res.status} ${res.text}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+t.test('NATS frozen (SIGSTOP): 503 with Retry-After on every endpoint, then 200 again after SIGCONT without a restart', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  const base = distributed(nats.url, s3);
+  const gw = await spawnGateway(t, { ...base, nats: { ...base.nats, requestTimeoutMs: 1000 } });
+  const demo = clientOf(gw);
+  const other = clientOf(gw, DEMO2);
+  const uuid = (await demo.init()).body.upload_uuid as string;
+  t.equal((await demo.ingest(uuid, 'products', products(10))).status, 200);
+  const otherUuid = (await other.init()).body.upload_uuid as string;
+
+  nats.pause();
+  t.teardown(() => nats.resume());
+  const t0 = Date.now();
+  const [ingest, status, init, start, remove, ready] = await Promise.all([
+    demo.ingest(uuid, 'products', products(7, 100)),
+    demo.status(uuid),
+    call(gw.url, 'POST', `${API}/initialize-session`, { client: { id: 'demo-2', token: 'demo-2-token' } }),
+    demo.start(uuid, { date_from: '2024-01-01', date_to: yesterday() }),
+    other.remove(otherUuid),
+    call(gw.url, 'GET', '/readyz', { client: null }),
+  ]);
+  const tookMs = Date.now() - t0;
+  unavailable(t, 'ingest', ingest);
+  unavailable(t, 'status', status);
+  unavailable(t, 'initialize-session', init);
+  unavailable(t, 'start-upload', start);
+  unavailable(t, 'delete', remove);
+  t.equal(ready.status, 503, '/readyz 503 while NATS does not answer');
+  t.match(ready.body, { detail: 'Not ready', checks: { nats: /^(failed|timeout)$/ } }, '/readyz names the failing check');
+  t.ok(tookMs < 60_000, `answered within the request timeout (${tookMs} ms)`);
+  t.match(gw.output(), /"level":"error"[^\n]*"code":"STORE_UNAVAILABLE"[^\n]*"msg":"storage unavailable: answered 503"/, 'the cause is logged (once every 10 s at most)');
+
+  nats.resume();
+  await until200('status', () => demo.status(uuid));
+  t.equal((await until200('ingest', () => demo.ingest(uuid, 'products', products(5, 200)))).status, 200, 'ingest serves again');
+  t.equal((await until200('readyz', () => call(gw.url, 'GET', '/readyz', { client: null }))).status, 200, 'ready again');
+
+  // Nothing of the 503 ingest is stored: the Connector counts 10 + 5 rows.
+  const deadline = Date.now() + 30_000;
+  let started: Answer;
+  for (;;) {
+    started = await demo.start(uuid, { date_from: '2024-01-01', date_to: yesterday() });
+    if (started.status !== 409 || Date.now() > deadline) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  t.equal(started.status, 200, `start-upload: ${started.text}`);
+  t.same(started.body.entities, [{ name: 'products', rows: 15 }], 'the rows of the 200s, and none of the 503');
+});
+
+t.test('a stream lost under a running gateway: 503, never 400 or 404, and said loudly', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  const gw = await spawnGateway(t, distributed(nats.url, s3));
+  const demo = clientOf(gw);
+  const uuid = (await demo.init()).body.upload_uuid as string;
+  t.equal((await demo.ingest(uuid, 'products', products(3))).status, 200);
+
+  // What a NATS server that came back without its data, or an operator's mistake, leaves.
+  const { connect } = await import('nats');
+  const nc = await connect({ servers: nats.url });
+  t.teardown(() => nc.close());
+  const jsm = await nc.jetstreamManager();
+  await jsm.streams.delete('KV_ingest_sessions');
+
+  unavailable(t, 'status', await demo.status(uuid));
+  unavailable(t, 'ingest', await demo.ingest(uuid, 'products', products(3)));
+  unavailable(t, 'initialize-session', await call(gw.url, 'POST', `${API}/initialize-session`, { client: DEMO2 }));
+  const ready = await call(gw.url, 'GET', '/readyz', { client: null });
+  t.equal(ready.status, 503, '/readyz 503');
+  t.match(ready.body, { detail: 'Not ready', checks: { nats: 'failed' } }, '/readyz names the failing check');
+  t.match(gw.output(), /KV_ingest_sessions missing[^\n]*readiness check failing/, 'and the log the missing stream');
+
+  // A gateway started on that server makes the stream again, and says what was lost.
+  const again = await spawnGateway(t, distributed(nats.url, s3));
+  t.match(again.output(), /"level":"?(error|50)"?[^\n]*KV_ingest_sessions|KV_ingest_sessions[^\n]*"level":"?(error|50)"?/, 'logged as an error, naming the stream');
+  const res = await request(`${again.url}/readyz`);
+  await res.body.dump();
+  t.equal(res.statusCode, 200, 'the new gateway is ready');
+});
