@@ -4,9 +4,9 @@
  * at a time per stream; on nats-server 2.15 an atomic batch (ADR-50, 2.12+) is stored with
  * its syncs coalesced: about four per batch whatever its size, against one per message
  * (measured on 2.15.1: 20 batches of 2, 10 or 50 messages, 82 fsyncs each run; 200 single
- * publishes, 202). So the messages that wait while a round is in flight go out together in
- * the next round: as one atomic batch when there are at least `BATCH_MIN` of them, else as
- * single publishes. A message's promise resolves once the server acknowledged it.
+ * publishes, 202). So the messages that wait while `MAX_ROUNDS` rounds are in flight go out
+ * together in the next round: as one atomic batch when there are at least `BATCH_MIN` of
+ * them, else as single publishes. A message's promise resolves once the server acknowledged it.
  *
  * nats.js 2.x has no batch publish (its successor's `@nats-io/jetstream` does): the batch is
  * the ADR's headers on plain publishes, the last one a request whose reply is the batch's
@@ -22,6 +22,11 @@ import { publishOnce, withRetry, type NatsContext } from './connection.js';
 
 /** Fewer waiting messages than this go out one by one: a batch costs about four syncs. */
 export const BATCH_MIN = 5;
+/**
+ * Rounds in flight at once per stream. Messages wait only while all of them are out, so a
+ * light load goes out at once, message by message, and a heavy one in batches.
+ */
+const MAX_ROUNDS = 4;
 /** At most this many messages per batch (the server's limit is 1,000). */
 const BATCH_MAX_MESSAGES = 256;
 /** At most this many bytes of data per batch (the server stages a batch in memory). */
@@ -65,7 +70,8 @@ export class GroupPublisher {
   readonly #budgetMs: number;
   #atomic: boolean;
   #waiting: Waiting[] = [];
-  #running = false;
+  /** Rounds in flight. */
+  #rounds = 0;
   /** Rounds sent as one batch, and messages in them: what the tests and the bench read. */
   readonly stats = { batches: 0, batched: 0, single: 0 };
 
@@ -85,20 +91,20 @@ export class GroupPublisher {
   publish(msg: GroupMessage): Promise<number> {
     return new Promise((resolve, reject) => {
       this.#waiting.push({ ...msg, resolve, reject });
-      if (!this.#running) void this.#run();
+      this.#pump();
     });
   }
 
-  async #run(): Promise<void> {
-    this.#running = true;
-    try {
-      while (this.#waiting.length > 0) {
-        const round = this.#take();
-        if (this.#atomic && round.length >= BATCH_MIN) await this.#batch(round);
-        else await Promise.all(round.map((m) => this.#single(m)));
-      }
-    } finally {
-      this.#running = false;
+  /** Starts rounds while messages wait and fewer than `MAX_ROUNDS` are in flight. */
+  #pump(): void {
+    while (this.#waiting.length > 0 && this.#rounds < MAX_ROUNDS) {
+      const round = this.#take();
+      this.#rounds++;
+      const sent = this.#atomic && round.length >= BATCH_MIN ? this.#batch(round) : Promise.all(round.map((m) => this.#single(m)));
+      void sent.finally(() => {
+        this.#rounds--;
+        this.#pump();
+      });
     }
   }
 
