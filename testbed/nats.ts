@@ -29,6 +29,10 @@ export interface NatsServer {
   kill(): Promise<void>;
   /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
   restart(): Promise<void>;
+  /** SIGSTOP: the server holds its connections and answers nothing (a hung host). */
+  pause(): void;
+  /** SIGCONT after `pause`. */
+  resume(): void;
 }
 
 export interface NatsCluster {
@@ -40,11 +44,30 @@ export interface NatsCluster {
 const READY_TIMEOUT_MS = 20_000;
 /** The JetStream settings docker-compose.yml and every server of the tests share. */
 export const JETSTREAM_CONF = fileURLToPath(new URL('../../config/nats/jetstream.conf', import.meta.url));
+/**
+ * The cluster node docker-compose.yml runs, made per node by environment variables
+ * (`NATS_SERVER_NAME`, `NATS_STORE_DIR`, `NATS_CLUSTER_NAME`, `NATS_ROUTES`); it includes
+ * jetstream.conf. The network drills run it unchanged, one node per network namespace.
+ */
+export const CLUSTER_CONF = fileURLToPath(new URL('../../config/nats/cluster.conf', import.meta.url));
+/** The ports cluster.conf listens on (every address of its host). */
+export const CLUSTER_CONF_PORTS = { client: 4222, route: 6222, monitor: 8222 } as const;
+
+/** How a node is started: its config (written here, or a shipped file and its variables) and a command prefix. */
+interface Launch {
+  url: string;
+  configFile: string;
+  /** Written to `configFile` before each start; null: `configFile` is a shipped file, used as it is. */
+  configText: string | null;
+  env: Record<string, string>;
+  /** Runs the server inside something (`ip netns exec <ns>`); empty: directly. */
+  wrap: string[];
+}
 
 export async function startNats(t: Teardown, opts: { name?: string } = {}): Promise<NatsServer> {
   const [port] = await freePorts(1);
   const dir = await mkdtemp(join(tmpdir(), 'ingest-nats-'));
-  const node = new Node(t, opts.name ?? 'n1', port!, dir, null);
+  const node = new Node(t, opts.name ?? 'n1', dir, loopback(opts.name ?? 'n1', port!, dir, null));
   await node.start();
   await waitForJetStream([node.url]);
   return node;
@@ -57,7 +80,7 @@ export async function startNatsCluster(t: Teardown, size = 3): Promise<NatsClust
   for (let i = 0; i < size; i++) {
     const dir = await mkdtemp(join(tmpdir(), `ingest-nats-n${i + 1}-`));
     const cluster = { name: 'ingest-test', port: ports[size + i]!, routes: routes.filter((_, j) => j !== i) };
-    nodes.push(new Node(t, `n${i + 1}`, ports[i]!, dir, cluster));
+    nodes.push(new Node(t, `n${i + 1}`, dir, loopback(`n${i + 1}`, ports[i]!, dir, cluster)));
   }
   await Promise.all(nodes.map((n) => n.start()));
   // JetStream answers only once the cluster has elected its meta leader.
@@ -65,9 +88,65 @@ export async function startNatsCluster(t: Teardown, size = 3): Promise<NatsClust
   return { servers: nodes, urls: nodes.map((n) => n.url).join(',') };
 }
 
+/** A node of a cluster whose hosts are network namespaces (testbed/netns.ts). */
+export interface NetNode {
+  name: string;
+  /** The host's address the clients and the other nodes reach it on. */
+  address: string;
+  /** The command prefix that runs a program on the host (`ip netns exec <ns>`). */
+  wrap: string[];
+}
+
+/**
+ * A cluster of `nodes`, each running config/nats/cluster.conf as docker-compose.yml does
+ * (the same file, the same variables; routes to every node, its own included, as there).
+ * Resolves once JetStream answers on every node, asked from the test process.
+ */
+export async function startNatsNetCluster(t: Teardown, nodes: NetNode[], opts: { cluster?: string } = {}): Promise<NatsCluster> {
+  const routes = `[${nodes.map((n) => `nats://${n.address}:${CLUSTER_CONF_PORTS.route}`).join(', ')}]`;
+  const servers: Node[] = [];
+  for (const n of nodes) {
+    const dir = await mkdtemp(join(tmpdir(), `ingest-nats-${n.name}-`));
+    servers.push(
+      new Node(t, n.name, dir, {
+        url: `nats://${n.address}:${CLUSTER_CONF_PORTS.client}`,
+        configFile: CLUSTER_CONF,
+        configText: null,
+        env: { NATS_SERVER_NAME: n.name, NATS_STORE_DIR: dir, NATS_CLUSTER_NAME: opts.cluster ?? 'ingest', NATS_ROUTES: routes },
+        wrap: n.wrap,
+      }),
+    );
+  }
+  await Promise.all(servers.map((s) => s.start()));
+  await waitForJetStream(servers.map((s) => s.url));
+  return { servers, urls: servers.map((s) => s.url).join(',') };
+}
+
+function loopback(name: string, port: number, storeDir: string, cluster: { name: string; port: number; routes: string[] } | null): Launch {
+  const configFile = join(storeDir, 'server.conf');
+  const lines = [
+    `server_name: "${name}"`,
+    `listen: "127.0.0.1:${port}"`,
+    `jetstream {`,
+    `  store_dir: ${JSON.stringify(storeDir)}`,
+    // What every shipped configuration runs (sync_interval: always); nats-server resolves an include from the config's folder.
+    `  include ${JSON.stringify(relative(dirname(configFile), JETSTREAM_CONF))}`,
+    `}`,
+  ];
+  if (cluster) {
+    lines.push(
+      `cluster {`,
+      `  name: "${cluster.name}"`,
+      `  listen: "127.0.0.1:${cluster.port}"`,
+      `  routes: [${cluster.routes.map((r) => JSON.stringify(r)).join(', ')}]`,
+      `}`,
+    );
+  }
+  return { url: `nats://127.0.0.1:${port}`, configFile, configText: `${lines.join('\n')}\n`, env: {}, wrap: [] };
+}
+
 class Node implements NatsServer {
   readonly url: string;
-  readonly #config: string;
   #proc: ChildProcess | null = null;
   #exited: Promise<void> = Promise.resolve();
   #log: string[] = [];
@@ -75,12 +154,10 @@ class Node implements NatsServer {
   constructor(
     t: Teardown,
     readonly name: string,
-    readonly port: number,
     readonly storeDir: string,
-    readonly cluster: { name: string; port: number; routes: string[] } | null,
+    readonly launch: Launch,
   ) {
-    this.url = `nats://127.0.0.1:${port}`;
-    this.#config = join(storeDir, 'server.conf');
+    this.url = launch.url;
     // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
     t.teardown(async () => {
       await this.kill();
@@ -94,8 +171,10 @@ class Node implements NatsServer {
 
   async start(): Promise<void> {
     if (this.#proc) throw new Error(`nats-server ${this.name} is already running`);
-    await writeFile(this.#config, this.#configText());
-    const proc = spawn(natsServerBin(), ['-c', this.#config], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const { configFile, configText, env, wrap } = this.launch;
+    if (configText !== null) await writeFile(configFile, configText);
+    const [cmd, ...args] = [...wrap, natsServerBin(), '-c', configFile];
+    const proc = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
     this.#proc = proc;
     this.#log = [];
     let sawReady: () => void = () => {};
@@ -146,32 +225,18 @@ class Node implements NatsServer {
     await this.#exited;
   }
 
+  pause(): void {
+    this.#proc?.kill('SIGSTOP');
+  }
+
+  resume(): void {
+    this.#proc?.kill('SIGCONT');
+  }
+
   async restart(): Promise<void> {
     await this.stop();
     await this.start();
     await waitForJetStream([this.url]);
-  }
-
-  #configText(): string {
-    const lines = [
-      `server_name: "${this.name}"`,
-      `listen: "127.0.0.1:${this.port}"`,
-      `jetstream {`,
-      `  store_dir: ${JSON.stringify(this.storeDir)}`,
-      // What every shipped configuration runs (sync_interval: always); nats-server resolves an include from the config's folder.
-      `  include ${JSON.stringify(relative(dirname(this.#config), JETSTREAM_CONF))}`,
-      `}`,
-    ];
-    if (this.cluster) {
-      lines.push(
-        `cluster {`,
-        `  name: "${this.cluster.name}"`,
-        `  listen: "127.0.0.1:${this.cluster.port}"`,
-        `  routes: [${this.cluster.routes.map((r) => JSON.stringify(r)).join(', ')}]`,
-        `}`,
-      );
-    }
-    return `${lines.join('\n')}\n`;
   }
 }
 

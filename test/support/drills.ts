@@ -31,14 +31,14 @@ export interface DrillClient {
   token: string;
 }
 
-/** A clients file of `n` loopback clients `drill-<i>` (token `drill-token-<i>`). */
-export async function writeClients(dir: string, n: number): Promise<{ file: string; clients: DrillClient[] }> {
+/** A clients file of `n` clients `drill-<i>` (token `drill-token-<i>`), from loopback unless `allowedIps` says where else. */
+export async function writeClients(dir: string, n: number, allowedIps = ['127.0.0.0/8', '::1/128']): Promise<{ file: string; clients: DrillClient[] }> {
   const clients = Array.from({ length: n }, (_, i) => ({ id: `drill-${i}`, token: `drill-token-${i}` }));
   const file = join(dir, 'clients.json');
   await writeFile(
     file,
     JSON.stringify({
-      clients: clients.map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: ['127.0.0.0/8', '::1/128'], min_date: '2020-01-01' })),
+      clients: clients.map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: allowedIps, min_date: '2020-01-01' })),
     }),
   );
   return { file, clients };
@@ -131,12 +131,12 @@ export async function embeddedQueued(dataDir: string): Promise<Map<string, Set<s
   return out;
 }
 
-/** A reader of sessions on NATS KV (the buckets of the default configuration). */
-export async function natsRecords(t: Teardown, url: string): Promise<(uploadUuid: string) => Promise<RecordedSession | null>> {
+/** A reader of sessions on NATS KV (the buckets of the default configuration, with `replicas` as the gateways made them). */
+export async function natsRecords(t: Teardown, url: string, replicas = 1): Promise<(uploadUuid: string) => Promise<RecordedSession | null>> {
   const nats = await connectNats({ servers: url, name: 'drill-reader', requestTimeoutMs: 5000 });
   t.teardown(() => nats.close());
-  const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas: 1 });
-  const ledger = await NatsLedger.open(nats, { bucket: 'ingest_ledger', replicas: 1 });
+  const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas });
+  const ledger = await NatsLedger.open(nats, { bucket: 'ingest_ledger', replicas });
   return async (uuid) => {
     const stored = (await store.get<SessionRecord>(sessionKey(uuid)))?.value;
     if (!stored) return null;
