@@ -16,7 +16,7 @@
  *   past the gateway's request timeout;
  * - status answers 200 within 1 s on a gateway on the majority side;
  * - start-upload hands the Connector exactly the recorded rows, and the sessions reach DONE.
- * CI: one round of seven faults of 8 s each; DRILL_LONG=1: two rounds of 30 s faults.
+ * CI: one round of seven faults of 10 s each; DRILL_LONG=1: two rounds of 30 s faults, 30 s apart.
  * The figures go to docs/reliability.md ("Network faults on NATS").
  */
 import { writeFile } from 'node:fs/promises';
@@ -32,15 +32,19 @@ import { spawnGateway, spawnUploader, type GatewayProc } from '../../testbed/pro
 import { startS3Process } from '../../testbed/s3.js';
 import { natsRecords, openS3, packageOfRow, readObjects, since, size, until, writeClients, type RecordedSession } from '../support/drills.js';
 
-const FAULT_MS = size(8_000, 30_000);
-const SETTLE_MS = size(5_000, 15_000);
+const FAULT_MS = size(10_000, 30_000);
+const SETTLE_MS = size(5_000, 30_000);
 const ROUNDS = size(1, 2);
-const LANES = size(4, 8);
+const LANES = size(6, 8);
 const PACE_MS = size(200, 100);
 const ROWS = size(20, 100);
 const CLIENTS = 2;
-/** The gateways' own request timeout: a request still unanswered past it (plus a margin) is a hang. */
-const REQUEST_TIMEOUT_MS = 15_000;
+/**
+ * The gateways' own request timeout (600 s by default): a request still unanswered past it (plus
+ * a margin) is a hang. Above what a gateway spends on NATS before it gives up (5 s per request,
+ * retried for 10 s), so that its own answer, not its timeout, is what the drill sees.
+ */
+const REQUEST_TIMEOUT_MS = 30_000;
 const HANG_MS = REQUEST_TIMEOUT_MS + 5_000;
 const STATUS_WITHIN_MS = 1_000;
 const UNAVAILABLE = 'Storage temporarily unavailable';
@@ -67,27 +71,51 @@ interface Phase {
   target: string;
 }
 
-/** The server name of `stream`'s leader, asked of any node that answers. */
-async function leaderOf(cluster: NatsCluster, stream: string): Promise<string> {
+const STREAMS = { sessions: 'KV_ingest_sessions', ledger: 'KV_ingest_ledger', queue: 'INGEST' } as const;
+
+/** What each node leads: the sessions bucket, the ledger, the queue, the meta group (JetStream's own). */
+async function roles(cluster: NatsCluster): Promise<Map<string, string[]>> {
   return until(
-    `leader of ${stream}`,
+    'stream leaders',
     async () => {
+      const out = new Map<string, string[]>(cluster.servers.map((s) => [s.name, []]));
       const nc = await connect({ servers: cluster.urls.split(','), timeout: 2000, reconnect: false }).catch(() => null);
       if (!nc) return null;
       try {
-        const info = await (await nc.jetstreamManager({ timeout: 2000 })).streams.info(stream);
-        return info.cluster?.leader ?? null;
+        const jsm = await nc.jetstreamManager({ timeout: 2000 });
+        for (const [role, stream] of Object.entries(STREAMS)) {
+          const leader = (await jsm.streams.info(stream)).cluster?.leader;
+          if (!leader) return null;
+          out.get(leader)?.push(role);
+        }
       } catch {
         return null;
       } finally {
         await nc.close();
       }
+      for (const s of cluster.servers) {
+        const jsz = await fetch(`http://${new URL(s.url).hostname}:${CLUSTER_CONF_PORTS.monitor}/jsz`, { signal: AbortSignal.timeout(1000) })
+          .then((r) => r.json() as Promise<{ meta_cluster?: { leader?: string } }>)
+          .catch(() => null);
+        const meta = jsz?.meta_cluster?.leader;
+        if (meta) {
+          out.get(meta)?.push('meta');
+          break;
+        }
+      }
+      return out;
     },
-    (leader): leader is string => typeof leader === 'string' && leader !== '',
+    (m): m is Map<string, string[]> => m !== null,
     30_000,
     250,
-  ) as Promise<string>;
+  ) as Promise<Map<string, string[]>>;
 }
+
+const describe = (name: string, r: Map<string, string[]>): string => `${name} (leads ${r.get(name)?.join(', ') || 'nothing'})`;
+const leaderOfSessions = (r: Map<string, string[]>): string => [...r].find(([, roles]) => roles.includes('sessions'))![0];
+/** The node that leads the least (never the sessions bucket). */
+const follower = (r: Map<string, string[]>): string =>
+  [...r].filter(([, roles]) => !roles.includes('sessions')).sort((a, b) => a[1].length - b[1].length)[0]![0];
 
 /**
  * Which NATS node each client process is connected to (the nodes' `/connz`, by client
@@ -108,21 +136,27 @@ async function connections(net: Topology, cluster: NatsCluster): Promise<string>
 
 function faults(net: Topology, cluster: NatsCluster): Fault[] {
   const node = (name: string): NatsServer => cluster.servers.find((s) => s.name === name)!;
-  const other = (name: string): string => cluster.servers.find((s) => s.name !== name)!.name;
-  const sessionsLeader = () => leaderOf(cluster, 'KV_ingest_sessions');
   let target = '';
   let targets: string[] = [];
   return [
     {
       name: 'NATS leader (sessions bucket) cut off',
       minority: [],
-      apply: async () => (await net.cut((target = await sessionsLeader())), target),
+      apply: async () => {
+        const r = await roles(cluster);
+        await net.cut((target = leaderOfSessions(r)));
+        return describe(target, r);
+      },
       heal: () => net.heal(target),
     },
     {
       name: 'NATS follower cut off',
       minority: [],
-      apply: async () => (await net.cut((target = other(await sessionsLeader()))), target),
+      apply: async () => {
+        const r = await roles(cluster);
+        await net.cut((target = follower(r)));
+        return describe(target, r);
+      },
       heal: () => net.heal(target),
     },
     {
@@ -140,23 +174,31 @@ function faults(net: Topology, cluster: NatsCluster): Fault[] {
     {
       name: 'NATS leader paused (SIGSTOP), then SIGCONT',
       minority: [],
-      apply: async () => (node((target = await sessionsLeader())).pause(), target),
+      apply: async () => {
+        const r = await roles(cluster);
+        node((target = leaderOfSessions(r))).pause();
+        return describe(target, r);
+      },
       heal: async () => node(target).resume(),
     },
     {
       name: 'NATS leader killed (SIGKILL), then restarted',
       minority: [],
-      apply: async () => (await node((target = await sessionsLeader())).kill(), target),
+      apply: async () => {
+        const r = await roles(cluster);
+        await node((target = leaderOfSessions(r))).kill();
+        return describe(target, r);
+      },
       heal: () => node(target).restart(),
     },
     {
       name: 'two NATS nodes of three cut off (no quorum anywhere)',
       minority: [0, 1],
       apply: async () => {
-        const leader = await sessionsLeader();
-        targets = [leader, other(leader)];
+        const r = await roles(cluster);
+        targets = [leaderOfSessions(r), follower(r)];
         for (const n of targets) await net.cut(n);
-        return targets.join('+');
+        return targets.map((n) => describe(n, r)).join(' + ');
       },
       heal: async () => {
         for (const n of targets) await net.heal(n);
@@ -232,7 +274,7 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
     rows: ROWS,
     paceMs: PACE_MS,
     timeoutMs: HANG_MS,
-    statusEveryMs: 200,
+    statusEveryMs: 250,
   };
   load.stdin!.write(`${JSON.stringify(plan)}\n`);
   await until('first answers', async () => lines.filter((l) => l.t === 'i' && l.status === 200).length, (n) => n >= LANES, 30_000);
