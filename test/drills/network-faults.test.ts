@@ -286,8 +286,8 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   for (let round = 1; round <= ROUNDS; round++) {
     for (const f of faults(net, cluster)) {
       const connected = await connections(net, cluster);
-      const from = Date.now();
       const target = await f.apply();
+      const from = Date.now();
       await pause(FAULT_MS);
       const to = Date.now();
       await f.heal();
