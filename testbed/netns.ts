@@ -130,8 +130,8 @@ export async function cleanLeftovers(): Promise<string[]> {
     const dev = /^\d+:\s+([^:@\s]+)/.exec(line)?.[1] ?? '';
     const m = OWN.exec(dev);
     if (!m || alive(Number(m[1]))) continue;
-    await ip('link', 'del', dev).catch(() => undefined);
-    removed.push(dev);
+    // Usually gone already with its peer's namespace.
+    if (await ip('link', 'del', dev).then(() => true, () => false)) removed.push(dev);
   }
   return removed;
 }

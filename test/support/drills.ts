@@ -60,6 +60,8 @@ export interface StoredObject {
   header: ObjectHeader;
   /** First column of every row line, in order. */
   ids: string[];
+  /** Lines after the header that are not a row (a JSON array with a string id first), as they are: none in a whole package. */
+  malformed: string[];
 }
 
 export async function readObjects(store: ObjectStore, prefix = ''): Promise<StoredObject[]> {
@@ -69,7 +71,20 @@ export async function readObjects(store: ObjectStore, prefix = ''): Promise<Stor
     for await (const chunk of (await store.get(key))!) chunks.push(Buffer.from(chunk));
     const lines = Buffer.concat(chunks).toString('utf8').split('\n').filter((l) => l.trim() !== '');
     const header = JSON.parse(lines[0]!) as ObjectHeader;
-    out.push({ key, header, ids: lines.slice(1).map((l) => (JSON.parse(l) as string[])[0]!) });
+    const ids: string[] = [];
+    const malformed: string[] = [];
+    for (const line of lines.slice(1)) {
+      const row = (() => {
+        try {
+          return JSON.parse(line) as unknown;
+        } catch {
+          return null;
+        }
+      })();
+      if (Array.isArray(row) && typeof row[0] === 'string') ids.push(row[0]);
+      else malformed.push(line);
+    }
+    out.push({ key, header, ids, malformed });
   }
   return out;
 }
