@@ -32,7 +32,7 @@ export interface NatsServer {
   fsyncs(): Promise<number>;
   /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
   restart(): Promise<void>;
-  /** SIGSTOP: the server keeps its connections but answers nothing (a hung disk, a frozen VM). */
+  /** SIGSTOP: the server holds its connections and answers nothing (a hung disk, a frozen host). */
   pause(): void;
   /** SIGCONT after `pause`. */
   resume(): void;
@@ -47,6 +47,22 @@ export interface NatsCluster {
 const READY_TIMEOUT_MS = 20_000;
 /** The JetStream settings docker-compose.yml and every server of the tests share. */
 export const JETSTREAM_CONF = fileURLToPath(new URL('../../config/nats/jetstream.conf', import.meta.url));
+/**
+ * The cluster node docker-compose.yml runs, made per node by environment variables
+ * (`NATS_SERVER_NAME`, `NATS_STORE_DIR`, `NATS_CLUSTER_NAME`, `NATS_ROUTES`); it includes
+ * jetstream.conf. The network drills run it unchanged, one node per network namespace.
+ */
+export const CLUSTER_CONF = fileURLToPath(new URL('../../config/nats/cluster.conf', import.meta.url));
+/** The ports cluster.conf listens on (every address of its host). */
+export const CLUSTER_CONF_PORTS = { client: 4222, route: 6222, monitor: 8222 } as const;
+
+/** A node on a host of its own: the shipped cluster.conf with its variables, run under a command prefix. */
+interface NetLaunch {
+  url: string;
+  env: Record<string, string>;
+  /** Runs the server on the host (`ip netns exec <ns>`). */
+  wrap: string[];
+}
 
 export interface NatsOptions {
   name?: string;
@@ -94,6 +110,37 @@ export async function startNatsCluster(t: Teardown, size = 3): Promise<NatsClust
   return { servers: nodes, urls: nodes.map((n) => n.url).join(',') };
 }
 
+/** A node of a cluster whose hosts are network namespaces (testbed/netns.ts). */
+export interface NetNode {
+  name: string;
+  /** The host's address the clients and the other nodes reach it on. */
+  address: string;
+  /** The command prefix that runs a program on the host (`ip netns exec <ns>`). */
+  wrap: string[];
+}
+
+/**
+ * A cluster of `nodes`, each running config/nats/cluster.conf as docker-compose.yml does
+ * (the same file, the same variables; routes to every node, its own included, as there).
+ * Resolves once JetStream answers on every node, asked from the test process.
+ */
+export async function startNatsNetCluster(t: Teardown, nodes: NetNode[], opts: { cluster?: string } = {}): Promise<NatsCluster> {
+  const routes = `[${nodes.map((n) => `nats://${n.address}:${CLUSTER_CONF_PORTS.route}`).join(', ')}]`;
+  const servers: Node[] = [];
+  for (const n of nodes) {
+    const dir = await mkdtemp(join(tmpdir(), `ingest-nats-${n.name}-`));
+    const net: NetLaunch = {
+      url: `nats://${n.address}:${CLUSTER_CONF_PORTS.client}`,
+      env: { NATS_SERVER_NAME: n.name, NATS_STORE_DIR: dir, NATS_CLUSTER_NAME: opts.cluster ?? 'ingest', NATS_ROUTES: routes },
+      wrap: n.wrap,
+    };
+    servers.push(new Node(t, n.name, 0, dir, null, {}, net));
+  }
+  await Promise.all(servers.map((s) => s.start()));
+  await waitForJetStream(servers.map((s) => s.url));
+  return { servers, urls: servers.map((s) => s.url).join(',') };
+}
+
 class Node implements NatsServer {
   readonly url: string;
   readonly storeDir: string;
@@ -111,8 +158,10 @@ class Node implements NatsServer {
     dir: string,
     readonly cluster: { name: string; port: number; routes: string[] } | null,
     opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs'> = {},
+    /** On a host of its own: cluster.conf under a command prefix, instead of a config written here. */
+    readonly net: NetLaunch | null = null,
   ) {
-    this.url = `nats://127.0.0.1:${port}`;
+    this.url = net?.url ?? `nats://127.0.0.1:${port}`;
     // `dir` is the server's own: its configuration, and its store unless the caller gives one.
     this.#config = join(dir, 'server.conf');
     this.storeDir = opts.storeDir ?? dir;
@@ -139,11 +188,15 @@ class Node implements NatsServer {
 
   async start(): Promise<void> {
     if (this.#proc) throw new Error(`nats-server ${this.name} is already running`);
-    await writeFile(this.#config, this.#configText());
-    const [cmd, ...args] = this.#syncLog
-      ? ['strace', '-f', '-qq', '-y', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, natsServerBin(), '-c', this.#config]
-      : [natsServerBin(), '-c', this.#config];
-    const proc = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const config = this.net ? CLUSTER_CONF : this.#config;
+    if (!this.net) await writeFile(this.#config, this.#configText());
+    const server = [natsServerBin(), '-c', config];
+    const [cmd, ...args] = this.net
+      ? [...this.net.wrap, ...server]
+      : this.#syncLog
+        ? ['strace', '-f', '-qq', '-y', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, ...server]
+        : server;
+    const proc = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...this.net?.env } });
     this.#proc = proc;
     this.#log = [];
     let sawReady: () => void = () => {};

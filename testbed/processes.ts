@@ -49,11 +49,14 @@ async function launch(
   ready: RegExp,
   env: Record<string, string> = {},
   nodeArgs: string[] = [],
+  wrap: string[] = [],
 ): Promise<{ proc: Proc; match: RegExpMatchArray }> {
   const dir = await tempDir(t, 'ingest-proc-');
   const configFile = join(dir, 'config.json');
   await writeFile(configFile, JSON.stringify({ port: 0, dataDir: join(dir, 'data'), ...edgeConfig(), ...config }));
-  const child = spawn(process.execPath, [...nodeArgs, script], {
+  // `wrap` runs the process inside something (`ip netns exec <ns>`, which execs it: the child is the process).
+  const [cmd, ...args] = [...wrap, process.execPath, ...nodeArgs, script];
+  const child = spawn(cmd!, args, {
     env: { PATH: process.env.PATH, CONFIG_FILE: configFile, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -101,13 +104,22 @@ async function launch(
   return { proc, match };
 }
 
-/** `env`: more environment variables of the process (e.g. the allocator's, as the image sets them); `nodeArgs`: Node's own flags (e.g. `--cpu-prof`). */
-export async function spawnGateway(t: Teardown, config: DeepPartial<Config>, env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<GatewayProc> {
-  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/, env, nodeArgs);
+/**
+ * `env`: more environment variables of the process (e.g. the allocator's, as the image sets them); `nodeArgs`: Node's own flags (e.g. `--cpu-prof`);
+ * `wrap`: a command prefix that runs it on another host (`ip netns exec <ns>`, testbed/netns.ts).
+ */
+export async function spawnGateway(
+  t: Teardown,
+  config: DeepPartial<Config>,
+  env: Record<string, string> = {},
+  nodeArgs: string[] = [],
+  wrap: string[] = [],
+): Promise<GatewayProc> {
+  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/, env, nodeArgs, wrap);
   return Object.assign(proc, { url: match[1]! });
 }
 
-export async function spawnUploader(t: Teardown, config: DeepPartial<Config>): Promise<Proc> {
-  const { proc } = await launch(t, UPLOADER, config, /uploader ready/);
+export async function spawnUploader(t: Teardown, config: DeepPartial<Config>, wrap: string[] = []): Promise<Proc> {
+  const { proc } = await launch(t, UPLOADER, config, /uploader ready/, {}, [], wrap);
   return proc;
 }

@@ -14,7 +14,7 @@
  *   before `a/b`), which breaks paging. It is served from s3rver's store in S3's key order,
  *   with the last key as token.
  */
-import { fork, type ChildProcess } from 'node:child_process';
+import { fork, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtemp, readFile, readdir, rm, stat } from 'node:fs/promises';
 import type { Server } from 'node:http';
@@ -117,9 +117,10 @@ async function runS3rver(
   port: number,
   bucket: string,
   recording?: Recorder,
+  address = '127.0.0.1',
 ): Promise<{ server: S3rverInstance; port: number }> {
   const server = new S3rver({
-    address: '127.0.0.1',
+    address,
     port,
     directory: dir,
     silent: true,
@@ -129,8 +130,8 @@ async function runS3rver(
   // Koa composes its middleware list when the server starts: these run before s3rver's own.
   server.middleware.unshift(shim(dir));
   if (recording) server.middleware.unshift(recorder(recording));
-  const address = await server.run();
-  return { server, port: address.port };
+  const listening = await server.run();
+  return { server, port: listening.port };
 }
 
 /** s3rver in this process; stopped (and its dir removed) at the test's teardown. */
@@ -168,8 +169,14 @@ export async function startS3(t: Teardown, opts: { bucket?: string } = {}): Prom
   return { endpoint: `http://127.0.0.1:${port}`, bucket, ...CREDENTIALS, dir, requests: recording.requests, seen, refuse, stop };
 }
 
-/** s3rver in a child process, so that a test can take object storage away and bring it back. */
-export async function startS3Process(t: Teardown, opts: { bucket?: string } = {}): Promise<S3Process> {
+/**
+ * s3rver in a child process, so that a test can take object storage away and bring it back.
+ * `host`: the address it listens on (default 127.0.0.1); `wrap`: a command prefix that runs it
+ * on another host (`ip netns exec <ns>`, testbed/netns.ts).
+ */
+export async function startS3Process(t: Teardown, opts: { bucket?: string; host?: string; wrap?: string[] } = {}): Promise<S3Process> {
+  const host = opts.host ?? '127.0.0.1';
+  const wrap = opts.wrap ?? [];
   const bucket = opts.bucket ?? DEFAULT_BUCKET;
   const dir = await mkdtemp(join(tmpdir(), 's3rver-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
@@ -178,10 +185,11 @@ export async function startS3Process(t: Teardown, opts: { bucket?: string } = {}
 
   const alive = (c: ChildProcess | undefined): c is ChildProcess => !!c && c.exitCode === null && c.signalCode === null;
   const start = async (): Promise<void> => {
-    const c = fork(fileURLToPath(import.meta.url), [CHILD_FLAG, dir, String(port), bucket], {
-      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
-      execArgv: [],
-    });
+    const childArgs = [fileURLToPath(import.meta.url), CHILD_FLAG, dir, String(port), bucket, host];
+    // The IPC channel is an inherited descriptor and an environment variable, both kept across `ip netns exec`.
+    const c = wrap.length
+      ? spawn(wrap[0]!, [...wrap.slice(1), process.execPath, ...childArgs], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'] })
+      : fork(childArgs[0]!, childArgs.slice(1), { stdio: ['ignore', 'ignore', 'inherit', 'ipc'], execArgv: [] });
     child = c;
     const ready = new Promise<number>((resolve, reject) => {
       c.once('message', (m: { port?: number }) => (typeof m?.port === 'number' ? resolve(m.port) : reject(new Error('bad ready message'))));
@@ -201,7 +209,7 @@ export async function startS3Process(t: Teardown, opts: { bucket?: string } = {}
   await start();
   t.teardown(kill);
   const handle: S3Process = {
-    endpoint: `http://127.0.0.1:${port}`,
+    endpoint: `http://${host}:${port}`,
     bucket,
     ...CREDENTIALS,
     dir,
@@ -364,11 +372,11 @@ async function exists(path: string): Promise<boolean> {
   );
 }
 
-// Child-process entry: `node s3.js --s3rver-child <dir> <port> <bucket>`, used by startS3Process.
+// Child-process entry: `node s3.js --s3rver-child <dir> <port> <bucket> [address]`, used by startS3Process.
 const CHILD_FLAG = '--s3rver-child';
 if (process.argv[2] === CHILD_FLAG && process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const [dir = '', port = '0', bucket = DEFAULT_BUCKET] = process.argv.slice(3);
-  const started = await runS3rver(dir, Number(port), bucket);
+  const [dir = '', port = '0', bucket = DEFAULT_BUCKET, address = '127.0.0.1'] = process.argv.slice(3);
+  const started = await runS3rver(dir, Number(port), bucket, undefined, address);
   // The parent is the only client that matters: go when it does.
   process.on('disconnect', () => process.exit(0));
   process.send?.({ port: started.port });

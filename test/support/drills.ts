@@ -31,14 +31,14 @@ export interface DrillClient {
   token: string;
 }
 
-/** A clients file of `n` loopback clients `drill-<i>` (token `drill-token-<i>`). */
-export async function writeClients(dir: string, n: number): Promise<{ file: string; clients: DrillClient[] }> {
+/** A clients file of `n` clients `drill-<i>` (token `drill-token-<i>`), from loopback unless `allowedIps` says where else. */
+export async function writeClients(dir: string, n: number, allowedIps = ['127.0.0.0/8', '::1/128']): Promise<{ file: string; clients: DrillClient[] }> {
   const clients = Array.from({ length: n }, (_, i) => ({ id: `drill-${i}`, token: `drill-token-${i}` }));
   const file = join(dir, 'clients.json');
   await writeFile(
     file,
     JSON.stringify({
-      clients: clients.map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: ['127.0.0.0/8', '::1/128'], min_date: '2020-01-01' })),
+      clients: clients.map((c) => ({ client_id: c.id, token_sha256: hashToken(c.token), allowed_ips: allowedIps, min_date: '2020-01-01' })),
     }),
   );
   return { file, clients };
@@ -60,6 +60,8 @@ export interface StoredObject {
   header: ObjectHeader;
   /** First column of every row line, in order. */
   ids: string[];
+  /** Lines after the header that are not a row (a JSON array with a string id first), as they are: none in a whole package. */
+  malformed: string[];
 }
 
 export async function readObjects(store: ObjectStore, prefix = ''): Promise<StoredObject[]> {
@@ -69,7 +71,20 @@ export async function readObjects(store: ObjectStore, prefix = ''): Promise<Stor
     for await (const chunk of (await store.get(key))!) chunks.push(Buffer.from(chunk));
     const lines = Buffer.concat(chunks).toString('utf8').split('\n').filter((l) => l.trim() !== '');
     const header = JSON.parse(lines[0]!) as ObjectHeader;
-    out.push({ key, header, ids: lines.slice(1).map((l) => (JSON.parse(l) as string[])[0]!) });
+    const ids: string[] = [];
+    const malformed: string[] = [];
+    for (const line of lines.slice(1)) {
+      const row = (() => {
+        try {
+          return JSON.parse(line) as unknown;
+        } catch {
+          return null;
+        }
+      })();
+      if (Array.isArray(row) && typeof row[0] === 'string') ids.push(row[0]);
+      else malformed.push(line);
+    }
+    out.push({ key, header, ids, malformed });
   }
   return out;
 }
@@ -131,12 +146,12 @@ export async function embeddedQueued(dataDir: string): Promise<Map<string, Set<s
   return out;
 }
 
-/** A reader of sessions on NATS KV (the buckets of the default configuration). */
-export async function natsRecords(t: Teardown, url: string): Promise<(uploadUuid: string) => Promise<RecordedSession | null>> {
+/** A reader of sessions on NATS KV (the buckets of the default configuration, with `replicas` as the gateways made them). */
+export async function natsRecords(t: Teardown, url: string, replicas = 1): Promise<(uploadUuid: string) => Promise<RecordedSession | null>> {
   const nats = await connectNats({ servers: url, name: 'drill-reader', requestTimeoutMs: 5000 });
   t.teardown(() => nats.close());
-  const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas: 1 });
-  const ledger = await NatsLedger.open(nats, { bucket: 'ingest_ledger', replicas: 1 });
+  const store = await NatsSessionStore.open(nats, { bucket: 'ingest_sessions', replicas });
+  const ledger = await NatsLedger.open(nats, { bucket: 'ingest_ledger', replicas });
   return async (uuid) => {
     const stored = (await store.get<SessionRecord>(sessionKey(uuid)))?.value;
     if (!stored) return null;

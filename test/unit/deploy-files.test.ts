@@ -24,6 +24,7 @@ interface Service {
   environment?: Record<string, string | number | boolean>;
   healthcheck?: { test: string[] };
   depends_on?: Record<string, unknown>;
+  volumes?: string[];
 }
 
 t.test('docker-compose.yml: a 3-node NATS cluster, an S3 server, two gateways, one uploader', async (t) => {
@@ -33,15 +34,17 @@ t.test('docker-compose.yml: a 3-node NATS cluster, an S3 server, two gateways, o
   const { services } = compose;
   t.same(Object.keys(services).sort(), ['gateway-1', 'gateway-2', 'minio', 'nats-1', 'nats-2', 'nats-3', 'uploader']);
 
-  const routes = 'nats://nats-1:6222,nats://nats-2:6222,nats://nats-3:6222';
+  // Each node runs config/nats/cluster.conf, the file the network drill runs (test/integration/nats-cluster-config.test.ts checks it parses).
+  const routes = '[nats://nats-1:6222, nats://nats-2:6222, nats://nats-3:6222]';
   for (const name of ['nats-1', 'nats-2', 'nats-3']) {
     const s = services[name]!;
-    t.match(s.image, /^nats:2\.10/, `${name}: nats 2.10`);
-    const cmd = s.command ?? [];
-    t.ok(cmd.includes('--jetstream'), `${name}: JetStream`);
-    t.equal(cmd[cmd.indexOf('--server_name') + 1], name);
-    t.equal(cmd[cmd.indexOf('--cluster_name') + 1], 'ingest');
-    t.equal(cmd[cmd.indexOf('--routes') + 1], routes, `${name}: routes to the whole cluster`);
+    t.match(s.image, /^nats:2\.1[0-9]-alpine$/, `${name}: nats 2.10 or later`);
+    t.same(s.command, ['-c', '/etc/nats/ingest/cluster.conf'], `${name}: the shared cluster.conf`);
+    t.ok(s.volumes?.includes('./config/nats:/etc/nats/ingest:ro'), `${name}: config/nats mounted`);
+    t.equal(s.environment?.NATS_SERVER_NAME, name);
+    t.equal(s.environment?.NATS_CLUSTER_NAME, 'ingest');
+    t.equal(s.environment?.NATS_STORE_DIR, '/data');
+    t.equal(s.environment?.NATS_ROUTES, routes, `${name}: routes to the whole cluster`);
     t.ok(s.healthcheck, `${name}: healthcheck`);
   }
   t.match(services.minio!.image, /^minio\/minio/);
