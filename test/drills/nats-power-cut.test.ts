@@ -27,7 +27,7 @@ import { mountFaultFs, type FaultFs } from '../../testbed/faultfs.js';
 import { startNats, type NatsServer } from '../../testbed/nats.js';
 import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
-import { drillPackage, natsRecords, openS3, packageOfRow, type RecordedSession, since, size, writeClients, type DrillClient } from '../support/drills.js';
+import { checkStored, drillPackage, natsRecords, openS3, type Outcome, type RecordedSession, since, size, writeClients, type DrillClient } from '../support/drills.js';
 
 const CLIENTS = 4;
 /** Concurrent senders, spread over the clients' sessions. */
@@ -46,7 +46,6 @@ const random = ((a: number) => () => {
   return ((r ^ (r >>> 14)) >>> 0) / 2 ** 32;
 })(SEED);
 
-type Outcome = number | 'no-answer';
 
 interface Session {
   client: DrillClient;
@@ -245,50 +244,11 @@ t.test('sync_interval always: every 200 stored exactly once across power cuts of
   const damaged = objects.filter((o) => o.damaged !== null);
   for (const o of damaged) t.comment(`damaged object ${o.key}: ${o.damaged}; kept at ${o.keptAt}`);
   t.equal(damaged.length, 0, 'every object reads as a header and rows of the drill');
-  const storedPackages = new Map<string, number>();
-  const rowSeen = new Map<string, number>();
-  let notWhole = 0;
-  let unrecorded = 0;
-  for (const o of objects) {
-    const pkgs = new Set(o.ids.map(packageOfRow));
-    if (pkgs.size !== 1 || o.ids.length !== ROWS || o.header.rows !== ROWS) notWhole++;
-    for (const p of pkgs) storedPackages.set(p, (storedPackages.get(p) ?? 0) + 1);
-    for (const id of o.ids) rowSeen.set(id, (rowSeen.get(id) ?? 0) + 1);
-    if (!records.get(o.header.upload_uuid)?.packages.some((p) => p.id === o.header.package_id)) unrecorded++;
-  }
-  const recordedTotal = [...records.values()].reduce((n, r) => n + r.packages.length, 0);
-
-  let acceptedMissing = 0;
-  let acceptedTwice = 0;
-  let rejectedStored = 0;
-  let cutStored = 0;
-  let cutNotStored = 0;
-  const statuses = new Map<Outcome, number>();
-  for (const [pkg, outcome] of outcomes) {
-    statuses.set(outcome, (statuses.get(outcome) ?? 0) + 1);
-    const stored = storedPackages.get(pkg) ?? 0;
-    if (outcome === 200) {
-      if (stored === 0) acceptedMissing++;
-      if (stored > 1) acceptedTwice++;
-    } else if (outcome === 'no-answer') {
-      if (stored > 0) cutStored++;
-      else cutNotStored++;
-    } else if (stored > 0) {
-      rejectedStored++;
-    }
-  }
+  const { statuses, acceptedMissing, cutStored, cutNotStored } = checkStored(t, objects, records, outcomes, ROWS);
   t.comment(
     `always: ${CYCLES} cuts, answers ${JSON.stringify([...statuses])}; lost (200 not stored): ${acceptedMissing}; ` +
       `cut off and stored (recorded before the cut): ${cutStored}, cut off and not stored: ${cutNotStored}`,
   );
-  t.equal(acceptedMissing, 0, 'every package that got 200 is stored');
-  t.equal(acceptedTwice, 0, '... exactly once');
-  t.equal(rejectedStored, 0, 'no package that got an error status is stored');
-  t.equal(notWhole, 0, 'every object holds one whole package');
-  t.ok([...rowSeen.values()].every((n) => n === 1), 'no row is stored twice');
-  t.equal(unrecorded, 0, 'nothing is stored that its session does not record');
-  t.equal(objects.length, recordedTotal, 'every recorded package is stored');
-  t.ok([...storedPackages.keys()].every((p) => outcomes.has(p)), 'every stored package was sent');
 });
 
 t.test('control: nats-server\'s default sync_interval loses acknowledged data in the same cut', async (t) => {

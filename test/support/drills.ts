@@ -174,3 +174,62 @@ export async function until<T>(what: string, probe: () => Promise<T>, cond: (v: 
 
 /** Milliseconds since `t0`, rounded, for the measurements the drills print. */
 export const since = (t0: number): number => Math.round(performance.now() - t0);
+
+/** A request's fate as a drill saw it: its HTTP status, or no answer (cut off by a kill). */
+export type Outcome = number | 'no-answer';
+
+/**
+ * Holds what was stored against what was answered and recorded (the checker of the kill and
+ * power-cut drills): each package answered 200 stored exactly once, nothing answered
+ * otherwise stored, a cut-off one stored only if its session recorded it (counted, not
+ * failed), every object one whole package of `rows` rows, no row twice, nothing stored that
+ * its session does not record, every recorded package stored, every stored one sent.
+ */
+export function checkStored(
+  t: { equal(a: unknown, b: unknown, msg: string): void; ok(v: unknown, msg: string): void },
+  objects: readonly { header: { upload_uuid: string; package_id: string; rows: number }; ids: string[] }[],
+  records: ReadonlyMap<string, RecordedSession | null>,
+  outcomes: ReadonlyMap<string, Outcome>,
+  rows: number,
+): { statuses: Map<Outcome, number>; acceptedMissing: number; cutStored: number; cutNotStored: number } {
+  const storedPackages = new Map<string, number>();
+  const rowSeen = new Map<string, number>();
+  let notWhole = 0;
+  let unrecorded = 0;
+  for (const o of objects) {
+    const pkgs = new Set(o.ids.map(packageOfRow));
+    if (pkgs.size !== 1 || o.ids.length !== rows || o.header.rows !== rows) notWhole++;
+    for (const p of pkgs) storedPackages.set(p, (storedPackages.get(p) ?? 0) + 1);
+    for (const id of o.ids) rowSeen.set(id, (rowSeen.get(id) ?? 0) + 1);
+    if (!records.get(o.header.upload_uuid)?.packages.some((p) => p.id === o.header.package_id)) unrecorded++;
+  }
+  const recordedTotal = [...records.values()].reduce((n, r) => n + (r?.packages.length ?? 0), 0);
+  let acceptedMissing = 0;
+  let acceptedTwice = 0;
+  let rejectedStored = 0;
+  let cutStored = 0;
+  let cutNotStored = 0;
+  const statuses = new Map<Outcome, number>();
+  for (const [pkg, outcome] of outcomes) {
+    statuses.set(outcome, (statuses.get(outcome) ?? 0) + 1);
+    const stored = storedPackages.get(pkg) ?? 0;
+    if (outcome === 200) {
+      if (stored === 0) acceptedMissing++;
+      if (stored > 1) acceptedTwice++;
+    } else if (outcome === 'no-answer') {
+      if (stored > 0) cutStored++;
+      else cutNotStored++;
+    } else if (stored > 0) {
+      rejectedStored++;
+    }
+  }
+  t.equal(acceptedMissing, 0, 'every package that got 200 is stored');
+  t.equal(acceptedTwice, 0, '... exactly once');
+  t.equal(rejectedStored, 0, 'no package that got an error status is stored');
+  t.equal(notWhole, 0, 'every object holds one whole package');
+  t.ok([...rowSeen.values()].every((n) => n === 1), 'no row is stored twice');
+  t.equal(unrecorded, 0, 'nothing is stored that its session does not record');
+  t.equal(objects.length, recordedTotal, 'every recorded package is stored');
+  t.ok([...storedPackages.keys()].every((p) => outcomes.has(p)), 'every stored package was sent');
+  return { statuses, acceptedMissing, cutStored, cutNotStored };
+}
