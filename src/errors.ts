@@ -19,7 +19,7 @@ export interface RowFault {
   message: string;
 }
 
-/** One entry of a row-level 422's `errors` (DECISIONS.md "Every row error at once"); `row` is 0-based, of the whole `data` array. */
+/** One entry of a row-level 422's `errors` (docs/api.md, "API decisions"); `row` is 0-based, of the whole `data` array. */
 export interface RowError extends RowFault {
   row: number;
 }

@@ -14,7 +14,7 @@
  * - The region is first copied into `out` (one native copy); the scan reads `out`, and
  *   a valid row's line is the row's own bytes there: whitespace outside strings is dropped
  *   (moved down in place) and the comma after the row becomes `\n`. Escapes and number
- *   forms stay as the client wrote them (`1e3` stays `1e3`: DECISIONS.md allows it). The
+ *   forms stay as the client wrote them (`1e3` stays `1e3`: docs/api.md, "API decisions"). The
  *   piece's own bytes are never written: a declined piece, or one that turns out to lie
  *   after `data`'s end, is read again as it came.
  * - UTF-8 is validated natively for the whole piece before (the caller's `isUtf8`); here

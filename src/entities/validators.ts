@@ -117,7 +117,7 @@ const isJsonSpace = (b: number) => b === 0x20 || b === 0x0a || b === 0x0d || b =
 // `schema` is what `typia.json.schemas` says of them: the byte-level row scanner
 // (`workers/row-scanner.ts`) is generated from that output (see `CELL_RULES`).
 type Finite = tags.TagBase<{ target: 'number'; kind: 'finite'; value: undefined; validate: 'Number.isFinite($input)'; exclusive: false; schema: { 'x-finite': true } }>;
-/** DECISIONS.md: an `integer` is a whole number within ±(2^53 − 1); `9007199254740993` is refused, not rounded. */
+/** docs/api.md, "API decisions": an `integer` is a whole number within ±(2^53 − 1); `9007199254740993` is refused, not rounded. */
 type SafeInteger = tags.TagBase<{
   target: 'number';
   kind: 'safeInteger';

@@ -1,5 +1,5 @@
 /**
- * The route table: a request path is matched as sent (DECISIONS.md "Limits and versioning"):
+ * The route table: a request path is matched as sent (docs/api.md, "Limits"):
  * an empty segment (`//api/v1/…`, `/api//v1/…`) or a trailing slash matches nothing (404).
  * Parameters are percent-decoded; literal segments are compared as sent.
  */

@@ -93,7 +93,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       answerNow(problem, true);
       return;
     }
-    // Check 1 of DECISIONS.md, answered before any body byte is read: body too large by
+    // Check 1 of docs/api.md "Check order", answered before any body byte is read: body too large by
     // Content-Length, then the per-client limits. An unread body closes the connection.
     const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
     if (checked.contentLength !== null && checked.contentLength > limit) {

@@ -389,7 +389,7 @@ t.test(`drill 7: ${TOTAL} malformed requests over every endpoint`, async (t) => 
       return;
     }
     if ('errors' in o || 'error_count' in o) {
-      // Refused rows (DECISIONS.md "Every row error at once"): detail is the first, errors the first 100, error_count all.
+      // Refused rows (docs/api.md, "API decisions"): detail is the first, errors the first 100, error_count all.
       const list = o.errors as { row?: unknown; column?: unknown; message?: unknown }[];
       const shaped =
         res.status === 422 &&

@@ -110,7 +110,7 @@ t.test('client isolation: every endpoint answers another client as if the sessio
   });
 });
 
-/** The 422 of one refused row, from its `detail` (the body also lists it in `errors`, DECISIONS.md). */
+/** The 422 of one refused row, from its `detail` (the body also lists it in `errors`, docs/api.md). */
 function refusedRow(detail: string): unknown {
   const [, row, column, message] = /^Invalid data types in payload: row (\d+)(?:, column "([^"]+)")?: (.*)$/s.exec(detail)!;
   return { detail, errors: [{ row: Number(row), column: column ?? null, message }], error_count: 1 };

@@ -14,9 +14,7 @@
  */
 import { StoreError, type SessionStore, type Versioned } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from './connection.js';
-
-/** Port keys that are NATS subjects as they are (every key the service uses); see session-store.ts. */
-const SUBJECT_SAFE = /^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$/;
+import { kvKey } from './session-store.js';
 
 /** The header of a KV delete or purge marker (nats.js KV). */
 const KV_OPERATION = 'KV-Operation';
@@ -66,12 +64,10 @@ export class LostKeysGuard implements SessionStore {
 
   /** True when the key holds nothing (never written, or its last message is a delete marker); false when it holds a message again; throws when its message is lost. */
   async #absent(key: string): Promise<boolean> {
-    const subject = SUBJECT_SAFE.test(key) ? `$KV.${this.#bucket}.${key}` : null;
-    const info = await withRetry(this.#ctx, RETRY_MS, () =>
-      this.#ctx.jsm.streams.info(this.#stream, subject ? { subjects_filter: subject } : undefined),
-    );
+    const subject = `$KV.${this.#bucket}.${kvKey(key)}`;
+    const info = await withRetry(this.#ctx, RETRY_MS, () => this.#ctx.jsm.streams.info(this.#stream, { subjects_filter: subject }));
     if (info.state.messages === 0 && info.state.last_seq > 0) this.#lost(key);
-    if (!subject || (info.state.subjects?.[subject] ?? 0) === 0) return true;
+    if ((info.state.subjects?.[subject] ?? 0) === 0) return true;
     // The stream counts a message on the key: a delete marker (absent), a value written since
     // the first read (read again), or one it cannot load (lost).
     try {

@@ -143,16 +143,20 @@ export class NatsSessionStore implements SessionStore {
     return `$KV.${this.#bucket}.${this.#token(key)}`;
   }
 
-  /** The KV key of a port key. */
   #token(key: string): string {
-    checkKey(key);
-    // `/` is a NATS key character the port never uses, so encoded keys cannot meet plain ones.
-    return SUBJECT_SAFE.test(key) ? key : `/${Buffer.from(key, 'utf8').toString('hex')}`;
+    return kvKey(key);
   }
 
   #check(): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
   }
+}
+
+/** The KV key (subject token) of a port key. */
+export function kvKey(key: string): string {
+  checkKey(key);
+  // `/` is a NATS key character the port never uses, so encoded keys cannot meet plain ones.
+  return SUBJECT_SAFE.test(key) ? key : `/${Buffer.from(key, 'utf8').toString('hex')}`;
 }
 
 function checkKey(key: string): string {
