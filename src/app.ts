@@ -4,7 +4,6 @@
  * in reverse order.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { routes } from './api/routes.js';
@@ -86,7 +85,6 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
   };
   try {
     const dataDir = resolve(config.dataDir);
-    await mkdir(dataDir, { recursive: true });
     const engines = await openEngines(config, log, 'ingest-gateway');
     closers.push(() => engines.close());
     const { sessions, ledger, queue, objects } = engines;

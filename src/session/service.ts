@@ -458,9 +458,12 @@ export class SessionService {
   }
 
   private async writeGroup(uploadUuid: string, group: PendingDecision[]): Promise<void> {
+    let conflicted = false;
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-      if (attempt > 0) await conflictBackoff(attempt);
-      const current = (attempt === 0 ? this.cache.get(uploadUuid) : undefined) ?? (await this.read(uploadUuid));
+      if (conflicted) await conflictBackoff(attempt);
+      conflicted = false;
+      const cached = attempt === 0 ? this.cache.get(uploadUuid) : undefined;
+      const current = cached ?? (await this.read(uploadUuid));
       let next = current?.value ?? null;
       const outcomes = group.map((d) => {
         const denied = this.denied(d, next);
@@ -470,14 +473,21 @@ export class SessionService {
         next = decision.next;
         return { record: next };
       });
+      if (cached && outcomes.some((o) => o.error)) {
+        // A refusal is only as good as the summary it read: another instance may have written
+        // since this one cached it (a lease this cache does not hold yet). Decide again on the stored one.
+        this.cache.delete(uploadUuid);
+        continue;
+      }
       if (current && next !== current.value) {
         try {
           const revision = await this.deps.sessions.update(sessionKey(uploadUuid), next, current.revision);
           this.remember(uploadUuid, { value: next!, revision });
         } catch (err) {
           this.cache.delete(uploadUuid);
-          if (isStoreConflict(err)) continue;
-          throw err;
+          if (!isStoreConflict(err)) throw err;
+          conflicted = true;
+          continue;
         }
       }
       group.forEach((d, i) => {

@@ -10,9 +10,11 @@ import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import { FileBatchQueue } from './embedded/batch-queue.js';
 import { READINESS_KEY } from './keys.js';
-import { FileLedger } from './embedded/ledger.js';
+import { DataDirLock } from './embedded/data-dir.js';
+import { SqliteLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
-import { FileSessionStore } from './embedded/session-store.js';
+import { SqliteSessionStore } from './embedded/session-store.js';
+import { StateDatabase } from './embedded/state-db.js';
 import { NatsBatchQueue } from './nats/batch-queue/index.js';
 import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHandle } from './nats/connection.js';
 import { NatsLedger } from './nats/ledger.js';
@@ -71,10 +73,15 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       });
       closers.push(() => queue.close());
     } else {
-      await mkdir(dataDir, { recursive: true });
-      sessions = await FileSessionStore.open(join(dataDir, 'sessions'));
+      const lock = await DataDirLock.acquire(dataDir);
+      closers.push(async () => lock.release());
+      const state = await StateDatabase.open(join(dataDir, STATE_DB)).catch((err: unknown) => {
+        throw new StoreError('STORE_MISCONFIGURED', `DATA_DIR ${dataDir}: ${STATE_DB} cannot be opened: ${(err as Error).message}`, { cause: err });
+      });
+      closers.push(() => state.close());
+      sessions = new SqliteSessionStore(state);
       closers.push(() => sessions.close());
-      ledger = await FileLedger.open(join(dataDir, 'ledger'));
+      ledger = new SqliteLedger(state);
       closers.push(() => ledger.close());
       queue = await FileBatchQueue.open(join(dataDir, 'queue'));
       closers.push(() => queue.close());
@@ -138,6 +145,9 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
     throw err;
   }
 }
+
+/** The embedded state database's file in DATA_DIR (sessions, ledger, idempotent answers). */
+export const STATE_DB = 'state.sqlite';
 
 /**
  * A write the session store must make durable, then its removal. Reads alone can pass where

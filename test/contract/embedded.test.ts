@@ -4,132 +4,12 @@ import { join } from 'node:path';
 import t from 'tap';
 import { appendFile, readFile, writeFile } from 'node:fs/promises';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
-import { FileLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import { FileSessionStore } from '../../src/store/embedded/session-store.js';
 import { batchQueueContract } from './batch-queue.contract.js';
-import { entry, ledgerContract } from './ledger.contract.js';
 import { objectStoreContract } from './object-store.contract.js';
-import { sessionStoreContract } from './session-store.contract.js';
 
 const tempDir = (): Promise<string> => mkdtemp(join(tmpdir(), 'ingest-embedded-'));
 const remove = (dir: string) => () => rm(dir, { recursive: true, force: true });
-
-sessionStoreContract(t, 'FileSessionStore', async () => {
-  const dir = await tempDir();
-  return { store: await FileSessionStore.open(dir), reopen: () => FileSessionStore.open(dir), cleanup: remove(dir) };
-});
-
-ledgerContract(t, 'FileLedger', async () => {
-  const dir = await tempDir();
-  return { ledger: await FileLedger.open(dir), reopen: () => FileLedger.open(dir), cleanup: remove(dir) };
-});
-
-t.test('FileLedger: beyond its index budget it forgets sessions and reads them again from disk', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const ledger = await FileLedger.open(dir, { maxIndexedIds: 10, maxOpenFiles: 2 });
-  t.teardown(() => ledger.close());
-  const sessions = Array.from({ length: 5 }, (_, i) => `0000000${i}-0000-4000-8000-000000000000`);
-  for (const [i, uuid] of sessions.entries()) await ledger.append(uuid, Array.from({ length: 6 }, (_, j) => entry(`s${i}-p${j}`)));
-  for (const [i, uuid] of sessions.entries()) {
-    t.same(await ledger.get(uuid, `s${i}-p5`), entry(`s${i}-p5`), `session ${i}: found after being forgotten`);
-    await ledger.append(uuid, [entry(`s${i}-p0`)]);
-  }
-  const lines = (await readFile(join(dir, `${sessions[0]}.ndjson`), 'utf8')).trimEnd().split('\n');
-  t.equal(lines.length, 6, 'an entry known from disk is not written again');
-});
-
-t.test('FileLedger: a torn last line (an append that never resolved) is not an entry', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const uuid = '00000000-0000-4000-8000-000000000001';
-  await writeFile(join(dir, `${uuid}.ndjson`), `${JSON.stringify(entry('p-1'))}\n`);
-  await appendFile(join(dir, `${uuid}.ndjson`), JSON.stringify(entry('p-2')).slice(0, 20));
-  const ledger = await FileLedger.open(dir);
-  t.teardown(() => ledger.close());
-  t.equal(await ledger.get(uuid, 'p-2'), null);
-  t.same((await ledger.get(uuid, 'p-1'))?.package_id, 'p-1');
-});
-
-t.test('FileLedger: a torn last line does not swallow the next entry written after it', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const uuid = '00000000-0000-4000-8000-000000000002';
-  await writeFile(join(dir, `${uuid}.ndjson`), `${JSON.stringify(entry('p-1'))}\n${JSON.stringify(entry('p-2')).slice(0, 20)}`);
-  const ledger = await FileLedger.open(dir);
-  await ledger.append(uuid, [entry('p-3')]);
-  await ledger.close();
-  const again = await FileLedger.open(dir);
-  t.teardown(() => again.close());
-  t.same(await again.get(uuid, 'p-3'), entry('p-3'));
-  t.same(await again.get(uuid, 'p-1'), entry('p-1'));
-});
-
-t.test('FileLedger: an acknowledged entry is in the write-ahead log until its session file is synced; a crash replays it', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const [u1, u2] = ['00000000-0000-4000-8000-000000000003', '00000000-0000-4000-8000-000000000004'];
-  const crashed = await FileLedger.open(dir);
-  t.teardown(() => crashed.close());
-  await Promise.all([crashed.append(u1, [entry('a-1'), entry('a-2')]), crashed.append(u2, [entry('b-1')])]);
-  await crashed.append(u2, [entry('b-2')]);
-  await crashed.drop(u2);
-  t.same((await readdir(dir)).filter((n) => n.startsWith('wal-')), ['wal-1.log'], 'one log, shared by the sessions');
-  // Power lost before the session file reached the disk: its lines are gone, a torn one is left.
-  await writeFile(join(dir, `${u1}.ndjson`), JSON.stringify(entry('a-1')).slice(0, 15));
-  const again = await FileLedger.open(dir);
-  t.teardown(() => again.close());
-  t.notOk((await readdir(dir)).includes('wal-1.log'), 'the replayed log is gone (the new instance writes wal-2.log)');
-  t.same(await again.get(u1, 'a-1'), entry('a-1'));
-  t.same(await again.get(u1, 'a-2'), entry('a-2'));
-  t.equal(await again.get(u2, 'b-1'), null, 'a dropped session stays dropped');
-  t.notOk((await readdir(dir)).includes(`${u2}.ndjson`));
-  t.same((await again.sessions()).sort(), [u1]);
-});
-
-t.test('FileLedger: appended lines wait for their session file until it is read, and a crash before that replays them from the log', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const uuid = '00000000-0000-4000-8000-000000000006';
-  const file = join(dir, `${uuid}.ndjson`);
-  const lines = async () => (await readFile(file, 'utf8').catch(() => '')).split('\n').filter(Boolean).length;
-  const crashed = await FileLedger.open(dir);
-  t.teardown(() => crashed.close());
-  for (let i = 0; i < 10; i++) await crashed.append(uuid, [entry(`p-${i}`)]);
-  t.equal(await lines(), 0, 'ten acknowledged appends, none written to the session file yet (the log holds them)');
-  t.same(await crashed.get(uuid, 'p-9'), entry('p-9'), 'known at once');
-  const listed: string[] = [];
-  for await (const e of crashed.list(uuid)) listed.push(e.package_id);
-  t.equal(listed.length, 10, 'list sees every one');
-  t.equal(await lines(), 10, 'reading the session wrote its waiting lines, in one go');
-  for (let i = 10; i < 15; i++) await crashed.append(uuid, [entry(`p-${i}`)]);
-  t.equal(await lines(), 10, 'the next ones wait again');
-  t.same((await FileLedger.peek(dir, uuid)).map((e) => e.package_id).sort(), Array.from({ length: 15 }, (_, i) => `p-${i}`).sort(), 'peek reads them from the log');
-  // A crash now: the process is gone, its waiting lines with it; the log replays them.
-  const again = await FileLedger.open(dir);
-  t.teardown(() => again.close());
-  for (let i = 0; i < 15; i++) t.same(await again.get(uuid, `p-${i}`), entry(`p-${i}`), `p-${i} after the crash`);
-  const relisted: string[] = [];
-  for await (const e of again.list(uuid)) relisted.push(e.package_id);
-  t.equal(relisted.length, 15, 'listed once each');
-});
-
-t.test('FileLedger: past walBytes the log is checkpointed (session files synced, the old log removed), and at a clean close', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const uuid = '00000000-0000-4000-8000-000000000005';
-  const ledger = await FileLedger.open(dir, { walBytes: 300 });
-  for (let i = 0; i < 20; i++) await ledger.append(uuid, [entry(`p-${i}`)]);
-  const during = (await readdir(dir)).filter((n) => n.startsWith('wal-')).map((n) => Number(n.slice(4, -4)));
-  t.ok(Math.max(...during) > 1, `the log was replaced as it grew (${during.join(', ')})`);
-  await ledger.close();
-  t.same((await readdir(dir)).filter((n) => n.startsWith('wal-')), [], 'a clean close leaves no log to replay');
-  // Without the logs, the session file alone holds every entry.
-  const again = await FileLedger.open(dir);
-  t.teardown(() => again.close());
-  for (let i = 0; i < 20; i++) t.same(await again.get(uuid, `p-${i}`), entry(`p-${i}`), `p-${i}`);
-});
 
 const queueOpts = { redeliveryDelayMs: 5 };
 batchQueueContract(t, 'FileBatchQueue', async () => {
@@ -276,64 +156,6 @@ t.test('FileBatchQueue: segments roll over, and go once their packages are acked
   t.ok(segments.length <= 2, `acked segments removed (${segments.join(', ')})`);
   const index = (await readdir(dir)).filter((n) => n.startsWith('index-'));
   t.equal(index.length, 1, 'one index file');
-});
-
-t.test('FileSessionStore: a journal; a torn last line is ignored and cut off', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const s = await FileSessionStore.open(dir);
-  await Promise.allSettled(Array.from({ length: 5 }, () => s.create('Session.1', { n: 1 })));
-  await s.create('x', 1);
-  await s.delete('x');
-  await s.close();
-  t.same((await readdir(dir)).sort(), ['journal-0.ndjson']);
-  await appendFile(join(dir, 'journal-0.ndjson'), '{"k":"x","r":3,"v":');
-  const again = await FileSessionStore.open(dir);
-  t.teardown(() => again.close());
-  t.same(await again.get('Session.1'), { value: { n: 1 }, revision: 1 });
-  t.equal(await again.get('x'), null, 'the torn write never happened');
-  t.equal(await again.create('x', 2), 3, 'the tombstone kept its revision');
-  t.notMatch(await readFile(join(dir, 'journal-0.ndjson'), 'utf8'), /"v":\{?$/m, 'the torn tail was cut off');
-});
-
-t.test('FileSessionStore: compaction folds the journal into a snapshot and loses nothing', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  const s = await FileSessionStore.open(dir, { compactBytes: 2048 });
-  const revisions = new Map<string, number>();
-  for (let round = 0; round < 40; round++) {
-    await Promise.all(
-      Array.from({ length: 10 }, async (_, k) => {
-        const key = `k${k}`;
-        const rev = revisions.get(key);
-        revisions.set(key, rev === undefined ? await s.create(key, { round }) : await s.update(key, { round }, rev));
-      }),
-    );
-  }
-  await s.delete('k9');
-  await s.close();
-  const files = (await readdir(dir)).sort();
-  t.ok(files.some((f) => f.startsWith('snapshot-')), `compacted (${files.join(', ')})`);
-  t.ok(files.length <= 3, 'older journals and snapshots are gone');
-  const again = await FileSessionStore.open(dir, { compactBytes: 2048 });
-  t.teardown(() => again.close());
-  for (let k = 0; k < 9; k++) t.same(await again.get(`k${k}`), { value: { round: 39 }, revision: 40 });
-  t.equal(await again.get('k9'), null);
-  t.equal(await again.create('k9', 1), 42, 'revisions never repeat');
-});
-
-t.test('FileSessionStore: the one-file-per-key layout of an older version is read and folded into a snapshot', async (t) => {
-  const dir = await tempDir();
-  t.teardown(remove(dir));
-  await writeFile(join(dir, '^session.1.json'), JSON.stringify({ revision: 4, value: { n: 4 } }));
-  await writeFile(join(dir, 'x.json'), JSON.stringify({ revision: 2 }));
-  const s = await FileSessionStore.open(dir);
-  t.teardown(() => s.close());
-  t.same(await s.get('Session.1'), { value: { n: 4 }, revision: 4 });
-  t.equal(await s.get('x'), null);
-  t.equal(await s.create('x', 1), 3);
-  t.notOk((await readdir(dir)).some((f) => f.endsWith('.json')), 'the old files are gone');
-  t.same(await FileSessionStore.peek(dir, 'Session.1'), { value: { n: 4 }, revision: 4 }, 'peek reads the same without opening');
 });
 
 async function readAll(store: FileObjectStore, key: string): Promise<string | null> {

@@ -21,9 +21,10 @@ import { request } from 'undici';
 import { recoverLeftovers } from '../../src/session/recovery.js';
 import { decideIngestBegin, decideIngestRecord, fromStored, packageFate, type SessionRecord } from '../../src/session/state.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
-import { FileLedger } from '../../src/store/embedded/ledger.js';
+import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import { FileSessionStore } from '../../src/store/embedded/session-store.js';
+import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
+import { STATE_DB } from '../../src/store/engines.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { NatsBatchQueue } from '../../src/store/nats/batch-queue/index.js';
 import { connectNats } from '../../src/store/nats/connection.js';
@@ -86,7 +87,7 @@ t.test('embedded: a queue-committed, unrecorded package is dropped after the res
   await waitForStatus(gw, uuid, (b) => b.upload_tasks_finished);
   await gw.kill();
 
-  const sessions = await FileSessionStore.open(join(dataDir, 'sessions'));
+  const sessions = await SqliteSessionStore.open(join(dataDir, STATE_DB));
   const queue = await FileBatchQueue.open(join(dataDir, 'queue'));
   await forgeOrphan(sessions, queue, uuid, 660_000);
   t.equal(await queue.pending(uuid), 1, 'the orphan is committed to the queue');
@@ -107,9 +108,9 @@ t.test('embedded: a queue-committed, unrecorded package is dropped after the res
   t.notOk(objects.some((o) => o.header.package_id === ORPHAN), 'the orphan is not');
   const record = (await embeddedRecord(dataDir, uuid))!;
   t.same([record.packages.length, record.in_flight], [1, {}], 'the session: one package, no lease');
-  const reopened = await FileSessionStore.open(join(dataDir, 'sessions'));
+  const reopened = await SqliteSessionStore.open(join(dataDir, STATE_DB));
   t.teardown(() => reopened.close());
-  const ledger = await FileLedger.open(join(dataDir, 'ledger'));
+  const ledger = await SqliteLedger.open(join(dataDir, STATE_DB));
   t.teardown(() => ledger.close());
   t.equal(await recoverLeftovers(reopened, ledger, ['demo']), 0, 'nothing left to release');
 });

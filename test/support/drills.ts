@@ -3,12 +3,14 @@
  * clients file with many clients, packages whose rows carry ids unique per package, and
  * reading back what was stored and what the session records, straight from the stores.
  */
+import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashToken } from '../../src/http/auth.js';
 import { fromStored, type SessionRecord } from '../../src/session/state.js';
-import { FileLedger } from '../../src/store/embedded/ledger.js';
-import { FileSessionStore } from '../../src/store/embedded/session-store.js';
+import { SqliteLedger } from '../../src/store/embedded/ledger.js';
+import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
+import { STATE_DB } from '../../src/store/engines.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { connectNats } from '../../src/store/nats/connection.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
@@ -106,16 +108,14 @@ function withPackages(record: SessionRecord, ledgerIds: Iterable<string>): Recor
   return { ...record, packages: [...ids].map((id) => ({ id })) };
 }
 
-/** The session as the embedded store keeps it (read from its files; no store opened, so nothing is cleaned). */
+/** The session as the embedded store keeps it (read from its database; no store opened, the gateway may be running). */
 export async function embeddedRecord(dataDir: string, uploadUuid: string): Promise<RecordedSession | null> {
-  const stored = await FileSessionStore.peek<SessionRecord>(join(dataDir, 'sessions'), sessionKey(uploadUuid)).catch((err: NodeJS.ErrnoException) => {
-    if (err.code === 'ENOENT') return null;
-    throw err;
-  });
+  const path = join(dataDir, STATE_DB);
+  if (!existsSync(path)) return null;
+  const stored = SqliteSessionStore.peek<SessionRecord>(path, sessionKey(uploadUuid));
   if (!stored) return null;
   const record = fromStored(stored.value);
-  // The ledger as its files hold it: a running gateway's recent entries are in its log.
-  const ids = (await FileLedger.peek(join(dataDir, 'ledger'), uploadUuid)).map((e) => e.package_id);
+  const ids = SqliteLedger.peek(path, uploadUuid).map((e) => e.package_id);
   return withPackages(record, ids);
 }
 

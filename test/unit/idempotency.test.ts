@@ -6,7 +6,7 @@ import t, { type Test } from 'tap';
 import { isServiceError } from '../../src/errors.js';
 import { IdempotentIngests, parseIdempotencyKey, type Claim, type IdempotencyOptions, type RequestFingerprint } from '../../src/session/idempotency.js';
 import type { PackageEntry } from '../../src/session/state.js';
-import { FileSessionStore } from '../../src/store/embedded/session-store.js';
+import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { idempotencyKey } from '../../src/store/keys.js';
 import type { SessionStore } from '../../src/store/ports.js';
 
@@ -26,7 +26,7 @@ interface Rig {
 async function rig(t: Test): Promise<Rig> {
   const dir = await mkdtemp(join(tmpdir(), 'ingest-idem-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const sessions = await FileSessionStore.open(dir);
+  const sessions = await SqliteSessionStore.open(join(dir, 'state.sqlite'));
   t.teardown(() => sessions.close());
   const r: Rig = {
     sessions,

@@ -11,9 +11,9 @@ import type { Connector } from '../../src/connector/types.js';
 import { SessionService } from '../../src/session/service.js';
 import { packageCount, type SessionRecord } from '../../src/session/state.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
-import { FileLedger } from '../../src/store/embedded/ledger.js';
+import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import { FileSessionStore } from '../../src/store/embedded/session-store.js';
+import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { StoreError, type SessionStore } from '../../src/store/ports.js';
 
@@ -53,8 +53,8 @@ function counting(store: SessionStore): SessionStore & { updates: number; failNe
 async function rig(t: Test) {
   const dir = await mkdtemp(join(tmpdir(), 'session-service-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const sessions = counting(await FileSessionStore.open(join(dir, 'sessions')));
-  const ledger = await FileLedger.open(join(dir, 'ledger'));
+  const sessions = counting(await SqliteSessionStore.open(join(dir, 'state.sqlite')));
+  const ledger = await SqliteLedger.open(join(dir, 'state.sqlite'));
   const queue = await FileBatchQueue.open(join(dir, 'queue'));
   const objects = await FileObjectStore.open(dir);
   t.teardown(async () => {

@@ -1,0 +1,85 @@
+/**
+ * The embedded state database (`DATA_DIR/state.sqlite`): its schema, how every connection
+ * opens it, and the messages between the store (state-db.ts) and its writer thread
+ * (state-writer.ts).
+ *
+ * ```
+ * kv      (key PRIMARY KEY, revision, value)   session records, idempotent answers, claims
+ * ledger  (upload, package_id PRIMARY KEY, entity, rows, bytes, object_bytes)
+ * meta    ('revision': the last revision handed out; 'fence': see state-writer.ts)
+ * ```
+ * WAL with `synchronous=FULL`: a commit is in the log and fdatasync'ed before any reader sees
+ * it, and readers never wait for the writer.
+ */
+import Database from 'better-sqlite3';
+import type { LedgerEntry } from '../ports.js';
+
+/** `PRAGMA user_version` of the schema below. */
+const SCHEMA_VERSION = 1;
+
+const SCHEMA = `
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, revision INTEGER NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger (
+  upload TEXT NOT NULL, package_id TEXT NOT NULL, entity TEXT NOT NULL,
+  rows INTEGER NOT NULL, bytes INTEGER NOT NULL, object_bytes INTEGER NOT NULL,
+  PRIMARY KEY (upload, package_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 0), ('fence', 0);
+`;
+
+/** Opens (and on first use creates) the database at `path` for writing: WAL, synced commits, the schema in place. */
+export function openStateDatabase(path: string): Database.Database {
+  const db = new Database(path);
+  try {
+    db.pragma('journal_mode = WAL');
+    db.pragma('synchronous = FULL');
+    // Another connection's checkpoint or recovery holds the lock only briefly.
+    db.pragma('busy_timeout = 5000');
+    const version = db.pragma('user_version', { simple: true }) as number;
+    if (version > SCHEMA_VERSION) {
+      throw new Error(`${path} was written by a newer version of the service (schema ${version}; this one knows ${SCHEMA_VERSION})`);
+    }
+    db.exec(SCHEMA);
+    db.pragma(`user_version = ${SCHEMA_VERSION}`);
+    return db;
+  } catch (err) {
+    db.close();
+    throw err;
+  }
+}
+
+/** A read connection: sees every commit that was durable when its statement began. */
+export function openStateReader(path: string): Database.Database {
+  const db = new Database(path, { fileMustExist: true });
+  db.pragma('busy_timeout = 1000');
+  db.pragma('query_only = 1');
+  return db;
+}
+
+export type WriteOp =
+  | { t: 'create'; key: string; json: string }
+  | { t: 'update'; key: string; json: string; revision: number }
+  | { t: 'delete'; key: string; revision?: number }
+  | { t: 'ledger-append'; upload: string; entries: readonly LedgerEntry[] }
+  | { t: 'ledger-drop'; upload: string };
+
+/** What one op did: its new revision (create, update), or a lost compare-and-set. */
+export interface WriteOutcome {
+  revision?: number;
+  conflict?: boolean;
+}
+
+export interface WriterRequest {
+  id: number;
+  ops: WriteOp[];
+}
+
+export interface WriterFailure {
+  message: string;
+  code: string | undefined;
+  /** The failed commit's frames may still come back at a restart (the fence after it failed too). */
+  unknown: boolean;
+}
+
+export type WriterResponse = { id: number; outcomes: WriteOutcome[] } | { id: number; error: WriterFailure };
