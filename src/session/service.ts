@@ -379,16 +379,20 @@ export class SessionService {
     void this.cleanUp(client.id, uploadUuid);
   }
 
-  /** Applies the Connector's completion webhook: 'ok' when it changed the session, 'ignored' for a repeat or a late one. */
+  /**
+   * Applies the Connector's completion webhook: 'ok' when it changed the session's state,
+   * 'ignored' for a repeat or a late one (whose signed request the session still remembers).
+   */
   async applyWebhook(uploadUuid: string, event: WebhookEvent): Promise<'ok' | 'ignored'> {
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
       const record = await this.read(uploadUuid);
       if (!record || record.value.deleted) throw errors.sessionNotFound();
       const { applied, next } = decideWebhook(record.value, event, this.now());
-      if (!applied) return 'ignored';
+      // Ignored, but new: remembered (written) all the same, so that its replay after the next start is ignored too.
+      if (!applied && next === record.value) return 'ignored';
       try {
         this.remember(uploadUuid, { value: next, revision: await this.deps.sessions.update(sessionKey(uploadUuid), next, record.revision) });
-        return 'ok';
+        return applied ? 'ok' : 'ignored';
       } catch (err) {
         this.cache.delete(uploadUuid);
         if (!isStoreConflict(err)) throw err;
