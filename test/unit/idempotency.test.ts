@@ -192,6 +192,7 @@ t.test('a running attempt renews its lease', async (t) => {
     get: (k) => store.get(k),
     create: (k, value) => store.create(k, value),
     delete: (k, revision) => store.delete(k, revision),
+    list: (prefix) => store.list(prefix),
     close: () => store.close(),
     update: async (k, value, revision) => {
       const next = await store.update(k, value, revision);

@@ -1,7 +1,7 @@
 import { mkdir, readFile, readdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../../durable-file.js';
-import { StoreError, StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { AppendFile } from './append-file.js';
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
@@ -88,6 +88,17 @@ export class FileSessionStore implements SessionStore {
     await this.#unsynced.get(key);
     const entry = this.#entries.get(key);
     return entry?.json === undefined ? null : { value: JSON.parse(entry.json) as T, revision: entry.revision };
+  }
+
+  /** The port's listing (store/ports.ts): the keys in memory, each read as `get` reads it. */
+  async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
+    this.#check();
+    if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
+    for (const key of [...this.#entries.keys()]) {
+      if (!key.startsWith(prefix)) continue;
+      const found = await this.get<T>(key);
+      if (found) yield { key, ...found };
+    }
   }
 
   create<T>(key: string, value: T): Promise<number> {
