@@ -22,6 +22,7 @@ import { ValidationPool, type PoolLoad } from './ingest/pool.js';
 import { jsonLogger, type Logger } from './log.js';
 import { instrumentConnector, Metrics } from './observability/metrics.js';
 import { Readiness } from './observability/readiness.js';
+import { startHousekeeping } from './session/housekeeping.js';
 import { IdempotentIngests } from './session/idempotency.js';
 import { recoverLeftovers } from './session/recovery.js';
 import { PackageIngest } from './session/ingest.js';
@@ -158,8 +159,12 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       clock,
       onBackgroundError: (err, what) => log.error(`background task failed: ${what}`, { err }),
     });
-    // Closed after the HTTP server drained: the ledger writes of the last recorded packages finish first.
-    closers.push(() => service.flushLedger());
+    // Closed after the HTTP server drained: the ledger writes of the last recorded packages finish
+    // first; clean-ups not done stay recorded for the next start.
+    closers.push(async () => {
+      await service.flushLedger();
+      await service.close();
+    });
     const idempotency = new IdempotentIngests({
       sessions,
       service,
@@ -168,6 +173,18 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       singleInstance: sessions.capabilities.singleProcess,
       clock,
       onBackgroundError: (err, what) => log.error(`background task failed: ${what}`, { err }),
+    });
+    const housekeeping = startHousekeeping({
+      everyMs: config.storage.housekeepingMs,
+      tasks: [
+        { what: 'resume the clean-ups of deleted sessions', run: () => service.resumeCleanUps() },
+        { what: 'remove expired Idempotency-Key records', run: () => idempotency.sweep(clients.ids()) },
+      ],
+      onError: (err, what) => log.error(`housekeeping failed: ${what}`, { err }),
+    });
+    closers.push(async () => {
+      await housekeeping.close();
+      await idempotency.idle();
     });
     const deps: ApiDeps = {
       service,

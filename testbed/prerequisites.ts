@@ -131,6 +131,8 @@ export const PREREQUISITES: Readonly<Record<string, Prerequisite>> = {
   'nats-server': { debian: 'nats-server', env: 'NATS_SERVER_BIN', find: () => natsServerPath() },
   chromium: { debian: 'chromium', env: 'CHROMIUM_PATH', find: () => chromiumPath() },
   curl: { debian: 'curl', find: () => onPath('curl', process.env) },
+  // Fault drills inject failing system calls into running processes (`strace -e inject=`).
+  strace: { debian: 'strace', find: () => onPath('strace', process.env) },
   // faultfs: built with the machine's gcc against libfuse3; fusermount3 unmounts it.
   gcc: { debian: 'gcc', find: () => onPath('gcc', process.env) },
   'pkg-config': { debian: 'pkg-config', find: () => onPath('pkg-config', process.env) },

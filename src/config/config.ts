@@ -86,6 +86,8 @@ export interface Config {
     inProcessUploader: boolean;
     /** Packages one uploader stores at the same time. */
     uploaderConcurrency: PositiveInt & tags.Maximum<256>;
+    /** Every gateway's housekeeping round (expired idempotency records, clean-ups of deleted sessions a stopped instance left): at start and then this often. */
+    housekeepingMs: PositiveInt & tags.Minimum<1000>;
   };
   connector: {
     url: null | (string & tags.Format<'uri'>);
@@ -144,8 +146,10 @@ export interface Config {
   };
   /** `Idempotency-Key` on ingest (docs/api.md, Idempotent retries). */
   idempotency: {
-    /** How long a finished request's answer is replayed; afterwards the key is free again. */
+    /** How long a finished request's answer is replayed; afterwards the key is free again and its record removed. */
     ttlMs: PositiveInt;
+    /** Records one client may hold; at it, its oldest finished ones are removed (down to nine tenths). */
+    keysPerClient: PositiveInt & tags.Minimum<10>;
     /** How long a claim outlives a crashed instance (renewed every third of it while its request runs). */
     leaseMs: PositiveInt & tags.Minimum<30>;
     /** How long a repeat waits for the request in progress before answering 409. */

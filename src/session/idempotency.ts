@@ -10,6 +10,11 @@
  *                      └─release, P may be recorded, or its instance died──> taken over by the
  *                        next retry, which settles the earlier attempts first (settleAttempts)
  * ```
+ * Records are bounded: one expires `ttlMs` after its answer (a pending one `ttlMs` after its
+ * lease lapsed) and is then removed by `sweep`; a session's records go with it (the delete's
+ * clean-up, `forgetSessionRecords`); and a client holds at most `keysPerClient`: a claim that
+ * counts the client at that budget has its oldest done records removed, down to nine tenths of
+ * it, in the background (`#trim`). A live claim is never removed.
  * Why this stores a package once: the session records a package only while its lease is
  * live, and the uploader stores only recorded packages (state.ts `decideIngestCommit`,
  * `packageFate`). A retry that takes over a key settles every earlier attempt in one
@@ -22,8 +27,8 @@ import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { errors } from '../errors.js';
-import { idempotencyKey } from '../store/keys.js';
-import { isStoreConflict, type SessionStore } from '../store/ports.js';
+import { idempotencyKey, idempotencyPrefix } from '../store/keys.js';
+import { isStoreConflict, type Listed, type SessionStore } from '../store/ports.js';
 import type { ClientRef, SessionService } from './service.js';
 import type { PackageEntry } from './state.js';
 
@@ -108,8 +113,10 @@ export type Claim =
 export interface IdempotencyOptions {
   sessions: SessionStore;
   service: Pick<SessionService, 'settleAttempts'>;
-  /** How long a stored answer is replayed; afterwards the key is free again. */
+  /** How long a stored answer is replayed; afterwards the key is free again and its record is removed. */
   ttlMs: number;
+  /** Records one client may hold; past it the oldest done ones are removed. Default unbounded. */
+  keysPerClient?: number;
   /** How long a claim outlives its instance; renewed every third of it while the attempt runs. */
   leaseMs: number;
   /** How long a repeat waits for an attempt in progress before answering 409. */
@@ -126,11 +133,20 @@ export interface IdempotencyOptions {
 
 const POLL_FIRST_MS = 20;
 const POLL_MAX_MS = 250;
+/** What a trim leaves of a client's budget, so that one listing makes room for many new keys. */
+const TRIM_TO = 0.9;
 
 export class IdempotentIngests {
   readonly #opts: IdempotencyOptions;
   readonly #now: () => number;
   readonly #instance = randomUUID();
+  /**
+   * Per client: records as of the last listing here, plus those created here since (other
+   * instances' are seen at the next listing), and the creates counted so far (`created`).
+   */
+  readonly #counts = new Map<string, { records: number; created: number }>();
+  /** Per client: the trim running in the background. */
+  readonly #trims = new Map<string, Promise<void>>();
 
   constructor(opts: IdempotencyOptions) {
     this.#opts = opts;
@@ -168,7 +184,7 @@ export class IdempotentIngests {
       if (!cur || this.#expired(cur.value)) {
         const record = this.#pending(fp, [packageId], now, now);
         try {
-          const revision = cur ? await sessions.update(id, record, cur.revision) : await sessions.create(id, record);
+          const revision = cur ? await sessions.update(id, record, cur.revision) : await this.#createCounted(client.id, id, record);
           return { kind: 'run', attempt: new HeldClaim(this, id, revision, record, []) };
         } catch (err) {
           if (isStoreConflict(err)) continue;
@@ -208,6 +224,90 @@ export class IdempotentIngests {
     }
   }
 
+  /**
+   * Removes every expired record of these clients (a done one `ttlMs` after its answer, a
+   * pending one `ttlMs` after its lease lapsed), and counts what is left for their budgets.
+   * Housekeeping (at start and then periodically); returns how many records it removed.
+   */
+  async sweep(clientIds: Iterable<string>): Promise<number> {
+    let removed = 0;
+    for (const clientId of clientIds) {
+      const counted = this.#count(clientId);
+      const since = counted.created;
+      let kept = 0;
+      for await (const r of this.#opts.sessions.list<IdempotencyRecord>(idempotencyPrefix(clientId))) {
+        if (this.#expired(r.value) && (await this.#remove(r))) removed++;
+        else kept++;
+      }
+      counted.records = kept + (counted.created - since);
+    }
+    return removed;
+  }
+
+  /** Waits for the trims running in the background (tests, shutdown). */
+  async idle(): Promise<void> {
+    while (this.#trims.size > 0) await Promise.all([...this.#trims.values()]);
+  }
+
+  /** A new record of the client, counted against its budget; at the budget, a trim starts. */
+  async #createCounted(clientId: string, id: string, record: PendingRecord): Promise<number> {
+    const counted = this.#count(clientId);
+    const budget = this.#opts.keysPerClient ?? Infinity;
+    if (counted.records >= budget && !this.#trims.has(clientId)) {
+      const trim = this.#trim(clientId, budget)
+        .catch((err: unknown) => this.#opts.onBackgroundError?.(err, 'remove the oldest Idempotency-Key records of a client at its budget'))
+        .finally(() => this.#trims.delete(clientId));
+      this.#trims.set(clientId, trim);
+    }
+    const revision = await this.#opts.sessions.create(id, record);
+    counted.records++;
+    counted.created++;
+    return revision;
+  }
+
+  /**
+   * The client's expired records, then its oldest done ones until nine tenths of `budget` are
+   * left. Pending records stay (a live claim runs; a lapsed one waits for its retry or expiry).
+   */
+  async #trim(clientId: string, budget: number): Promise<void> {
+    const counted = this.#count(clientId);
+    const since = counted.created;
+    const done: Listed<DoneRecord>[] = [];
+    let kept = 0;
+    for await (const r of this.#opts.sessions.list<IdempotencyRecord>(idempotencyPrefix(clientId))) {
+      if (this.#expired(r.value) && (await this.#remove(r))) continue;
+      kept++;
+      if (r.value.state === 'done') done.push(r as Listed<DoneRecord>);
+    }
+    done.sort((a, b) => a.value.at - b.value.at);
+    const target = Math.floor(budget * TRIM_TO);
+    for (const r of done) {
+      if (kept <= target) break;
+      if (await this.#remove(r)) kept--;
+    }
+    counted.records = kept + (counted.created - since);
+  }
+
+  /** Deletes a listed record unless it changed since; true when it is gone. */
+  async #remove(r: Listed<IdempotencyRecord>): Promise<boolean> {
+    try {
+      await this.#opts.sessions.delete(r.key, r.revision);
+      return true;
+    } catch (err) {
+      if (isStoreConflict(err)) return false;
+      throw err;
+    }
+  }
+
+  #count(clientId: string): { records: number; created: number } {
+    let counted = this.#counts.get(clientId);
+    if (!counted) {
+      counted = { records: 0, created: 0 };
+      this.#counts.set(clientId, counted);
+    }
+    return counted;
+  }
+
   /** @internal for HeldClaim */
   get options(): IdempotencyOptions {
     return this.#opts;
@@ -231,9 +331,15 @@ export class IdempotentIngests {
     };
   }
 
-  /** A done record past its time-to-live counts as absent; a pending one never expires (it must be settled). */
+  /**
+   * A done record past its time-to-live counts as absent; so does a pending one `ttlMs` after
+   * its lease lapsed (or, released, after its first claim): a retry that late runs as a new
+   * request, as it would after a done record expired (its earlier attempts' fate was sealed
+   * within `ingest.inFlightLeaseMs` of their last renewal).
+   */
   #expired(r: IdempotencyRecord): boolean {
-    return r.state === 'done' && r.at + this.#opts.ttlMs <= this.#now();
+    const from = r.state === 'done' ? r.at : Math.max(r.lease_until, r.created_at);
+    return from + this.#opts.ttlMs <= this.#now();
   }
 
   #alive(r: PendingRecord, now: number): boolean {
@@ -344,6 +450,26 @@ class HeldClaim implements Attempt {
     });
     this.#tail = run;
     return run;
+  }
+}
+
+/**
+ * Removes the idempotency records of one session of the client (its delete's clean-up,
+ * clean-up.ts): a replay after the delete then meets the session checks like a new request.
+ * A record that changes meanwhile is looked at again; resolves once none is left.
+ */
+export async function forgetSessionRecords(sessions: SessionStore, clientId: string, uploadUuid: string): Promise<void> {
+  for (let changed = true; changed; ) {
+    changed = false;
+    for await (const r of sessions.list<IdempotencyRecord>(idempotencyPrefix(clientId))) {
+      if (r.value.upload_uuid !== uploadUuid) continue;
+      try {
+        await sessions.delete(r.key, r.revision);
+      } catch (err) {
+        if (!isStoreConflict(err)) throw err;
+        changed = true;
+      }
+    }
   }
 }
 

@@ -14,6 +14,7 @@ import type { Connector, WorkflowStart } from '../connector/types.js';
 import { errors, isServiceError, isStorageUnavailable, type ServiceError, type ValidationIssue } from '../errors.js';
 import { activeKey, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
+import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
 import {
   decideDelete,
   decideFold,
@@ -64,6 +65,8 @@ export interface SessionServiceDeps {
   ledgerLingerMs?: number;
   callbackUrl: string;
   clock?: () => number;
+  /** The retry pauses of a delete's clean-up (clean-up.ts; default 500 ms doubling to 60 s). */
+  cleanUpBackoff?: CleanUpDeps['backoff'];
   /** Background failures (ledger writes, clean-up after delete); never client errors. */
   onBackgroundError?: (err: unknown, what: string) => void;
 }
@@ -118,8 +121,22 @@ export class SessionService {
   /** Runs `renewLeases` every third of the lease while this process holds any. */
   private heartbeat: NodeJS.Timeout | undefined;
 
+  /** What deletes left to remove, durable and retried until done (clean-up.ts). */
+  private readonly cleanUps: SessionCleanUps;
+
   constructor(private readonly deps: SessionServiceDeps) {
     this.now = deps.clock ?? Date.now;
+    const { sessions, ledger, queue, objects, objectPrefix, onBackgroundError } = deps;
+    this.cleanUps = new SessionCleanUps({
+      sessions,
+      ledger,
+      queue,
+      objects,
+      objectPrefix,
+      clock: this.now,
+      ...(deps.cleanUpBackoff ? { backoff: deps.cleanUpBackoff } : {}),
+      ...(onBackgroundError ? { onError: onBackgroundError } : {}),
+    });
   }
 
   async initialize(client: ClientRef): Promise<{ upload_uuid: string; previous_upload_uuid?: string }> {
@@ -129,6 +146,11 @@ export class SessionService {
       const current = pointer ? await this.read(pointer.value.upload_uuid) : null;
       const decision = decideInitialize(current && !current.value.deleted ? current.value : null);
       if (!decision.create) throw decision.error;
+      if (current?.value.deleted) {
+        // A delete that stopped before it recorded its clean-up: record it before the pointer moves on.
+        await this.cleanUps.record(client.id, current.value.upload_uuid);
+        void this.cleanUps.run(client.id, current.value.upload_uuid);
+      }
 
       const uploadUuid = randomUUID();
       const record = newSession(uploadUuid, client.id, this.now(), decision.previous);
@@ -365,9 +387,21 @@ export class SessionService {
     await this.deps.connector.terminate(uploadUuid);
   }
 
+  /**
+   * Marks the session deleted, records its clean-up and clears the active pointer, each durable
+   * before the answer; the clean-up then runs in the background until it is done
+   * (clean-up.ts). A retry of a delete that failed half-way (the session marked, the pointer
+   * still on it) completes it.
+   */
   async delete(client: ClientRef, uploadUuid: string): Promise<void> {
     await this.requirePointer(client, uploadUuid);
-    await this.mutate(client, uploadUuid, 'active', (r) => decideDelete(r, this.now()));
+    try {
+      await this.mutate(client, uploadUuid, 'active', (r) => decideDelete(r, this.now()));
+    } catch (err) {
+      const marked = isServiceError(err) && err.code === 'SESSION_NOT_INITIALIZED' ? await this.read(uploadUuid) : null;
+      if (!(marked?.value.deleted && marked.value.client_id === client.id)) throw err;
+    }
+    await this.cleanUps.record(client.id, uploadUuid);
     this.rememberActive(client.id, null);
     const key = activeKey(client.id);
     const pointer = await this.deps.sessions.get<ActivePointer>(key);
@@ -376,19 +410,41 @@ export class SessionService {
         if (!isStoreConflict(err)) throw err; // a conflict means a new session already replaced it
       });
     }
-    void this.cleanUp(client.id, uploadUuid);
+    void this.cleanUps.run(client.id, uploadUuid);
   }
 
-  /** Applies the Connector's completion webhook: 'ok' when it changed the session, 'ignored' for a repeat or a late one. */
+  /**
+   * Starts the clean-ups that deletes recorded and no process here runs (those of a stopped
+   * instance): at start and at every housekeeping round. Returns how many it started.
+   */
+  resumeCleanUps(): Promise<number> {
+    return this.cleanUps.resume();
+  }
+
+  /** Waits until the clean-ups running in this process are done (tests). */
+  cleanUpsIdle(): Promise<void> {
+    return this.cleanUps.idle();
+  }
+
+  /** Stops the background work that would otherwise retry for ever (shutdown, before the stores close). */
+  async close(): Promise<void> {
+    await this.cleanUps.close();
+  }
+
+  /**
+   * Applies the Connector's completion webhook: 'ok' when it changed the session's state,
+   * 'ignored' for a repeat or a late one (whose signed request the session still remembers).
+   */
   async applyWebhook(uploadUuid: string, event: WebhookEvent): Promise<'ok' | 'ignored'> {
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
       const record = await this.read(uploadUuid);
       if (!record || record.value.deleted) throw errors.sessionNotFound();
       const { applied, next } = decideWebhook(record.value, event, this.now());
-      if (!applied) return 'ignored';
+      // Ignored, but new: remembered (written) all the same, so that its replay after the next start is ignored too.
+      if (!applied && next === record.value) return 'ignored';
       try {
         this.remember(uploadUuid, { value: next, revision: await this.deps.sessions.update(sessionKey(uploadUuid), next, record.revision) });
-        return 'ok';
+        return applied ? 'ok' : 'ignored';
       } catch (err) {
         this.cache.delete(uploadUuid);
         if (!isStoreConflict(err)) throw err;
@@ -619,19 +675,6 @@ export class SessionService {
     };
     await this.deps.objects.put(key, lines());
     return { ...base, objects: [], manifest: { key, objects: count, bytes } };
-  }
-
-  /** After delete: queued batches, stored objects, the ledger, then the summary itself. */
-  private async cleanUp(clientId: string, uploadUuid: string): Promise<void> {
-    try {
-      await this.deps.queue.purge(uploadUuid);
-      await this.deps.objects.deletePrefix(sessionObjectPrefix(this.deps.objectPrefix, clientId, uploadUuid));
-      await this.deps.ledger.drop(uploadUuid);
-      await this.deps.sessions.delete(sessionKey(uploadUuid));
-      this.cache.delete(uploadUuid);
-    } catch (err) {
-      this.deps.onBackgroundError?.(err, 'clean up a deleted session');
-    }
   }
 }
 

@@ -68,9 +68,10 @@ export interface SessionRecord {
   workflow?: { date_from: string; date_to: string; started_at: string; terminate_requested_at?: string };
   last_workflow?: WorkflowOutcome;
   /**
-   * Signed webhooks applied to this session whose signature still verifies: `id` names the
-   * signed request, `until` (epoch ms) is when its timestamp leaves the replay window. A
-   * replay of one of them is ignored, also after the session was started again.
+   * Signed webhooks this session took in, applied or ignored, whose signature still verifies:
+   * `id` names the signed request, `until` (epoch ms) is when its timestamp leaves the replay
+   * window. A replay of one of them is ignored, also after the session was started again.
+   * (The name is older than the ignored ones' place in it; stored summaries keep it.)
    */
   applied_webhooks?: { id: string; until: number }[];
   /** Set by delete: the record only waits for its background clean-up. */
@@ -352,13 +353,17 @@ export interface WebhookEvent {
 
 /**
  * The Connector's completion webhook. Only a STARTED session changes: terminated or failed
- * → UPLOADING (data kept), otherwise DONE. Anything else is a repeat or a late call: ignored.
+ * → UPLOADING (data kept), otherwise DONE. Anything else is a repeat or a late call: ignored,
+ * but its signed request is remembered all the same (`next` then differs from `r` only in
+ * that), so that a replay of it cannot end a workflow started later.
  */
 export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number): { applied: boolean; next: SessionRecord } {
-  if (r.status !== 'STARTED' || r.deleted) return { applied: false, next: r };
-  // A captured confirmation of an earlier workflow, replayed while a later one runs.
+  if (r.deleted) return { applied: false, next: r };
   const replay = event.replay;
+  // A captured webhook replayed: while a later workflow runs, it must not end it.
   if (replay && r.applied_webhooks?.some((w) => w.id === replay.id)) return { applied: false, next: r };
+  const seen = replay ? { applied_webhooks: [...(r.applied_webhooks ?? []).filter((w) => w.until >= now), replay] } : {};
+  if (r.status !== 'STARTED') return { applied: false, next: replay ? touch(r, now, seen) : r };
   const finished_at = new Date(now).toISOString();
   const status = event.is_terminated || event.status === 'terminated' ? 'terminated' : event.status === 'failed' ? 'failed' : 'succeeded';
   const message =
@@ -370,7 +375,7 @@ export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number
     next: touch(rest, now, {
       status: status === 'succeeded' ? 'DONE' : 'UPLOADING',
       last_workflow: { status, message, finished_at },
-      ...(replay ? { applied_webhooks: [...(r.applied_webhooks ?? []).filter((w) => w.until >= now), replay] } : {}),
+      ...seen,
     }),
   };
 }

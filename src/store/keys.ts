@@ -16,7 +16,13 @@ export const activeKey = (clientId: string): string => `active.${Buffer.from(cli
 
 /** One record per (client, `Idempotency-Key`); the key is hashed, so any key and length fit. */
 export const idempotencyKey = (clientId: string, key: string): string =>
-  `idem.${Buffer.from(clientId, 'utf8').toString('hex')}.${createHash('sha256').update(key, 'utf8').digest('hex')}`;
+  `${idempotencyPrefix(clientId)}${createHash('sha256').update(key, 'utf8').digest('hex')}`;
+
+/** The `SessionStore.list` prefix of one client's idempotency records. */
+export const idempotencyPrefix = (clientId: string): string => `idem.${Buffer.from(clientId, 'utf8').toString('hex')}.`;
+
+/** The clean-up a delete left to do (session/clean-up.ts), until it is done. */
+export const cleanUpKey = (uploadUuid: string): string => `cleanup.${uploadUuid}`;
 
 /** Everything stored for one session ends with a `/`, so one session's prefix never matches another's. */
 export function sessionObjectPrefix(prefix: string, clientId: string, uploadUuid: string): string {

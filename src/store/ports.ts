@@ -87,8 +87,27 @@ export interface SessionStore {
   update<T>(key: string, value: T, revision: number): Promise<number>;
   /** Removes the key; with `revision`, only if it is still current (STORE_CONFLICT otherwise). */
   delete(key: string, revision?: number): Promise<void>;
+  /**
+   * Every key that holds a value (written, not deleted) and starts with `prefix`, each once,
+   * with its value and revision as `get` answers them, in no particular order. `prefix` is
+   * `''` (every key) or whole dot-separated tokens, each followed by its dot (`idem.`,
+   * `idem.<client hex>.`); anything else throws STORE_INVALID_KEY. A key written or deleted
+   * while the listing runs may or may not be in it (or may come with its newer value); a key
+   * that holds the same value from before the listing begins until it ends is in it. Under a
+   * non-empty prefix only keys whose tokens are all non-empty are listed (every key the
+   * service writes). For housekeeping, never on a request's path: it may cost a read per key.
+   */
+  list<T>(prefix: string): AsyncIterable<Listed<T>>;
   close(): Promise<void>;
 }
+
+/** One key of a `SessionStore.list`. */
+export interface Listed<T> extends Versioned<T> {
+  key: string;
+}
+
+/** A `SessionStore.list` prefix: `''`, or whole non-empty tokens each followed by a dot. */
+export const KEY_PREFIX = /^(?:[A-Za-z0-9_=-]+\.)*$/;
 
 export interface SessionStoreCapabilities {
   /**

@@ -106,6 +106,51 @@ export function sessionStoreContract(t: Test, name: string, factory: SessionStor
     }
   });
 
+  t.test(`${name}: list(prefix) lists the keys holding a value under whole tokens`, async (t) => {
+    const { store } = await setup(t);
+    const list = async (prefix: string) => {
+      const out: string[] = [];
+      for await (const { key } of store.list(prefix)) out.push(key);
+      return out.sort();
+    };
+    t.same(await list('idem.'), [], 'an empty store lists nothing');
+    await store.create('idem.aa.k1', 1);
+    const r2 = await store.create('idem.aa.k2', 2);
+    await store.create('idem.ab.k3', 3);
+    await store.create('idem.aab.k4', 4);
+    await store.create('idem', 'no token after the prefix');
+    await store.create('session.u1', 5);
+    const gone = await store.create('idem.aa.gone', 6);
+    await store.delete('idem.aa.gone', gone);
+    t.same(await list('idem.aa.'), ['idem.aa.k1', 'idem.aa.k2'], 'whole tokens: idem.aab.* is not under idem.aa.; deleted keys are not listed');
+    t.same(await list('idem.'), ['idem.aa.k1', 'idem.aa.k2', 'idem.aab.k4', 'idem.ab.k3']);
+    t.same(await list(''), ['idem', 'idem.aa.k1', 'idem.aa.k2', 'idem.aab.k4', 'idem.ab.k3', 'session.u1'], "'' lists every key");
+    await store.update('idem.aa.k2', 22, r2);
+    t.same(await list('idem.aa.'), ['idem.aa.k1', 'idem.aa.k2'], 'an updated key once');
+    await store.create('idem.aa.gone', 7);
+    t.same(await list('idem.aa.'), ['idem.aa.gone', 'idem.aa.k1', 'idem.aa.k2'], 'a key written again after its delete is listed');
+    for (const bad of ['idem', 'idem.aa', '.', 'a..', 'a/b.', '*.', '>']) {
+      await t.rejects(list(bad), { code: 'STORE_INVALID_KEY' }, `rejects the prefix ${JSON.stringify(bad)}`);
+    }
+    const many = Array.from({ length: 300 }, (_, i) => `bulk.k${i}`);
+    await Promise.all(many.map((k) => store.create(k, { k })));
+    t.same(await list('bulk.'), many.sort(), '300 keys, each once');
+    const listed = [];
+    for await (const e of store.list<number>('idem.aa.')) listed.push(e);
+    t.same(
+      listed.sort((a, b) => a.key.localeCompare(b.key)),
+      await Promise.all(['idem.aa.gone', 'idem.aa.k1', 'idem.aa.k2'].map(async (key) => ({ key, ...(await store.get(key))! }))),
+      'each with its value and revision as get answers them',
+    );
+    // A reader that takes its time sees every key all the same.
+    const slow: string[] = [];
+    for await (const { key } of store.list('bulk.')) {
+      slow.push(key);
+      await new Promise((r) => setImmediate(r));
+    }
+    t.equal(slow.length, 300, 'a slow reader: every key');
+  });
+
   t.test(`${name}: values are copies`, async (t) => {
     const { store } = await setup(t);
     const value = { list: [1] };

@@ -80,6 +80,23 @@ t.test('the same key twice: the second answer is the first one, the package is s
   t.same(objects.map((o) => o.rows), [3, 3, 3], 'three packages stored: pkg-1 once, pkg-2, the unkeyed one');
 });
 
+t.test("deleting the session removes its keys' records: a repeat after the delete is checked like a new request", async (t) => {
+  const svc = await startService(t);
+  const uuid = (await clientOf(svc).init()).body.upload_uuid;
+  t.equal((await ingest(svc, uuid, 'products', products(2), 'gone-with-it')).status, 200);
+  t.equal((await ingest(svc, uuid, 'products', products(2), 'gone-with-it')).headers['idempotent-replayed'], 'true', 'replayed while the session lives');
+  t.equal((await clientOf(svc).remove(uuid)).status, 200);
+  // The records go with the delete's clean-up, in the background: no event tells when.
+  const deadline = Date.now() + 20_000;
+  let repeat = await ingest(svc, uuid, 'products', products(2), 'gone-with-it');
+  while (repeat.status === 200 && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 25));
+    repeat = await ingest(svc, uuid, 'products', products(2), 'gone-with-it');
+  }
+  t.same([repeat.status, repeat.body], [400, { detail: 'Upload session not initialized' }], 'no replay: the session checks answer');
+  t.equal(repeat.headers['idempotent-replayed'], undefined);
+});
+
 t.test('a 422 is replayed and stores nothing; errors before the body do not use up the key', async (t) => {
   const svc = await startService(t);
   const uuid = (await clientOf(svc).init()).body.upload_uuid;

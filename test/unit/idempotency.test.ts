@@ -4,10 +4,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { isServiceError } from '../../src/errors.js';
-import { IdempotentIngests, parseIdempotencyKey, type Claim, type IdempotencyOptions, type RequestFingerprint } from '../../src/session/idempotency.js';
+import { forgetSessionRecords, IdempotentIngests, parseIdempotencyKey, type Claim, type IdempotencyOptions, type RequestFingerprint } from '../../src/session/idempotency.js';
 import type { PackageEntry } from '../../src/session/state.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
-import { idempotencyKey } from '../../src/store/keys.js';
+import { idempotencyKey, idempotencyPrefix } from '../../src/store/keys.js';
 import type { SessionStore } from '../../src/store/ports.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
@@ -192,6 +192,7 @@ t.test('a running attempt renews its lease', async (t) => {
     get: (k) => store.get(k),
     create: (k, value) => store.create(k, value),
     delete: (k, revision) => store.delete(k, revision),
+    list: (prefix) => store.list(prefix),
     close: () => store.close(),
     update: async (k, value, revision) => {
       const next = await store.update(k, value, revision);
@@ -216,4 +217,72 @@ t.test('a running attempt renews its lease', async (t) => {
   const cur = (await r.sessions.get<any>(key))!;
   t.ok(cur.revision >= first.revision + 2, 'renewed');
   t.ok(cur.value.lease_until > first.value.lease_until, 'the lease moved forward');
+});
+
+/** The records the store holds for a client (listed, as housekeeping sees them). */
+async function records(sessions: SessionStore, clientId = 'acme'): Promise<string[]> {
+  const keys: string[] = [];
+  for await (const { key } of sessions.list(idempotencyPrefix(clientId))) keys.push(key);
+  return keys.sort();
+}
+
+t.test('expired records are removed, not only ignored: done ones ttlMs after the answer, abandoned claims ttlMs after their lease (injected clock)', async (t) => {
+  const r = await rig(t);
+  const ledger = r.ledger({ ttlMs: 1000, leaseMs: 60_000 });
+  await run(t, await ledger.claim(client, 'done', fp, 'p-1')).finish(ok200);
+  await run(t, await ledger.claim(client, 'released', fp, 'p-2')).release(true); // kept for its retry to settle
+  run(t, await ledger.claim(client, 'running', fp, 'p-3'));
+  await run(t, await ledger.claim({ ...client, id: 'other' }, 'done', fp, 'p-4')).finish(ok200);
+  const all = ['done', 'released', 'running'].map((k) => idempotencyKey('acme', k)).sort();
+  t.same(await records(r.sessions), all);
+
+  r.clock.now += 999;
+  t.equal(await ledger.sweep(['acme', 'other']), 0, 'nothing expired yet');
+  t.same(await ledger.replay(client, 'done', fp), ok200);
+  r.clock.now += 1;
+  t.equal(await ledger.sweep(['acme']), 2, 'the answer and the abandoned claim expired');
+  t.same(await records(r.sessions), [idempotencyKey('acme', 'running')], 'removed from the store; the running claim stays');
+  t.equal(await ledger.replay(client, 'done', fp), null, 'the key is free again');
+  t.same(await records(r.sessions, 'other'), [idempotencyKey('other', 'done')], 'only the clients swept');
+  r.clock.now += 60_000;
+  t.equal(await ledger.sweep(['acme', 'other']), 2, "a claim ttlMs after its lease lapsed (its instance died long ago), and the other client's answer");
+  t.same([...(await records(r.sessions)), ...(await records(r.sessions, 'other'))], []);
+});
+
+t.test("a session's records go with it; other sessions' stay", async (t) => {
+  const r = await rig(t);
+  const ledger = r.ledger();
+  await run(t, await ledger.claim(client, 'a', fp, 'p-1')).finish(ok200);
+  await run(t, await ledger.claim(client, 'b', fp, 'p-2')).release(true);
+  await run(t, await ledger.claim(client, 'c', { ...fp, upload_uuid: 'u-2' }, 'p-3')).finish(ok200);
+  await forgetSessionRecords(r.sessions, 'acme', 'u-1');
+  t.same(await records(r.sessions), [idempotencyKey('acme', 'c')]);
+  t.equal(await ledger.replay(client, 'a', fp), null);
+});
+
+t.test('a flood of fresh keys: the records of the client stay within its budget, the newest answers kept', async (t) => {
+  const r = await rig(t);
+  const budget = 50;
+  const ledger = r.ledger({ keysPerClient: budget });
+  const live = run(t, await ledger.claim(client, 'live', fp, 'p-live')); // a running claim is never dropped
+  let most = 0;
+  for (let i = 0; i < 1000; i++) {
+    r.clock.now += 1;
+    await run(t, await ledger.claim(client, `k${i}`, fp, `p-${i}`)).finish({ status: 422, body: { detail: `Invalid JSON format. ${i}` } });
+    if (i % 25 === 24) {
+      await ledger.idle(); // the background trim, if one started
+      most = Math.max(most, (await records(r.sessions)).length);
+    }
+  }
+  await ledger.idle();
+  const left = await records(r.sessions);
+  t.ok(most <= budget, `at most ${budget} records at any check (most seen: ${most})`);
+  t.ok(left.length <= budget && left.length >= Math.floor(budget * 0.9) - 1, `${left.length} records left of 1001 keys`);
+  t.ok(left.includes(idempotencyKey('acme', 'live')), 'the running claim stays');
+  t.same(await ledger.replay(client, 'k999', fp), { status: 422, body: { detail: 'Invalid JSON format. 999' } }, 'the newest answer is replayed');
+  t.equal(await ledger.replay(client, 'k0', fp), null, 'the oldest was dropped: its key is free again');
+  const kept = left.filter((k) => k !== idempotencyKey('acme', 'live'));
+  const newest = Array.from({ length: kept.length }, (_, i) => idempotencyKey('acme', `k${999 - i}`)).sort();
+  t.same(kept, newest, 'the records dropped are the oldest ones');
+  await live.finish(ok200);
 });

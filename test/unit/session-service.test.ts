@@ -45,6 +45,7 @@ function counting(store: SessionStore): SessionStore & { updates: number; failNe
       return written;
     },
     delete: store.delete.bind(store),
+    list: store.list.bind(store),
     close: store.close.bind(store),
   };
   return counted;

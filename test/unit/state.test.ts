@@ -221,6 +221,26 @@ t.test('webhook: STARTED → DONE / UPLOADING; any other state ignored', async (
   }
 });
 
+t.test('webhook: an ignored signed request is remembered, so its replay after the next start is ignored too', async (t) => {
+  const replay = { id: 'sig-1', until: NOW + 300_000 };
+  const ignored = decideWebhook(session('UPLOADING'), { is_terminated: false, replay }, NOW);
+  t.notOk(ignored.applied);
+  t.equal(ignored.next.status, 'UPLOADING', 'the state is unchanged');
+  t.same(ignored.next.applied_webhooks, [replay], 'its id is remembered');
+  t.equal(decideWebhook(ignored.next, { is_terminated: false, replay }, NOW).next, ignored.next, 'seen already: nothing to write');
+  const started = { ...ignored.next, status: 'STARTED' as const, workflow: { date_from: '2024-01-01', date_to: '2024-01-31', started_at: 'x' } };
+  const replayed = decideWebhook(started, { is_terminated: false, replay }, NOW + 1000);
+  t.notOk(replayed.applied, 'replayed after the next start: ignored');
+  t.equal(replayed.next.status, 'STARTED');
+  const fresh = decideWebhook(started, { is_terminated: false, replay: { id: 'sig-2', until: NOW + 301_000 } }, NOW + 1000);
+  t.ok(fresh.applied, 'another signed request is applied');
+  t.same(fresh.next.applied_webhooks?.map((w) => w.id), ['sig-1', 'sig-2']);
+  const later = decideWebhook(fresh.next, { is_terminated: false, replay: { id: 'sig-3', until: NOW + 900_000 } }, NOW + 300_001);
+  t.same(later.next.applied_webhooks?.map((w) => w.id), ['sig-2', 'sig-3'], 'ids past their replay window are dropped');
+  const deleted = session('UPLOADING', { deleted: true });
+  t.equal(decideWebhook(deleted, { is_terminated: false, replay }, NOW).next, deleted, 'a deleted session: nothing written');
+});
+
 t.test('delete only in UPLOADING', async (t) => {
   for (const s of STATES) {
     const d = decideDelete(session(s), NOW);

@@ -1,8 +1,14 @@
-import { StoreConflictError, StoreError, type SessionStore, type Versioned } from '../ports.js';
+import { KEY_PREFIX, StoreConflictError, StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { StateDatabase } from './state-db.js';
 import { openStateReader } from './state-schema.js';
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
+
+/** A key with an empty token (a leading, trailing or doubled dot): never listed (ports.ts). */
+const EMPTY_TOKEN = /^\.|\.\.|\.$/;
+
+/** Keys `list` reads per query. */
+const LIST_PAGE = 500;
 
 /**
  * `SessionStore` on the embedded state database (state-db.ts), for one process: a key is a
@@ -15,6 +21,7 @@ export class SqliteSessionStore implements SessionStore {
   readonly capabilities = { singleProcess: true } as const;
   readonly #db: StateDatabase;
   readonly #get;
+  readonly #page;
   /** Set when the store opened its database itself (`open`): closing the store closes it. */
   readonly #owned: boolean;
   #closed = false;
@@ -23,6 +30,9 @@ export class SqliteSessionStore implements SessionStore {
     this.#db = db;
     this.#owned = opts.owned ?? false;
     this.#get = db.reader.prepare<[string], { revision: number; value: string }>('SELECT revision, value FROM kv WHERE key = ?');
+    this.#page = db.reader.prepare<[string, string, number], { key: string; revision: number; value: string }>(
+      'SELECT key, revision, value FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?',
+    );
   }
 
   /** Reads one key from the database at `path` without the store (tests, tools; the owner may be running). */
@@ -40,6 +50,20 @@ export class SqliteSessionStore implements SessionStore {
     this.#check();
     const row = this.#get.get(checkKey(key));
     return row ? { value: JSON.parse(row.value) as T, revision: row.revision } : null;
+  }
+
+  /** The port's listing (store/ports.ts): the keys in order, a page per query, each page as of its query. */
+  async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
+    this.#check();
+    if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
+    // Every key under `prefix` sorts before the prefix with its last character raised ('.' + 1 is '/').
+    const end = prefix === '' ? '\u{10FFFF}' : `${prefix.slice(0, -1)}/`;
+    for (let after = prefix; ; ) {
+      const rows = this.#page.all(after, end, LIST_PAGE);
+      for (const row of rows) if (!EMPTY_TOKEN.test(row.key)) yield { key: row.key, value: JSON.parse(row.value) as T, revision: row.revision };
+      if (rows.length < LIST_PAGE) return;
+      after = rows.at(-1)!.key;
+    }
   }
 
   create<T>(key: string, value: T): Promise<number> {

@@ -12,7 +12,7 @@
  * holds no message at all although its sequence moved (the session bucket never purges: a
  * delete writes a marker), means lost data: `STORE_UNAVAILABLE`, never "absent".
  */
-import { StoreError, type SessionStore, type Versioned } from '../ports.js';
+import { StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from './connection.js';
 import { kvKey } from './session-store.js';
 
@@ -56,6 +56,11 @@ export class LostKeysGuard implements SessionStore {
 
   delete(key: string, revision?: number): Promise<void> {
     return this.#inner.delete(key, revision);
+  }
+
+  /** A listing never says that a key is absent, so it needs no check. */
+  list<T>(prefix: string): AsyncIterable<Listed<T>> {
+    return this.#inner.list<T>(prefix);
   }
 
   close(): Promise<void> {

@@ -1,5 +1,5 @@
 import { headers, nuid, StorageType, type KV, type MsgHdrs } from 'nats';
-import { StoreError, StoreConflictError, type SessionStore, type Versioned } from '../ports.js';
+import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { isWrongLastSequence, withRetry, type NatsContext } from './connection.js';
 import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
 
@@ -16,6 +16,8 @@ const KEY = /^[A-Za-z0-9_.=-]+$/;
 /** Port keys whose dot-separated tokens are all non-empty are NATS subjects as they are. */
 const SUBJECT_SAFE = /^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$/;
 const OPERATION = 'KV-Operation';
+/** Keys a listing reads at once. */
+const LIST_READS = 32;
 
 /**
  * `SessionStore` on a JetStream KV bucket (history 1, file storage). Revisions are stream
@@ -109,6 +111,32 @@ export class NatsSessionStore implements SessionStore {
       h.set(OPERATION, 'DEL');
       return h;
     });
+  }
+
+  /**
+   * The bucket's subjects under the prefix from the stream's info (`subjects_filter`, paged by
+   * nats.js; a deleted key's marker is counted there too), then each key's last message, read
+   * as `get` reads it. Not nats.js's `kv.keys`: its iterator drops keys that arrive while the
+   * reader is busy and the listing ends meanwhile (nats.js 2.29, `QueuedIteratorImpl` breaks
+   * on `done` before the keys pushed since), which a slow reader here always is.
+   */
+  async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
+    if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
+    this.#check();
+    const head = `$KV.${this.#bucket}.`;
+    const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream, { subjects_filter: `${head}${prefix}>` }));
+    const tokens = Object.keys(info.state.subjects ?? {}).map((subject) => subject.slice(head.length));
+    for (let i = 0; i < tokens.length; i += LIST_READS) {
+      const read = await Promise.all(
+        tokens.slice(i, i + LIST_READS).map(async (token) => {
+          const key = token.startsWith('/') ? Buffer.from(token.slice(1), 'hex').toString('utf8') : token;
+          return { key, last: key.startsWith(prefix) && KEY.test(key) ? await this.#last(key) : null };
+        }),
+      );
+      for (const { key, last } of read) {
+        if (last && !last.deleted) yield { key, value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
+      }
+    }
   }
 
   async close(): Promise<void> {
