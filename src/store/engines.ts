@@ -4,7 +4,7 @@
  * embedded file-backed adapters under `dataDir` serve. Nothing above the ports changes.
  */
 import { constants } from 'node:fs';
-import { access, mkdir } from 'node:fs/promises';
+import { access, mkdir, open, unlink } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
@@ -102,6 +102,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       probes.storage = async () => {
         await dataDirWritable();
         await writeProbe(sessions);
+        await batchProbe(dataDir);
       };
     }
     let objects: ObjectStore;
@@ -126,7 +127,8 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
     } else {
       await mkdir(dataDir, { recursive: true });
       objects = await FileObjectStore.open(join(dataDir, 'objects'));
-      probes.storage = dataDirWritable;
+      // The embedded stores' check covers the data directory already; with NATS it is the objects' only one.
+      probes.storage ??= dataDirWritable;
     }
     closers.push(() => objects.close());
 
@@ -159,6 +161,26 @@ async function writeProbe(sessions: SessionStore): Promise<void> {
     if (!isStoreConflict(err)) throw err; // another instance's probe: the delete below still writes
   });
   await sessions.delete(READINESS_KEY);
+}
+
+/** What `batchProbe` writes: a batch of rows as the queue writes them (ingest batches are up to about this size). */
+const PROBE_BYTES = 1024 * 1024;
+
+/**
+ * A batch's worth of bytes written to the data directory and fdatasync'ed, then removed: a
+ * disk with room for the session store's small writes but not for a batch (nearly full), or
+ * whose writes fail, is not ready.
+ */
+async function batchProbe(dataDir: string): Promise<void> {
+  const path = join(dataDir, '.readiness-probe');
+  const file = await open(path, 'w');
+  try {
+    await file.write(Buffer.alloc(PROBE_BYTES));
+    await file.datasync();
+  } finally {
+    await file.close();
+    await unlink(path).catch(() => undefined);
+  }
 }
 
 /** How long the start's look at the streams re-sends through transient failures, as the adapters' own opens do. */
