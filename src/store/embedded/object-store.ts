@@ -340,6 +340,8 @@ export class FileObjectStore implements ObjectStore {
 
   /** The directory's index, brought up to what its file holds now (reads of one directory go in turn). */
   async #index(dir: string): Promise<DirIndex> {
+    // No byte of a failed put is read.
+    if (this.#cuts.has(dir)) await this.#cutBack(dir);
     let index = this.#indexes.get(dir);
     if (index) this.#indexes.delete(dir); // most recently used last
     else index = { entries: new Map(), readTo: 0, checked: false, reading: Promise.resolve() };
@@ -387,7 +389,7 @@ export class FileObjectStore implements ObjectStore {
         if (!step) break;
         if ('reason' in step) {
           suspects.push(step);
-          if (!(await reader.skip(step))) break;
+          if (!(await reader.skip(step, (f) => suspects.push(f)))) break;
           continue;
         }
         if (suspects.length > 0) {
@@ -453,7 +455,7 @@ export class FileObjectStore implements ObjectStore {
    * After a failed write or fdatasync the pack's tail is unknown (an fdatasync that failed may
    * leave the page cache holding bytes the disk does not): once no write of it is in flight,
    * the pack is marked to be cut back to its last durable byte before anyone reads or
-   * appends to it again.
+   * appends to it again (`#index` does it).
    */
   #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>): Promise<R> {
     this.#check();
@@ -479,7 +481,6 @@ export class FileObjectStore implements ObjectStore {
     for (let tries = 0; ; tries++) {
       try {
         await mkdirDurable(dir);
-        await this.#cutBack(dir);
         // Appends go after the last valid record: a torn one (a crash mid-put) is cut off.
         const { readTo } = await this.#index(dir);
         const file = await AppendFile.open(join(dir, PACK), { size: readTo });
@@ -633,6 +634,9 @@ function isLegacyHeader(h: unknown): h is Header {
 /** Bytes `get` reads at a time. */
 const READ_CHUNK = 1024 * 1024;
 
+/** How every header line starts. */
+const HEADER_START = Buffer.from('{"k":');
+
 /** A header line longer than this is no header. */
 const MAX_HEADER_BYTES = 1024 * 1024;
 
@@ -693,22 +697,28 @@ class RecordReader {
     return { header: h, offset: line.end, end, checked: parsed.checked };
   }
 
-  /** Moves past a failed record: after it if its header was valid, else to the next line that is a valid header. False: none. */
-  async skip(failed: FailedRecord): Promise<boolean> {
+  /**
+   * Moves past a failed record: after it if its header was valid, else to the next valid
+   * header line (where its `{"k":` starts: the bytes before may not end in a newline); a
+   * header start met on the way that fails too goes to `failing`. False: no valid one.
+   */
+  async skip(failed: FailedRecord, failing: (f: FailedRecord) => void): Promise<boolean> {
     if (failed.next !== null) {
       this.#pos = failed.next;
       return true;
     }
     for (let from = failed.at + 1; ; ) {
-      const start = await this.#nextLine(from);
+      const start = await this.#find(HEADER_START, from);
       if (start === null) return false;
       const line = await this.#line(start);
       if (line === null) return false;
-      if (line !== 'long' && typeof parseHeader(line.bytes, !this.#checked) !== 'string') {
+      const parsed = line === 'long' ? 'record header line too long' : parseHeader(line.bytes, !this.#checked);
+      if (typeof parsed !== 'string') {
         this.#pos = start;
         return true;
       }
-      from = start;
+      failing({ at: start, reason: parsed, next: null });
+      from = start + 1;
     }
   }
 
@@ -728,13 +738,14 @@ class RecordReader {
     return crc;
   }
 
-  /** Where the line after offset `from` starts (the byte after the next newline at or past `from`), or null if none before the end. */
-  async #nextLine(from: number): Promise<number | null> {
-    for (let pos = from; pos < this.#size; ) {
+  /** Where `pattern` next occurs at or past `from`, or null if not before the end. */
+  async #find(pattern: Buffer, from: number): Promise<number | null> {
+    for (let pos = from; pos + pattern.byteLength <= this.#size; ) {
       const chunk = await this.#bytes(pos, Math.min(this.#buf.byteLength, this.#size - pos));
-      const nl = chunk.indexOf(0x0a);
-      if (nl >= 0) return pos + nl + 1 < this.#size ? pos + nl + 1 : null;
-      pos += chunk.byteLength;
+      const found = chunk.indexOf(pattern);
+      if (found >= 0) return pos + found;
+      // The pattern may straddle this chunk and the next.
+      pos += Math.max(1, chunk.byteLength - pattern.byteLength + 1);
     }
     return null;
   }
