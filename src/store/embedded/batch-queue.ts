@@ -246,8 +246,10 @@ export class FileBatchQueue implements BatchQueue {
     await Promise.all([...this.#writers].map((w) => w.abort()));
     await Promise.all([...this.#dropping]);
     await this.#indexRun;
-    await this.#index.close();
-    await Promise.allSettled([...this.#segments.values()].map(async (s) => (await s.file).close()));
+    // Every file is closed, whatever fails (a handle left open would fail its close at garbage collection, off any caller).
+    const closed = await Promise.allSettled([this.#index.close(), ...[...this.#segments.values()].map((s) => s.file.then((f) => f.close(), () => undefined))]);
+    const failed = closed.find((r) => r.status === 'rejected');
+    if (failed) throw failed.reason;
   }
 
   /** Appends one batch to the current segment (a new one past `segmentBytes`); the writer holds a reference to it. */
