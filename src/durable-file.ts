@@ -3,7 +3,7 @@
  * process after a crash) sees the old content or the new, never a torn file.
  */
 import { randomBytes } from 'node:crypto';
-import { open, rename, unlink } from 'node:fs/promises';
+import { mkdir, open, rename, unlink } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 
 /** Makes a directory's entries (a rename, a new file) durable. */
@@ -13,6 +13,21 @@ export async function fsyncDir(dir: string): Promise<void> {
     await dh.sync();
   } finally {
     await dh.close();
+  }
+}
+
+/**
+ * `mkdir -p` whose new entries are durable: the parent of every directory it made is
+ * fsynced, so a power cut cannot take away a directory that files were then made in.
+ */
+export async function mkdirDurable(dir: string): Promise<void> {
+  const created = await mkdir(dir, { recursive: true });
+  if (created === undefined) return;
+  const top = dirname(created);
+  for (let d = dir; ; d = dirname(d)) {
+    const parent = dirname(d);
+    await fsyncDir(parent);
+    if (parent === top || parent === d) return;
   }
 }
 

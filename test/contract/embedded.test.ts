@@ -1,8 +1,8 @@
 import { mkdir, mkdtemp, readdir, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import t from 'tap';
-import { appendFile, readFile, writeFile } from 'node:fs/promises';
+import { appendFile, readFile, stat, writeFile } from 'node:fs/promises';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { batchQueueContract } from './batch-queue.contract.js';
@@ -71,14 +71,18 @@ t.test('FileBatchQueue: a commit racing a purge of its session fails, and nothin
   const again = await FileBatchQueue.open(dir, queueOpts);
   t.teardown(() => again.close());
   t.equal(await again.pending('u1'), 0, 'nothing of the purged session after a restart');
-  t.same(await readdir(join(dir, 'segments')), ['1.seg'], 'the old segment, used by no package, is gone; a new one is open');
+  const segments = await readdir(join(dir, 'segments'));
+  t.equal(segments.length, 1, 'the old segment, used by no package, is gone; a new one is open');
+  t.not(segments[0], '0.seg', 'under a number never used before');
+  t.equal((await stat(join(dir, 'segments', segments[0]!))).size, 0);
 });
 
 t.test('FileBatchQueue: a small committed package reaches its consumer from memory; a large one, one past the budget and one after a restart from its segment', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   // Room for one small package (8 bytes): the second is past the budget.
-  const q = await FileBatchQueue.open(dir, { ...queueOpts, heldBytes: 12 });
+  const damage: [string, number][] = [];
+  const q = await FileBatchQueue.open(dir, { ...queueOpts, heldBytes: 12, onDamage: (file, offset) => void damage.push([basename(file), offset]) });
   const meta = (id: string) => ({ package_id: id, upload_uuid: 'u1', client_id: 'c', entity: 'stores', columns: ['store_id'] });
   const sent = new Map<string, Buffer>();
   const commit = async (id: string, batch: Buffer): Promise<void> => {
@@ -92,22 +96,33 @@ t.test('FileBatchQueue: a small committed package reaches its consumer from memo
   await commit('small', Buffer.from('["s-1"]\n'));
   await commit('over-budget', Buffer.from('["s-2"]\n'));
   await commit('large', Buffer.from(`["${'x'.repeat(70 * 1024)}"]\n`));
-  // What the segment holds now is not what was written: whatever comes from it shows.
+  // What the segment holds now is not what was written: whatever is read from it fails its checksum.
   const segment = join(dir, 'segments', '0.seg');
   await writeFile(segment, Buffer.alloc((await readFile(segment)).byteLength, '#'));
   const got = new Map<string, string>();
+  let left = 3;
+  let done!: () => void;
+  const all = new Promise<void>((resolve) => (done = resolve));
   const consumer = q.consume(async (pkg) => {
     const parts: Buffer[] = [];
-    for await (const b of pkg.batches({ reuse: true })) parts.push(Buffer.from(b));
-    got.set(pkg.meta.package_id, Buffer.concat(parts).toString());
+    try {
+      for await (const b of pkg.batches({ reuse: true })) parts.push(Buffer.from(b));
+      got.set(pkg.meta.package_id, Buffer.concat(parts).toString());
+    } catch (err) {
+      got.set(pkg.meta.package_id, (err as { code: string }).code);
+      throw err;
+    } finally {
+      if (--left === 0) done();
+    }
   });
-  await t.resolves(async () => {
-    while (got.size < 3) await new Promise((r) => setImmediate(r));
-  });
+  await all;
   await consumer.stop();
   t.equal(got.get('small'), sent.get('small')!.toString(), 'the small package, from memory');
-  t.match(got.get('over-budget'), /^#+$/, 'past the budget: read from the segment');
-  t.match(got.get('large'), /^#+$/, 'past the size held: read from the segment');
+  t.equal(got.get('over-budget'), 'QUEUE_BATCH_LOST', 'past the budget: read from the segment, damaged there');
+  t.equal(got.get('large'), 'QUEUE_BATCH_LOST', 'past the size held: read from the segment, damaged there');
+  t.same(damage, [['0.seg', 8], ['0.seg', 16]], 'each damaged batch reported with its file and offset');
+  t.equal(q.damaged, 2);
+  t.equal(await q.pending('u1'), 0, 'a package whose batch is damaged is dropped, not delivered again');
   await q.close();
 
   // After a restart nothing is held: an unacked package is read from its segment.

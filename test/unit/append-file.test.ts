@@ -101,3 +101,34 @@ t.test('a failed fdatasync breaks the file: what reached the disk is unknown, so
   t.throws(() => file.write(Buffer.from('b\n')), { code: 'EIO' }, 'a later write is refused');
   await t.rejects(file.writeAt(Buffer.from('x'), 0), { code: 'EIO' }, 'and an overwrite');
 });
+
+t.test('durableSize is where the last successful fdatasync ended; failed names the error that broke the file', async (t) => {
+  const path = await tempFile(t);
+  let syncs = 0;
+  const failing = async (...args: Parameters<typeof fsp.open>) => {
+    const fh = await fsp.open(...args);
+    return new Proxy(fh, {
+      get(target, prop) {
+        if (prop === 'datasync') {
+          return async () => (++syncs === 2 ? Promise.reject(Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' })) : target.datasync());
+        }
+        const value = Reflect.get(target, prop) as unknown;
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+  };
+  const built = new URL('../../src/store/embedded/append-file.js', import.meta.url).href;
+  const { AppendFile: Mocked } = await t.mockImport<typeof import('../../src/store/embedded/append-file.js')>(built, {
+    'node:fs/promises': { ...fsp, open: failing },
+  });
+  const file = await Mocked.open(path);
+  t.teardown(() => file.close());
+  await file.append(Buffer.from('kept\n'));
+  t.equal(file.durableSize, 5);
+  t.equal(file.failed, null);
+  file.write(Buffer.from('overwritten later\n'));
+  await t.rejects(file.writeAt(Buffer.from('O'), 5).then(() => file.sync()), { code: 'EIO' });
+  t.equal(file.durableSize, 5, 'what came after the last good sync is not vouched for');
+  t.match(file.failed, { code: 'EIO' });
+  t.equal(file.size, 23);
+});

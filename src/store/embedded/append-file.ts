@@ -29,11 +29,17 @@ export class AppendFile {
   #closed = false;
   /** The first write or fdatasync error: the file's tail is unknown from then on, so every later call fails. */
   #broken: unknown = null;
+  /** Where the bytes the last successful fdatasync covered end (see `durableSize`). */
+  #durable: number;
+  /** `writeAt` calls so far: a sync that ran alongside one does not vouch for its bytes. */
+  #rewrites = 0;
+  readonly #overwrites = new Set<Promise<void>>();
 
   private constructor(path: string, fh: FileHandle, size: number) {
     this.path = path;
     this.#fh = fh;
     this.#end = size;
+    this.#durable = size;
   }
 
   /**
@@ -88,6 +94,25 @@ export class AppendFile {
   /** Bytes written or being written. */
   get size(): number {
     return this.#end;
+  }
+
+  /**
+   * Bytes known to be on the disk: the file's size at open, then the end of what the last
+   * successful `sync` covered (lowered to where a `writeAt` overwrote bytes until a sync
+   * covers them). After a failure, what lies past it is unknown: a caller that goes on with
+   * the file cuts it back to here first (see `failed`).
+   */
+  get durableSize(): number {
+    return this.#durable;
+  }
+
+  /**
+   * The write or fdatasync error that broke the file, or null. A broken file refuses every
+   * later call; its owner moves on to a fresh file, or reopens this one cut back to
+   * `durableSize` once `settled` (no write of it is still in flight then).
+   */
+  get failed(): unknown {
+    return this.#broken;
   }
 
   /** Appends `data`; returns its offset at once and, in `written`, when the bytes are in the file (not yet durable). */
@@ -166,13 +191,20 @@ export class AppendFile {
   async writeAt(data: Uint8Array, offset: number): Promise<void> {
     this.#check();
     if (offset < 0 || offset + data.byteLength > this.#end) throw new RangeError(`${this.path}: writeAt past the end (${offset + data.byteLength} > ${this.#end})`);
+    this.#rewrites++;
+    this.#durable = Math.min(this.#durable, offset);
     await this.settled();
     if (this.#broken) throw this.#broken;
+    const write = this.#writeAt([data], offset);
+    // A sync asked for from now on waits for it.
+    this.#overwrites.add(write);
     try {
-      await this.#writeAt([data], offset);
+      await write;
     } catch (err) {
       this.#broken ??= err;
       throw err;
+    } finally {
+      this.#overwrites.delete(write);
     }
   }
 
@@ -193,12 +225,15 @@ export class AppendFile {
 
   #startSync(): Promise<void> {
     this.#queued = null;
-    const writes = [...this.#writes];
+    const writes = [...this.#writes, ...this.#overwrites];
+    const upTo = this.#end;
+    const rewrites = this.#rewrites;
     const run = (async () => {
       await Promise.all(writes);
       if (this.#broken) throw this.#broken;
       try {
         await this.#fh.datasync();
+        if (this.#rewrites === rewrites) this.#durable = Math.max(this.#durable, upTo);
       } catch (err) {
         // After a failed fdatasync what reached the disk is unknown (the kernel may have dropped
         // the dirty pages): the file is broken like after a failed write.

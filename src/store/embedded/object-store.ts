@@ -1,10 +1,11 @@
 import type { Dirent } from 'node:fs';
-import { mkdir, open, readdir, rm, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
+import { open, readdir, rm, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { crc32 } from 'node:zlib';
 import { StoreError, type ObjectStore, type StoredObject } from '../ports.js';
-import { fsyncDir } from '../../durable-file.js';
+import { mkdirDurable } from '../../durable-file.js';
 import { AppendFile } from './append-file.js';
+import { DamageLog, type OnDamage } from './damage.js';
 import { OpenHandles } from './open-handles.js';
 
 export interface FileObjectStoreOptions {
@@ -12,6 +13,12 @@ export interface FileObjectStoreOptions {
   maxIndexedObjects?: number;
   /** Directories whose pack files are kept open. Default 64. */
   maxOpenPacks?: number;
+  /**
+   * Called for each damaged record found (default: an error log line): a record whose header
+   * or bytes fail their CRC-32, with valid records after it. It is no object (the ones after
+   * it are); a torn tail (the end of a put a crash cut short) is not damage.
+   */
+  onDamage?: OnDamage;
 }
 
 /** A directory's pack file; no escaped segment starts with `~`, so it never meets a key's name. */
@@ -22,19 +29,28 @@ const PACK = '~pack';
  * line); `n: -1`: an object still being streamed (or whose put died mid-stream); `c: -1`: `n`
  * bytes of an abandoned put, to be skipped; or, with `d: 1`, the removal of `k`. The numbers
  * are padded to a fixed width, so that a streamed object's header is written before its bytes
- * and completed in place after them.
+ * and completed in place after them. Each line ends with `h`, the CRC-32 of the line before
+ * `,"h":` (lines of earlier versions have none: they are read until a pack's first checked one).
  */
 type Header = { k: string; n: number; c: number } | { k: string; d: 1 };
 
 interface Located {
+  /** Offset of its bytes. */
   o: number;
   n: number;
+  /** CRC-32 of its bytes. */
+  c: number;
 }
 
-/** A directory's index as read so far: every key's last entry, where the last whole record ends, and the reads in turn. */
+/**
+ * A directory's index as read so far: every key's last entry, where the last whole record
+ * ends, whether a checked header was read (older headers are refused after it), and the
+ * reads in turn.
+ */
 interface DirIndex {
   entries: Map<string, Located>;
   readTo: number;
+  checked: boolean;
   reading: Promise<void>;
 }
 
@@ -56,8 +72,17 @@ interface Pack {
  * file, an fsync, a rename and a directory fsync (or, packed with a separate index, two
  * writes and two fdatasyncs). A key's last record wins; `{k, d: 1}` removes it. Readers
  * scan the records once, in order, and keep the index in memory; a record counts once it is
- * whole and its bytes match its CRC, so a record torn by a crash (never acknowledged) ends
- * the scan, and the writer cuts it off when it opens the pack again.
+ * whole, its header matches its own CRC-32 and its bytes theirs. Records that fail with
+ * none valid after them are a torn tail (a put a crash cut short, never acknowledged): the
+ * scan ends there, and the writer cuts them off when it opens the pack again. One that
+ * fails with valid records after it is damage: reported (`onDamage`), skipped (after a
+ * damaged header the scan looks for the next valid one), and the records after it count.
+ * `get` checks an object's bytes against their CRC as it reads them: damaged bytes end the
+ * read with `STORE_CORRUPT` before its last chunk.
+ *
+ * A failed write or fdatasync fails the puts it carried, not the directory: the pack is
+ * closed, and the next put opens it again cut back to the end of its last successful
+ * fdatasync, so no byte of a failed put is ever read as an object.
  *
  * An object up to `HOLD_BYTES` is held whole and appended in one write, so puts into one
  * directory run side by side; a larger one streams its chunks in turn while the directory's
@@ -76,20 +101,31 @@ export class FileObjectStore implements ObjectStore {
   /** Indexes read per directory, least recently used first. */
   readonly #indexes = new Map<string, DirIndex>();
   #indexed = 0;
+  /** Packs to cut back to this size before they are read or written again (a write or fdatasync of theirs failed). */
+  readonly #cuts = new Map<string, number>();
+  readonly #damage: DamageLog;
+  /** Damage reported, by file and offset: a directory read again is not reported again. */
+  readonly #reported = new Set<string>();
   #closed = false;
 
   private constructor(dir: string, opts: FileObjectStoreOptions) {
     this.#root = join(dir, 'objects');
     this.#maxIndexed = opts.maxIndexedObjects ?? 500_000;
     this.#packs = new OpenHandles({ max: opts.maxOpenPacks ?? 64, open: (d) => this.#openPack(d), close: closePack });
+    this.#damage = new DamageLog(opts.onDamage);
   }
 
   static async open(dir: string, opts: FileObjectStoreOptions = {}): Promise<FileObjectStore> {
     const store = new FileObjectStore(dir, opts);
     // Temp files of the one-file-per-object layout, left by a crash of an earlier version.
     await rm(join(dir, 'tmp'), { recursive: true, force: true });
-    await mkdir(store.#root, { recursive: true });
+    await mkdirDurable(store.#root);
     return store;
+  }
+
+  /** Damaged records found so far (each also handed to `onDamage`). */
+  get damaged(): number {
+    return this.#damage.count;
   }
 
   async put(key: string, body: AsyncIterable<Uint8Array>): Promise<StoredObject> {
@@ -104,13 +140,14 @@ export class FileObjectStore implements ObjectStore {
       next = await iterator.next();
     }
     if (next.done) {
-      const record = held.record(header(key, held.size, crc32(held.bytes())));
       return this.#withPack(dir, async (pack) => {
         while (pack.streaming) await pack.streaming;
+        const crc = crc32(held.bytes());
+        const record = held.record(header(key, held.size, crc));
         const { offset, written } = pack.file.write(record);
         await written;
         await pack.file.sync();
-        this.#learn(dir, key, offset, record.byteLength - held.size, held.size);
+        this.#learn(dir, key, offset, record.byteLength - held.size, held.size, crc);
         return { key, size: held.size };
       });
     }
@@ -141,7 +178,7 @@ export class FileObjectStore implements ObjectStore {
         const head = header(key, size, failure ? ABANDONED : crc);
         await pack.file.writeAt(head, at);
         await pack.file.sync();
-        if (!failure) this.#learn(dir, key, at, head.byteLength, size);
+        if (!failure) this.#learn(dir, key, at, head.byteLength, size, crc);
         return failure ?? { key, size };
       } finally {
         pack.streaming = null;
@@ -158,7 +195,7 @@ export class FileObjectStore implements ObjectStore {
     if (at) {
       if (at.n === 0) return (async function* () {})();
       // An open handle keeps reading the bytes even if the directory is removed meanwhile.
-      return (await open(join(dir, PACK), 'r')).createReadStream({ start: at.o, end: at.o + at.n - 1 });
+      return this.#checkedRead(await open(join(dir, PACK), 'r'), join(dir, PACK), at);
     }
     try {
       // An open handle keeps reading the old file even if it is removed meanwhile.
@@ -211,7 +248,7 @@ export class FileObjectStore implements ObjectStore {
       if (gone.length === 0) return;
       await this.#withPack(dir, async (pack) => {
         while (pack.streaming) await pack.streaming;
-        await pack.file.append(Buffer.from(gone.map((k) => `${JSON.stringify({ k, d: 1 } satisfies Header)}\n`).join('')));
+        await pack.file.append(Buffer.concat(gone.map((k) => deletion(k))));
       });
     });
     for (const dir of whole) {
@@ -236,6 +273,41 @@ export class FileObjectStore implements ObjectStore {
     if (this.#closed) return;
     this.#closed = true;
     await this.#packs.closeAll();
+  }
+
+  /**
+   * An object's bytes from its pack, checked against their CRC as they are read: the last
+   * chunk is handed out only once the whole matches, so damaged bytes end in `STORE_CORRUPT`.
+   */
+  async *#checkedRead(fh: FileHandle, path: string, at: Located): AsyncIterable<Uint8Array> {
+    try {
+      let crc = 0;
+      let held: Buffer | null = null;
+      for (let done = 0; done < at.n; ) {
+        const chunk = Buffer.allocUnsafe(Math.min(READ_CHUNK, at.n - done));
+        const { bytesRead } = await fh.read(chunk, 0, chunk.byteLength, at.o + done);
+        if (bytesRead === 0) throw new StoreError('STORE_CORRUPT', `${path}: the object at ${at.o} ends before its ${at.n} bytes`);
+        const got = chunk.subarray(0, bytesRead);
+        crc = crc32(got, crc);
+        done += bytesRead;
+        if (held) yield held;
+        held = got;
+      }
+      if (crc !== at.c) {
+        this.#reportDamage(path, at.o, `an object's ${at.n} bytes fail their CRC-32 when read`);
+        throw new StoreError('STORE_CORRUPT', `${path}: the object at ${at.o} is damaged (its bytes fail their CRC-32)`);
+      }
+      if (held) yield held;
+    } finally {
+      await fh.close();
+    }
+  }
+
+  #reportDamage(file: string, offset: number, reason: string): void {
+    const at = `${file}:${offset}`;
+    if (this.#reported.has(at)) return;
+    this.#reported.add(at);
+    this.#damage.report(file, offset, reason);
   }
 
   /**
@@ -268,9 +340,11 @@ export class FileObjectStore implements ObjectStore {
 
   /** The directory's index, brought up to what its file holds now (reads of one directory go in turn). */
   async #index(dir: string): Promise<DirIndex> {
+    // No byte of a failed put is read.
+    if (this.#cuts.has(dir)) await this.#cutBack(dir);
     let index = this.#indexes.get(dir);
     if (index) this.#indexes.delete(dir); // most recently used last
-    else index = { entries: new Map(), readTo: 0, reading: Promise.resolve() };
+    else index = { entries: new Map(), readTo: 0, checked: false, reading: Promise.resolve() };
     this.#indexes.set(dir, index);
     const mine = index.reading.then(() => this.#readMore(dir, index));
     index.reading = mine.catch(() => undefined);
@@ -279,9 +353,11 @@ export class FileObjectStore implements ObjectStore {
   }
 
   /**
-   * Reads the records appended since the last read, up to the first one that is not whole
-   * (still being written, or torn by a crash: it waits for the next read, or is cut off when
-   * the writer opens the pack).
+   * Reads the records appended since the last read, up to the end of the last valid one:
+   * records not whole or failing their checks with none valid after them (still being
+   * written, or torn by a crash) wait for the next read, or are cut off when the writer opens
+   * the pack. One that fails with a valid record after it is read once more (a header being
+   * completed in place may have been read half old, half new), then reported and skipped.
    */
   async #readMore(dir: string, index: DirIndex): Promise<void> {
     let fh;
@@ -297,15 +373,40 @@ export class FileObjectStore implements ObjectStore {
     }
     try {
       const size = (await fh.stat()).size;
-      if (size <= index.readTo) return;
       const before = index.entries.size;
-      const reader = new RecordReader(fh, index.readTo, size);
+      if (size < index.readTo) {
+        // Cut back (a failed put of another instance): read again from the start.
+        index.entries.clear();
+        index.readTo = 0;
+        index.checked = false;
+      }
+      if (size <= index.readTo) return;
+      const reader = new RecordReader(fh, index.readTo, size, index.checked);
+      let suspects: { at: number; reason: string }[] = [];
+      let rechecked = -1;
       for (;;) {
-        const rec = await reader.next();
-        if (!rec) break;
-        if ('d' in rec.header) index.entries.delete(rec.header.k);
-        else if (rec.header.c !== ABANDONED) index.entries.set(rec.header.k, { o: rec.offset, n: rec.header.n });
-        index.readTo = rec.end;
+        const step = await reader.next();
+        if (!step) break;
+        if ('reason' in step) {
+          suspects.push(step);
+          if (!(await reader.skip(step, (f) => suspects.push(f)))) break;
+          continue;
+        }
+        if (suspects.length > 0) {
+          if (rechecked !== suspects[0]!.at) {
+            rechecked = suspects[0]!.at;
+            reader.restart(rechecked);
+            suspects = [];
+            continue;
+          }
+          for (const d of suspects) this.#reportDamage(join(dir, PACK), d.at, d.reason);
+          suspects = [];
+        }
+        const h = step.header;
+        if ('d' in h) index.entries.delete(h.k);
+        else if (h.c !== ABANDONED) index.entries.set(h.k, { o: step.offset, n: h.n, c: h.c });
+        index.readTo = step.end;
+        index.checked ||= step.checked;
       }
       if (this.#indexes.get(dir) === index) {
         this.#indexed += index.entries.size - before;
@@ -321,12 +422,13 @@ export class FileObjectStore implements ObjectStore {
    * a scan would read, so that the writer never reads its own records back; otherwise the
    * next scan finds it.
    */
-  #learn(dir: string, key: string, at: number, headerBytes: number, n: number): void {
+  #learn(dir: string, key: string, at: number, headerBytes: number, n: number, c: number): void {
     const index = this.#indexes.get(dir);
     if (!index || index.readTo !== at) return;
     const had = index.entries.has(key);
-    index.entries.set(key, { o: at + headerBytes, n });
+    index.entries.set(key, { o: at + headerBytes, n, c });
     index.readTo = at + headerBytes + n;
+    index.checked = true;
     if (!had) {
       this.#indexed++;
       this.#evict(dir);
@@ -348,10 +450,27 @@ export class FileObjectStore implements ObjectStore {
     }
   }
 
-  /** Runs `fn` with the directory's pack; a failure retires it (its tail is unknown): the next put opens it afresh. */
+  /**
+   * Runs `fn` with the directory's pack; a failure retires it: the next put opens it afresh.
+   * After a failed write or fdatasync the pack's tail is unknown (an fdatasync that failed may
+   * leave the page cache holding bytes the disk does not): once no write of it is in flight,
+   * the pack is marked to be cut back to its last durable byte before anyone reads or
+   * appends to it again (`#index` does it).
+   */
   #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>): Promise<R> {
     this.#check();
-    return this.#packs.use(dir, fn);
+    return this.#packs.use(dir, async (pack) => {
+      try {
+        return await fn(pack);
+      } catch (err) {
+        if (pack.file.failed) {
+          await pack.file.settled();
+          this.#cuts.set(dir, Math.min(this.#cuts.get(dir) ?? Infinity, pack.file.durableSize));
+          this.#forget(dir);
+        }
+        throw err;
+      }
+    });
   }
 
   /**
@@ -360,23 +479,39 @@ export class FileObjectStore implements ObjectStore {
    */
   async #openPack(dir: string): Promise<Pack> {
     for (let tries = 0; ; tries++) {
-      const created = await mkdir(dir, { recursive: true });
       try {
-        // Appends go after the last whole record: a torn one (a crash mid-put) is cut off.
+        await mkdirDurable(dir);
+        // Appends go after the last valid record: a torn one (a crash mid-put) is cut off.
         const { readTo } = await this.#index(dir);
         const file = await AppendFile.open(join(dir, PACK), { size: readTo });
-        // The entries of the directories made for it must reach the disk (AppendFile made the files' own durable).
-        if (created) {
-          for (let d = dirname(dir); d.length >= dirname(created).length && d.startsWith(this.#root); d = dirname(d)) {
-            await fsyncDir(d).catch(ignoreMissing);
-            if (d === dirname(created) || d === this.#root) break;
-          }
-        }
         return { file, streaming: null };
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || tries >= 3) throw err;
       }
     }
+  }
+
+  /** Cuts a pack whose write failed back to its last durable byte (see `#withPack`); it stays marked until that succeeds. */
+  async #cutBack(dir: string): Promise<void> {
+    const size = this.#cuts.get(dir);
+    if (size === undefined) return;
+    let fh: FileHandle;
+    try {
+      fh = await open(join(dir, PACK), 'r+');
+    } catch (err) {
+      // Gone with its directory: nothing left to cut.
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      this.#cuts.delete(dir);
+      return;
+    }
+    try {
+      if ((await fh.stat()).size > size) await fh.truncate(size);
+      await fh.datasync();
+    } finally {
+      await fh.close();
+    }
+    this.#cuts.delete(dir);
+    this.#forget(dir);
   }
 
   #check(): void {
@@ -450,61 +585,180 @@ const ABANDONED = -1;
 
 /** A record's header line (see `Header`). */
 function header(key: string, n: number, c: number): Buffer {
-  return Buffer.from(`{"k":${JSON.stringify(key)},"n":${String(n).padEnd(N_WIDTH)},"c":${String(c).padEnd(C_WIDTH)}}\n`);
+  return sealed(`{"k":${JSON.stringify(key)},"n":${String(n).padEnd(N_WIDTH)},"c":${String(c).padEnd(C_WIDTH)}`);
 }
 
-/** Reads a pack's records in order from `from` up to `size`, checking each one whole against its CRC. */
+/** The header line of the removal of `key`. */
+function deletion(key: string): Buffer {
+  return sealed(`{"k":${JSON.stringify(key)},"d":1`);
+}
+
+/** A header's fields closed with its own CRC-32 (of the bytes before `,"h":`) and a newline. */
+function sealed(fields: string): Buffer {
+  const crc = crc32(fields);
+  return Buffer.from(`${fields}${H_FIELD}${String(crc).padEnd(C_WIDTH)}}\n`);
+}
+
+const H_FIELD = ',"h":';
+const H_TAG = Buffer.from(H_FIELD);
+const H_VALUE = /^(\d{1,10}) *\}$/;
+
+/** A header line's header (the line without its newline), or why it is none; a line without `h` counts only while `legacy`. */
+function parseHeader(line: Buffer, legacy: boolean): { header: Header; checked: boolean } | string {
+  const at = line.lastIndexOf(H_TAG);
+  if (at >= 0) {
+    const value = H_VALUE.exec(line.subarray(at + H_TAG.length).toString('latin1'));
+    if (!value || crc32(line.subarray(0, at)) !== Number(value[1])) return 'record header fails its CRC-32';
+    // As written: it parses, and is of a known shape.
+    const { k, n, c, d } = JSON.parse(line.toString('utf8')) as { k: string; n?: number; c?: number; d?: 1 };
+    return { header: d === 1 ? { k, d } : { k, n: n!, c: c! }, checked: true };
+  }
+  if (!legacy) return 'record header without its checksum';
+  let h: unknown;
+  try {
+    h = JSON.parse(line.toString('utf8'));
+  } catch {
+    return 'record header that does not parse';
+  }
+  return isLegacyHeader(h) ? { header: h, checked: false } : 'record header of no known shape';
+}
+
+/** A header as earlier versions wrote it: `{k, n, c}` or `{k, d: 1}`, nothing else. */
+function isLegacyHeader(h: unknown): h is Header {
+  if (typeof h !== 'object' || h === null || Array.isArray(h) || typeof (h as { k?: unknown }).k !== 'string') return false;
+  const keys = Object.keys(h).sort().join();
+  const { n, c, d } = h as { n?: unknown; c?: unknown; d?: unknown };
+  return (keys === 'd,k' && d === 1) || (keys === 'c,k,n' && Number.isSafeInteger(n) && Number.isSafeInteger(c));
+}
+
+/** Bytes `get` reads at a time. */
+const READ_CHUNK = 1024 * 1024;
+
+/** How every header line starts. */
+const HEADER_START = Buffer.from('{"k":');
+
+/** A header line longer than this is no header. */
+const MAX_HEADER_BYTES = 1024 * 1024;
+
+/** A record read whole and valid: `offset` of its bytes, `end` of the record, and whether its header carried a checksum. */
+interface ValidRecord {
+  header: Header;
+  offset: number;
+  end: number;
+  checked: boolean;
+}
+
+/** A record that fails its checks though whole: where it starts, why, and where the next one starts if its header was valid. */
+interface FailedRecord {
+  at: number;
+  reason: string;
+  next: number | null;
+}
+
+/** Reads a pack's records in order from `from` up to `size`, checking each one whole against its CRCs. */
 class RecordReader {
   readonly #fh: FileHandle;
   #pos: number;
   readonly #size: number;
+  /** A checked header was read: from then on a header without a checksum is damage. */
+  #checked: boolean;
   #buf = Buffer.allocUnsafe(64 * 1024);
   /** Bytes of `#buf` read, from file offset `#bufAt`. */
   #bufAt = 0;
   #bufLen = 0;
 
-  constructor(fh: FileHandle, from: number, size: number) {
+  constructor(fh: FileHandle, from: number, size: number, checked: boolean) {
     this.#fh = fh;
     this.#pos = from;
     this.#size = size;
+    this.#checked = checked;
   }
 
-  /** The next whole record (`offset` of its bytes, `end` of the record), or null at the end or at one not whole. */
-  async next(): Promise<{ header: Header; offset: number; end: number } | null> {
-    const line = await this.#line();
-    if (!line) return null;
-    let h: Header;
-    try {
-      h = JSON.parse(line.text) as Header;
-    } catch {
-      return null; // torn
+  /**
+   * The next record: valid, failed, or null at the end of the file or at one not whole (its
+   * header line or its bytes running past the end, or still being streamed).
+   */
+  async next(): Promise<ValidRecord | FailedRecord | null> {
+    const at = this.#pos;
+    const line = await this.#line(at);
+    if (line === null) return null;
+    if (line === 'long') return { at, reason: 'record header line too long', next: null };
+    const parsed = parseHeader(line.bytes, !this.#checked);
+    if (typeof parsed === 'string') return { at, reason: parsed, next: null };
+    const h = parsed.header;
+    let end = line.end;
+    if (!('d' in h)) {
+      if (h.n < 0 || line.end + h.n > this.#size) return null;
+      end = line.end + h.n;
+      if (h.c !== ABANDONED && (await this.#crc(line.end, h.n)) !== h.c) return { at, reason: `an object's ${h.n} bytes fail their CRC-32`, next: end };
     }
-    if ('d' in h) {
-      this.#pos = line.end;
-      return { header: h, offset: line.end, end: line.end };
+    this.#pos = end;
+    if (parsed.checked) this.#checked = true;
+    return { header: h, offset: line.end, end, checked: parsed.checked };
+  }
+
+  /**
+   * Moves past a failed record: after it if its header was valid, else to the next valid
+   * header line (where its `{"k":` starts: the bytes before may not end in a newline); a
+   * header start met on the way that fails too goes to `failing`. False: no valid one.
+   */
+  async skip(failed: FailedRecord, failing: (f: FailedRecord) => void): Promise<boolean> {
+    if (failed.next !== null) {
+      this.#pos = failed.next;
+      return true;
     }
-    if (!Number.isSafeInteger(h.n) || h.n < 0 || line.end + h.n > this.#size) return null; // still streaming, or torn
-    if (h.c !== ABANDONED) {
-      let crc = 0;
-      for (let at = line.end; at < line.end + h.n; ) {
-        const part = await this.#bytes(at, Math.min(this.#buf.byteLength, line.end + h.n - at));
-        crc = crc32(part, crc);
-        at += part.byteLength;
+    for (let from = failed.at + 1; ; ) {
+      const start = await this.#find(HEADER_START, from);
+      if (start === null) return false;
+      const line = await this.#line(start);
+      if (line === null) return false;
+      const parsed = line === 'long' ? 'record header line too long' : parseHeader(line.bytes, !this.#checked);
+      if (typeof parsed !== 'string') {
+        this.#pos = start;
+        return true;
       }
-      if (crc !== h.c) return null; // torn: its bytes are not what was written
+      failing({ at: start, reason: parsed, next: null });
+      from = start + 1;
     }
-    this.#pos = line.end + h.n;
-    return { header: h, offset: line.end, end: this.#pos };
   }
 
-  /** The header line at the position (without its newline), or null if it does not end before the file does. */
-  async #line(): Promise<{ text: string; end: number } | null> {
+  /** Reads again from `at`, from the file (not what was read before). */
+  restart(at: number): void {
+    this.#pos = at;
+    this.#bufLen = 0;
+  }
+
+  async #crc(at: number, n: number): Promise<number> {
+    let crc = 0;
+    for (let pos = at; pos < at + n; ) {
+      const part = await this.#bytes(pos, Math.min(this.#buf.byteLength, at + n - pos));
+      crc = crc32(part, crc);
+      pos += part.byteLength;
+    }
+    return crc;
+  }
+
+  /** Where `pattern` next occurs at or past `from`, or null if not before the end. */
+  async #find(pattern: Buffer, from: number): Promise<number | null> {
+    for (let pos = from; pos + pattern.byteLength <= this.#size; ) {
+      const chunk = await this.#bytes(pos, Math.min(this.#buf.byteLength, this.#size - pos));
+      const found = chunk.indexOf(pattern);
+      if (found >= 0) return pos + found;
+      // The pattern may straddle this chunk and the next.
+      pos += Math.max(1, chunk.byteLength - pattern.byteLength + 1);
+    }
+    return null;
+  }
+
+  /** The line at `at` (its bytes without the newline, valid until the next read), null if it does not end before the file does, 'long' past `MAX_HEADER_BYTES`. */
+  async #line(at: number): Promise<{ bytes: Buffer; end: number } | 'long' | null> {
     for (let want = 1024; ; want *= 2) {
-      if (this.#pos >= this.#size) return null;
-      const chunk = await this.#bytes(this.#pos, Math.min(want, this.#size - this.#pos));
+      if (at >= this.#size) return null;
+      const chunk = await this.#bytes(at, Math.min(want, this.#size - at));
       const nl = chunk.indexOf(0x0a);
-      if (nl >= 0) return { text: chunk.subarray(0, nl).toString('utf8'), end: this.#pos + nl + 1 };
-      if (this.#pos + chunk.byteLength >= this.#size || want > 1024 * 1024) return null;
+      if (nl >= 0) return { bytes: chunk.subarray(0, nl), end: at + nl + 1 };
+      if (at + chunk.byteLength >= this.#size) return null;
+      if (want > MAX_HEADER_BYTES) return 'long';
     }
   }
 
