@@ -261,8 +261,7 @@ export class NatsBatchQueue implements BatchQueue {
         throw err;
       },
     );
-    // A floor read later only moves up: keep the newest read.
-    if (!this.#floor || this.#floor.at <= at) this.#floor = { at, seq };
+    this.#floor = { at, seq };
     return seq;
   }
 
