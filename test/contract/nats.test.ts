@@ -1,5 +1,5 @@
 import t, { type Test } from 'tap';
-import { StorageType } from 'nats';
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType } from 'nats';
 import { connectNats, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { enableAtomicPublish, GroupPublisher } from '../../src/store/nats/group-publisher.js';
@@ -7,6 +7,7 @@ import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../../testbed/nats.js';
+import { until } from '../support/drills.js';
 import { batchQueueContract } from './batch-queue.contract.js';
 import { ledgerContract } from './ledger.contract.js';
 import { sessionStoreContract } from './session-store.contract.js';
@@ -73,23 +74,38 @@ const queueOpts = (stream: string): NatsBatchQueueOptions => ({
   sweepIntervalMs: 0,
 });
 
-batchQueueContract(t, 'NatsBatchQueue', async () => {
-  const stream = unique('QUEUE');
-  const handles: NatsHandle[] = [];
-  const open = async () => {
-    const h = await connectNats({ servers: server.url, name: 'contract-test', requestTimeoutMs: 5000 });
-    handles.push(h);
-    return NatsBatchQueue.open(h, queueOpts(stream));
-  };
-  return {
-    store: await open(),
-    reopen: open,
-    cleanup: async () => {
-      await handles[0]?.jsm.streams.delete(stream).catch(() => {});
-      for (const h of handles) await h.close();
-    },
-  };
-});
+/** The queue stream as versions before the bulk removal made it: a work queue, which removes each message on its ack. */
+async function addWorkQueueStream(h: NatsHandle, stream: string): Promise<void> {
+  await h.jsm.streams.add({
+    name: stream,
+    subjects: [`${stream}.b.>`, `${stream}.c.>`],
+    retention: RetentionPolicy.Workqueue,
+    storage: StorageType.File,
+    discard: DiscardPolicy.New,
+    duplicate_window: nanos(120_000),
+  });
+}
+
+for (const kind of ['limits', 'workqueue'] as const) {
+  batchQueueContract(t, kind === 'limits' ? 'NatsBatchQueue' : 'NatsBatchQueue on a work-queue stream', async () => {
+    const stream = unique('QUEUE');
+    const handles: NatsHandle[] = [];
+    const open = async () => {
+      const h = await connectNats({ servers: server.url, name: 'contract-test', requestTimeoutMs: 5000 });
+      handles.push(h);
+      if (kind === 'workqueue' && handles.length === 1) await addWorkQueueStream(h, stream);
+      return NatsBatchQueue.open(h, queueOpts(stream));
+    };
+    return {
+      store: await open(),
+      reopen: open,
+      cleanup: async () => {
+        await handles[0]?.jsm.streams.delete(stream).catch(() => {});
+        for (const h of handles) await h.close();
+      },
+    };
+  });
+}
 
 function meta(upload_uuid: string, package_id: string, client_id = 'client-1'): PackageMeta {
   return { package_id, upload_uuid, client_id, entity: 'stores', columns: ['store_id', 'name'] };
@@ -270,14 +286,15 @@ t.test('NatsBatchQueue: a package of one small batch is one message, its commit;
   t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'nothing left after the acks');
 });
 
-t.test('NatsBatchQueue: the stream is a work queue on file storage, with the documented subjects', async (t) => {
+t.test('NatsBatchQueue: the stream has limits retention (none set) on file storage, with the documented subjects', async (t) => {
   const h = await connection(t);
   const stream = unique('LAYOUT');
   const q = await openQueue(t, h, queueOpts(stream));
   t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
   const info = await h.jsm.streams.info(stream);
-  t.equal(info.config.retention, 'workqueue');
-  t.equal(info.config.storage, 'file');
+  t.equal(info.config.retention, 'limits');
+  t.equal(q.retention, 'limits');
+  t.match(info.config, { storage: 'file', max_age: 0, max_bytes: -1, max_msgs: -1, discard: 'new' }, 'nothing is ever dropped to make room');
   t.same(info.config.subjects, [`${stream}.b.>`, `${stream}.c.>`]);
   const open = await q.open(meta('u-1', 'p-open', 'acme.corp *>'));
   await open.append(Buffer.from('["x"]\n'));
@@ -295,6 +312,89 @@ t.test('NatsBatchQueue: the stream is a work queue on file storage, with the doc
   t.equal(consumer.config.filter_subject, `${stream}.c.>`);
   t.equal(consumer.num_pending, 1, 'the consumer sees the commit only');
   await open.abort();
+});
+
+t.test('NatsBatchQueue: acknowledged commits leave the stream in bulk; an acked one left there is never delivered again, across a server restart', async (t) => {
+  const own = await startNats(t);
+  const stream = unique('BULK');
+  // A process that acks and dies before its bulk removal: its acked commits stay in the stream.
+  const dying = await connectNats({ servers: own.url, name: 'dying', requestTimeoutMs: 5000 });
+  const keeping = await NatsBatchQueue.open(dying, { ...queueOpts(stream), removeEveryMs: 3_600_000 });
+  const ids = Array.from({ length: 6 }, (_, i) => `p${i}`);
+  await Promise.all(ids.map((id, i) => commit(keeping, meta(`u${i % 2}`, id), [Buffer.from(`["${id}"]\n`)])));
+  const handled: string[] = [];
+  keeping.consume(async (pkg) => void handled.push(pkg.meta.package_id));
+  t.teardown(() => keeping.close());
+  const h = await connection(t, own.url);
+  await until('every package acked', () => h.jsm.consumers.info(stream, 'uploader'), (c) => c.num_pending === 0 && c.num_ack_pending === 0 && c.ack_floor.stream_seq >= ids.length, 10_000, 20);
+  await dying.nc.close(); // no stop, no removal: a crash as the server sees it
+  t.same([...handled].sort(), ids);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, ids.length, 'acked, still in the stream');
+
+  await own.restart();
+  const h2 = await connection(t, own.url);
+  t.equal((await h2.jsm.consumers.info(stream, 'uploader')).ack_floor.stream_seq, ids.length, 'the ack floor survived the restart');
+  const q = await openQueue(t, h2, queueOpts(stream));
+  t.same(await Promise.all(['u0', 'u1'].map((u) => q.pending(u))), [0, 0], 'none pending after the restart');
+  t.same(await Promise.all(['u0', 'u1'].map((u) => q.hasPending(u))), [false, false]);
+  await commit(q, meta('u0', 'marker'), [Buffer.from('["m"]\n')]);
+  const after = await drain(t, q, 1);
+  t.same(after.map((d) => [d.meta.package_id, d.attempt]), [['marker', 1]], 'only the new package is delivered');
+  t.equal((await h2.jsm.streams.info(stream)).state.messages, 0, 'the removal after its ack took the leftovers too: one purge up to the ack floor');
+});
+
+t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and leaves the stream while the floor is held', async (t) => {
+  const h = await connection(t);
+  const stream = unique('ABOVE');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, { ...queueOpts(stream), removeEveryMs: 20 });
+  await commit(q, meta('u-held', 'p1'), [Buffer.from('["p1"]\n')]);
+  await commit(q, meta('u-done', 'p2'), [Buffer.from('["p2"]\n')]);
+  let held!: () => void;
+  const inHand = new Promise<void>((resolve) => (held = resolve));
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  const done: string[] = [];
+  const holder = q.consume(async (pkg) => {
+    held();
+    await gate;
+    done.push(pkg.meta.package_id);
+  });
+  t.teardown(() => holder.stop());
+  await inHand; // p1: the floor stays below it
+  const other = await drain(t, q, 1); // p2, acked above the floor
+  t.same(other.map((d) => d.meta.package_id), ['p2']);
+  const info = await h.jsm.consumers.info(stream, 'uploader');
+  t.equal(info.num_ack_pending, 1, 'p1 in hand');
+  t.ok(info.ack_floor.stream_seq < (await h.jsm.streams.info(stream)).state.last_seq, 'the floor is below p2');
+  t.equal(await q.hasPending('u-done'), false, 'p2 is done');
+  t.equal(await q.pending('u-done'), 0);
+  t.equal(await q.hasPending('u-held'), true, 'p1 is not');
+  // Another process knows only the floor and the stream: p2 must leave the stream on its own.
+  const elsewhere = await openQueue(t, await connection(t), queueOpts(stream));
+  await until('p2 removed above the floor', () => elsewhere.hasPending('u-done'), (pending) => !pending, 10_000, 20);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 1, 'only p1 is left');
+  release();
+  await holder.stop();
+  t.same(done, ['p1']);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'p1 removed once its consumer stopped');
+  t.same(await Promise.all(['u-held', 'u-done'].map((u) => elsewhere.hasPending(u))), [false, false]);
+});
+
+t.test('NatsBatchQueue: a stream made as a work queue keeps working as one (retention cannot change in place)', async (t) => {
+  const h = await connection(t);
+  const stream = unique('OLDWQ');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  await addWorkQueueStream(h, stream);
+  const q = await openQueue(t, h, { ...queueOpts(stream), removeEveryMs: 3_600_000 });
+  t.equal(q.retention, 'workqueue');
+  await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n')]);
+  await commit(q, meta('u1', 'p2'), [Buffer.from('["a"]\n'), Buffer.from('["b"]\n')]);
+  t.equal(await q.pending('u1'), 2);
+  const got = await drain(t, q, 2);
+  t.same(got.map((d) => d.data.toString()), ['["p1"]\n', '["a"]\n["b"]\n']);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'each ack removed its commit at once');
+  t.equal((await h.jsm.streams.info(stream)).config.retention, 'workqueue', 'the stream is left as it was');
 });
 
 t.test('NatsBatchQueue: batches near the batch size limit round-trip byte for byte', async (t) => {
@@ -364,19 +464,23 @@ t.test('NatsBatchQueue: sweep removes batches of dead writers only', async (t) =
   t.equal((await h.jsm.streams.info(stream)).state.messages, 0, 'no batch of the dead writer is left');
 });
 
-t.test('NatsBatchQueue: packages acknowledged but left in the stream (a power cut between the ack and the removal) are not pending; the sweep removes them', async (t) => {
+for (const kind of ['limits', 'workqueue'] as const) {
+t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the stream are not pending; the sweep removes them`, async (t) => {
   const h = await connection(t);
   const stream = unique('LEFTOVER');
   t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  if (kind === 'workqueue') await addWorkQueueStream(h, stream);
   const q = await openQueue(t, h, queueOpts(stream));
+  t.equal(q.retention, kind);
   await commit(q, meta('u-left', 'p1'), [Buffer.from('["a"]\n'), Buffer.from('["b"]\n')]);
   await commit(q, meta('u-left', 'p2'), [Buffer.from('["c"]\n')]);
   await commit(q, meta('u-live', 'p3'), [Buffer.from('["d"]\n')]);
   t.equal(await q.hasPending('u-left'), true, 'pending while nobody acked them');
 
-  // What the server held after the power cut: the consumer's ack floor past u-left's commits,
-  // the messages still in the stream. A work queue removes a message when it is acked; the
-  // consumer reset of nats-server 2.14+ moves the floor without removing anything.
+  // The consumer's ack floor past u-left's commits, the messages still in the stream: on a
+  // limits stream what a process that acked them and died before the bulk removal leaves; on
+  // a work queue, which removes a message when it is acked, what a power cut between the two
+  // left. The consumer reset of nats-server 2.14+ moves the floor without removing anything.
   const commitOf = (uuid: string, id: string) => `${stream}.c.${Buffer.from('client-1').toString('hex')}.${uuid}.stores.${id}`;
   const p2 = await h.jsm.streams.getMessage(stream, { last_by_subj: commitOf('u-left', 'p2') });
   const reset = await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p2.seq + 1 })), { timeout: 5000 });
@@ -396,6 +500,7 @@ t.test('NatsBatchQueue: packages acknowledged but left in the stream (a power cu
   const got = await drain(t, other, 1);
   t.same(got.map((d) => [d.meta.package_id, d.data.toString()]), [['p3', '["d"]\n']], 'and is delivered');
 });
+}
 
 t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, not redelivered forever', async (t) => {
   const h = await connection(t);

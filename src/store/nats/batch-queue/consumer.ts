@@ -1,7 +1,8 @@
 /**
  * One `consume` loop: takes commit messages from the durable pull consumer one at a time,
- * hands their packages to the handler, and acks (then deletes the batches), naks with a
- * growing delay, or drops a package whose batches are gone.
+ * hands their packages to the handler, and acks (then deletes the batches; the commit goes
+ * with the next bulk removal, remover.ts), naks with a growing delay, or drops a package
+ * whose batches are gone.
  */
 import { DirectMsgHeaders, type Msg } from 'nats';
 import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
@@ -24,6 +25,10 @@ export interface ConsumerOptions {
   readAhead: number;
   /** Makes sure the durable consumer exists (it went away: deleted, not yet on a new leader). */
   ensureConsumer(): Promise<void>;
+  /** The server confirmed the ack of the commit message at this stream sequence. */
+  acked(seq: number): void;
+  /** Once the loop has ended: removes from the stream what this loop acked (never throws). */
+  settle(): Promise<void>;
   onError(err: unknown, what: string): void;
 }
 
@@ -46,6 +51,7 @@ export class NatsConsumer implements QueueConsumer {
     return (this.#stopping ??= (async () => {
       this.#puller.stop();
       await this.#loop;
+      await this.#o.settle();
       this.#onStopped();
     })());
   }
@@ -82,7 +88,7 @@ export class NatsConsumer implements QueueConsumer {
       ({ rec, inline } = readCommit(msg));
     } catch (err) {
       onError(err, `drop unreadable commit message ${msg.subject}`);
-      await this.#ack(msg);
+      await this.#ack(msg, streamSequence);
       return;
     }
     const batchSubject = subjects.batchOfCommit(msg.subject);
@@ -112,7 +118,10 @@ export class NatsConsumer implements QueueConsumer {
       clearInterval(heartbeat);
     }
     if (ok) {
-      if (await this.#ack(msg)) await messages.deleteSeqs(rec.batches).catch((err: unknown) => onError(err, 'delete the batches of an uploaded package'));
+      // One filtered purge of the package's own batch subject, however many batches it has.
+      if ((await this.#ack(msg, streamSequence)) && rec.batches.length > 0) {
+        await messages.deleteMatching(batchSubject, Math.max(...rec.batches)).catch((err: unknown) => onError(err, 'delete the batches of an uploaded package'));
+      }
       return;
     }
     if (lost) {
@@ -122,7 +131,7 @@ export class NatsConsumer implements QueueConsumer {
         .then((sm) => sm !== null)
         .catch(() => true);
       if (stillThere) onError(lost, `drop package ${rec.meta.package_id} of session ${rec.meta.upload_uuid}: its batches are gone`);
-      if (await this.#ack(msg)) await messages.deleteMatching(batchSubject).catch(() => {});
+      if (await this.#ack(msg, streamSequence)) await messages.deleteMatching(batchSubject).catch(() => {});
       return;
     }
     const delayMs = this.#o.redeliveryDelayMs;
@@ -177,11 +186,12 @@ export class NatsConsumer implements QueueConsumer {
    * `JsMsg.ackAck()`: it marks the message acked before the server answers, so it cannot be
    * asked again after a timeout.
    */
-  async #ack(msg: Msg): Promise<boolean> {
+  async #ack(msg: Msg, seq: number): Promise<boolean> {
     const { ctx } = this.#o.messages;
     for (let attempt = 0; attempt < 3; attempt++) {
       try {
         await ctx.nc.request(msg.reply!, ACK, { timeout: ctx.requestTimeoutMs });
+        this.#o.acked(seq);
         return true;
       } catch (err) {
         if (attempt === 2 || ctx.nc.isClosed()) {

@@ -17,6 +17,7 @@ import { JS_NO_MESSAGE_FOUND, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type 
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
+import { AckedRemover } from './remover.js';
 import { NAME, packageTail, QueueSubjects, token } from './subjects.js';
 import { sweepAcknowledged, sweepOrphans } from './sweeper.js';
 import { enableAtomicPublish, GroupPublisher } from '../group-publisher.js';
@@ -39,6 +40,8 @@ export interface NatsBatchQueueOptions {
   orphanAfterMs?: number;
   /** How often this instance sweeps orphaned batches away (default 600000; 0: never, call `sweep()` yourself). */
   sweepIntervalMs?: number;
+  /** How long an acknowledged commit waits for the bulk removal on a limits stream (default 100; remover.ts). */
+  removeEveryMs?: number;
   /** Background failures: sweeps, acks, deletes after an ack, dropped packages. */
   onError?: (err: unknown, what: string) => void;
 }
@@ -56,20 +59,28 @@ const JS_CONSUMER_NOT_FOUND = 10014;
 const JS_STREAM_NAME_IN_USE = 10058;
 
 /**
- * `BatchQueue` on one JetStream stream with work-queue retention and file storage.
+ * `BatchQueue` on one JetStream stream with limits retention (no limit set) and file storage.
  *
  * Subjects (subjects.ts): a package's batches on `<stream>.b.<tail>`, its commit on
  * `<stream>.c.<tail>`. The writer (writer.ts) publishes batches as they come; nothing reads
  * `b` subjects by subscription, so they stay invisible. `commit` publishes one message on the
  * `c` subject with the meta, the totals and the batches' stream sequences (record.ts), and
- * that message is what the one durable pull consumer (filtered on `<stream>.c.>`; a
- * work-queue stream allows no overlapping consumers) hands out (consumer.ts, puller.ts). The
- * handler reads the batches by sequence (direct get, falling back to the leader). Success:
- * the commit is acked (which removes it), then the batches are deleted; a crash in between
- * leaves batches without a commit, which the sweep (sweeper.ts) removes. Failure: nak with a
- * growing delay. `pending(uuid)` counts the session's commit messages above the consumer's
- * ack floor (the one in a handler included; one at or below it is acked, whatever the stream
- * still holds); `purge(uuid)` and `abort` delete the matching messages with a filtered purge.
+ * that message is what the one durable pull consumer (filtered on `<stream>.c.>`) hands out
+ * (consumer.ts, puller.ts). The handler reads the batches by sequence (direct get, falling
+ * back to the leader). Success: the commit is acked, then the batches are deleted; acked
+ * commits leave the stream in bulk a moment later (remover.ts), and whatever a crash leaves
+ * behind the sweep (sweeper.ts) removes. Failure: nak with a growing delay.
+ *
+ * The consumer's state says what is done, never the stream's contents: a commit at or below
+ * its ack floor is acked and never handed out again, whatever the stream still holds.
+ * `pending(uuid)` counts the session's commit messages above the floor that this process
+ * has not acked (the one in a handler included); `purge(uuid)` and `abort` delete the
+ * matching messages with a filtered purge.
+ *
+ * A stream made before this (work-queue retention: the server removes each message when it
+ * is acked, one synced write per package) cannot change its retention in place; it keeps
+ * working as it is (`retention`), without the bulk removal (docs/operations.md says how to
+ * move to limits).
  *
  * Package ids must be unique (they are random UUIDs): the message ids dedupe on them.
  */
@@ -91,6 +102,9 @@ export class NatsBatchQueue implements BatchQueue {
   #sweeper: NodeJS.Timeout | undefined;
   /** The consumer's ack floor as last read (`#ackFloor`). */
   #floor: { at: number; seq: Promise<number> } | null = null;
+  /** Removes acked commits in bulk; null on a work-queue stream, where each ack removes its commit. */
+  #remover: AckedRemover | null = null;
+  #retention: RetentionPolicy.Limits | RetentionPolicy.Workqueue = RetentionPolicy.Limits;
   #closed = false;
 
   private constructor(ctx: NatsContext, opts: NatsBatchQueueOptions) {
@@ -111,8 +125,17 @@ export class NatsBatchQueue implements BatchQueue {
     if (!NAME.test(opts.durable)) throw new StoreError('STORE_MISCONFIGURED', `Invalid consumer name ${JSON.stringify(opts.durable)}: allowed are [A-Za-z0-9_-]+`);
     if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for stream ${opts.stream}`);
     const q = new NatsBatchQueue(ctx, opts);
-    await q.#ensureStream(opts);
+    q.#retention = await q.#ensureStream(opts);
     await q.#ensureConsumer();
+    if (q.#retention === RetentionPolicy.Limits) {
+      q.#remover = new AckedRemover({
+        messages: q.#messages,
+        commits: q.#subjects.commits,
+        readFloor: () => q.#readFloor(ctx.requestTimeoutMs),
+        intervalMs: opts.removeEveryMs ?? 100,
+        onError: q.#onError,
+      });
+    }
     q.#commits = new GroupPublisher(ctx, opts.stream, { atomic: await enableAtomicPublish(ctx, opts.stream, q.#retryMs), budgetMs: q.#retryMs });
     const every = opts.sweepIntervalMs ?? 600_000;
     if (every > 0) {
@@ -151,6 +174,11 @@ export class NatsBatchQueue implements BatchQueue {
     return writer;
   }
 
+  /** The stream's retention: limits, or work queue for a stream made before the bulk removal. */
+  get retention(): RetentionPolicy.Limits | RetentionPolicy.Workqueue {
+    return this.#retention;
+  }
+
   /** How the commit messages went out: atomic batches and the messages in them, single publishes. */
   get commitStats(): GroupPublisher['stats'] {
     return this.#commits.stats;
@@ -168,6 +196,8 @@ export class NatsBatchQueue implements BatchQueue {
         pullExpiresMs: PULL_EXPIRES_MS,
         readAhead: READ_AHEAD,
         ensureConsumer: () => this.#ensureConsumer(),
+        acked: (seq) => this.#remover?.acked(seq),
+        settle: async () => this.#remover?.flush(),
         onError: this.#onError,
       },
       handler,
@@ -182,22 +212,30 @@ export class NatsBatchQueue implements BatchQueue {
     this.#check();
     const filter = this.#subjects.sessionCommits(uploadUuid);
     let n = 0;
-    for (let sm = await this.#messages.get({ seq: (await this.#ackFloor()) + 1, next_by_subj: filter }); sm; sm = await this.#messages.get({ seq: sm.seq + 1, next_by_subj: filter })) n++;
+    for (let sm = await this.#messages.get({ seq: (await this.#ackFloor()) + 1, next_by_subj: filter }); sm; sm = await this.#messages.get({ seq: sm.seq + 1, next_by_subj: filter })) {
+      if (!this.#remover?.has(sm.seq)) n++;
+    }
     return n;
   }
 
   /**
-   * The first of the session's commit messages above the consumer's ack floor, if any: two
-   * lookups (the floor is shared by the calls of about a second). Not every commit message in
-   * the stream: one at or below the floor is acknowledged, whatever the stream still holds.
-   * A work queue removes a message when it is acked, but a server that lost power between the
-   * two keeps it (68 of them held three sessions' `upload_tasks_finished` false for good), and
-   * no consumer will ever deliver it again; the sweep removes them.
+   * Whether any of the session's commit messages above the consumer's ack floor is not acked:
+   * usually two lookups (the floor is shared by the calls of about a second, and refreshed by
+   * every round of the bulk removal). Not every commit message in the stream: one at or below
+   * the floor is acknowledged, whatever the stream still holds (on a limits stream until the
+   * next bulk removal; on a work queue, which removes a message when it is acked, after a
+   * power cut between the two: 68 of them once held three sessions' `upload_tasks_finished`
+   * false for good), and no consumer will ever deliver it again. Above the floor, the commits
+   * this process acked and has not removed yet are skipped; another process's are removed
+   * within a round or two of their ack.
    */
   async hasPending(uploadUuid: string): Promise<boolean> {
     this.#check();
-    const first = (await this.#ackFloor()) + 1;
-    return (await this.#messages.get({ seq: first, next_by_subj: this.#subjects.sessionCommits(uploadUuid) })) !== null;
+    const filter = this.#subjects.sessionCommits(uploadUuid);
+    for (let sm = await this.#messages.get({ seq: (await this.#ackFloor()) + 1, next_by_subj: filter }); sm; sm = await this.#messages.get({ seq: sm.seq + 1, next_by_subj: filter })) {
+      if (!this.#remover?.has(sm.seq)) return true;
+    }
+    return false;
   }
 
   /**
@@ -209,8 +247,13 @@ export class NatsBatchQueue implements BatchQueue {
   #ackFloor(): Promise<number> {
     const cached = this.#floor;
     if (cached && performance.now() - cached.at < ACK_FLOOR_REUSE_MS) return cached.seq;
+    return this.#readFloor(this.#retryMs);
+  }
+
+  /** Reads the ack floor now (through transient failures for `retryMs`) and shares it with `#ackFloor`. */
+  #readFloor(retryMs: number): Promise<number> {
     const at = performance.now();
-    const seq = withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.consumers.info(this.#stream, this.#durable)).then(
+    const seq = withRetry(this.#ctx, retryMs, () => this.#ctx.jsm.consumers.info(this.#stream, this.#durable)).then(
       (info) => info.ack_floor.stream_seq,
       (err: unknown) => {
         if (this.#floor?.seq === seq) this.#floor = null;
@@ -260,7 +303,10 @@ export class NatsBatchQueue implements BatchQueue {
     this.#check();
     this.#floor = null;
     const acked = await sweepAcknowledged(this.#messages, this.#subjects, await this.#ackFloor());
-    if (acked > 0) this.#onError(new StoreError('STORE_CORRUPT', `${acked} acknowledged packages were still in stream ${this.#stream}`), 'remove acknowledged packages left in the stream (a server that lost power after an ack)');
+    // On a limits stream acked commits wait for the bulk removal: one a process did not live to remove is no damage.
+    if (acked > 0 && this.#retention === RetentionPolicy.Workqueue) {
+      this.#onError(new StoreError('STORE_CORRUPT', `${acked} acknowledged packages were still in stream ${this.#stream}`), 'remove acknowledged packages left in the stream (a server that lost power after an ack)');
+    }
     return acked + (await sweepOrphans(this.#messages, this.#subjects, this.#orphanAfterMs, now));
   }
 
@@ -269,10 +315,12 @@ export class NatsBatchQueue implements BatchQueue {
     this.#closed = true;
     clearInterval(this.#sweeper);
     await Promise.all([...this.#consumers].map((c) => c.stop()));
+    this.#remover?.close();
     await Promise.allSettled([...this.#writers].map((w) => w.abort()));
   }
 
-  async #ensureStream(opts: NatsBatchQueueOptions): Promise<void> {
+  /** Makes the stream, or checks and updates the one there; resolves with its retention. */
+  async #ensureStream(opts: NatsBatchQueueOptions): Promise<RetentionPolicy.Limits | RetentionPolicy.Workqueue> {
     const { jsm } = this.#ctx;
     const want = {
       subjects: this.#subjects.all,
@@ -292,22 +340,24 @@ export class NatsBatchQueue implements BatchQueue {
           jsm.streams.add({
             name: this.#stream,
             ...want,
-            retention: RetentionPolicy.Workqueue,
+            // Not a work queue: acked commits are removed in bulk (remover.ts), not one synced write per ack.
+            retention: RetentionPolicy.Limits,
             storage: StorageType.File,
             // Never drop queued data to make room: a full stream refuses new appends instead.
             discard: DiscardPolicy.New,
             duplicate_window: nanos(120_000),
           }),
         );
-        return;
+        return RetentionPolicy.Limits;
       } catch (addErr) {
         // Another process created it first: check that one instead.
         if (jsErrorCode(addErr) !== JS_STREAM_NAME_IN_USE) throw addErr;
         config = (await withRetry(this.#ctx, this.#retryMs, () => jsm.streams.info(this.#stream))).config;
       }
     }
-    if (config.retention !== RetentionPolicy.Workqueue || config.storage !== StorageType.File) {
-      throw new StoreError('STORE_MISCONFIGURED', `Stream ${this.#stream} exists with ${config.retention} retention and ${config.storage} storage; the batch queue needs workqueue and file`);
+    const retention = config.retention;
+    if ((retention !== RetentionPolicy.Limits && retention !== RetentionPolicy.Workqueue) || config.storage !== StorageType.File) {
+      throw new StoreError('STORE_MISCONFIGURED', `Stream ${this.#stream} exists with ${config.retention} retention and ${config.storage} storage; the batch queue needs limits (or workqueue) and file`);
     }
     const same =
       config.num_replicas === want.num_replicas &&
@@ -319,6 +369,7 @@ export class NatsBatchQueue implements BatchQueue {
       const subjects = [...new Set([...(config.subjects ?? []), ...want.subjects])];
       await withRetry(this.#ctx, this.#retryMs, () => jsm.streams.update(this.#stream, { ...config, ...want, subjects }));
     }
+    return retention;
   }
 
   async #ensureConsumer(): Promise<void> {

@@ -1,8 +1,9 @@
 /**
  * What no consumer will ever take. Every instance sweeps now and then:
- * - Acknowledged leftovers: a commit message at or below the consumer's ack floor was acked,
- *   and a work queue removes it then, but a server that loses power between the two keeps it
- *   (with its batches). Removed with its batches.
+ * - Acknowledged leftovers: a commit message at or below the consumer's ack floor was acked.
+ *   On a limits stream the bulk removal (remover.ts) takes it a moment later, unless the
+ *   process that acked it died first; a work queue removes it at the ack, unless the server
+ *   lost power between the two. Removed with its batches.
  * - Orphans: batches of a package whose gateway died before commit or abort: a `b` subject
  *   with no `c` subject whose newest batch is older than `orphanAfterMs` (far beyond the
  *   longest request) is deleted up to that batch. Committed packages never expire.
