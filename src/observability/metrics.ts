@@ -35,6 +35,8 @@ export interface MetricsOptions {
   queue?: QueueSource;
   /** Bound of the queue's backlog call during a scrape (a NATS outage must not hang it). */
   backlogTimeoutMs: number;
+  /** Damaged records the stores found and skipped so far (the embedded default's checksums). */
+  damagedRecords?: () => number;
   /** Default process metrics (CPU, memory, event loop lag, GC, handles). Default true. */
   processMetrics?: boolean;
 }
@@ -61,6 +63,18 @@ export class Metrics {
   constructor(opts: MetricsOptions) {
     const registers = [this.registry];
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
+    const { damagedRecords } = opts;
+    if (damagedRecords) {
+      const damaged: Counter = new Counter({
+        name: 'ingest_storage_damaged_records_total',
+        help: 'Damaged records the embedded stores found (checksum failed with valid records after it), skipped and logged with file and offset',
+        registers,
+        collect() {
+          damaged.reset();
+          damaged.inc(damagedRecords());
+        },
+      });
+    }
 
     this.#requests = new Counter({
       name: 'ingest_http_requests_total',

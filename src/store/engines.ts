@@ -37,6 +37,8 @@ export interface Engines {
   probes: Record<string, (timeoutMs: number) => Promise<void>>;
   /** Aborts multipart uploads a crashed uploader left behind (S3 only; a no-op on files). */
   sweepIncompleteUploads(): Promise<number>;
+  /** Damaged records the embedded stores found and skipped (each logged with its file and offset); 0 on NATS and S3. */
+  damagedRecords(): number;
   close(): Promise<void>;
 }
 
@@ -44,6 +46,11 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
   const closers: (() => Promise<void>)[] = [];
   const close = async () => {
     for (const fn of closers.reverse()) await fn().catch((err: unknown) => log.error('close failed', { err }));
+  };
+  let damaged = 0;
+  const onDamage = (file: string, offset: number, reason: string) => {
+    damaged++;
+    log.error('damaged record skipped', { file, offset, reason });
   };
   try {
     const dataDir = resolve(config.dataDir);
@@ -83,7 +90,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       closers.push(() => sessions.close());
       ledger = new SqliteLedger(state);
       closers.push(() => ledger.close());
-      queue = await FileBatchQueue.open(join(dataDir, 'queue'));
+      queue = await FileBatchQueue.open(join(dataDir, 'queue'), { onDamage });
       closers.push(() => queue.close());
     }
 
@@ -126,7 +133,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
         (await store.abortIncompleteUploads(config.storage.objectPrefix, s3.abortIncompleteAfterMs)).length;
     } else {
       await mkdir(dataDir, { recursive: true });
-      objects = await FileObjectStore.open(join(dataDir, 'objects'));
+      objects = await FileObjectStore.open(join(dataDir, 'objects'), { onDamage });
       // The embedded stores' check covers the data directory already; with NATS it is the objects' only one.
       probes.storage ??= dataDirWritable;
     }
@@ -140,6 +147,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       describe: { sessions: nats ? 'nats-kv' : 'file', queue: nats ? 'jetstream' : 'file', objects: s3.endpoint ? 's3' : 'file' },
       probes,
       sweepIncompleteUploads,
+      damagedRecords: () => damaged,
       close,
     };
   } catch (err) {

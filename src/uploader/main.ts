@@ -23,7 +23,7 @@ if (!config.nats.url) {
 const log = jsonLogger(undefined, { component: 'uploader' }, { level: config.log.level });
 const engines = await openEngines(config, log, 'ingest-uploader');
 const metrics = config.metrics.enabled
-  ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => engines.queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs })
+  ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => engines.queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs, damagedRecords: engines.damagedRecords })
   : null;
 const consumer = await runUploader(engines, config, log, metrics?.uploader);
 let operator: OperatorServer | null = null;

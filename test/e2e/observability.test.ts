@@ -95,6 +95,7 @@ t.test('metrics move after a session; access log lines carry a request id and ne
   t.equal(sample(after, 'ingest_connector_calls_total', { operation: 'start', outcome: 'ok' }), 1, 'the Connector start is counted');
   t.equal(sample(after, 'ingest_uploader_packages_total', { outcome: 'stored' }), 1);
   t.equal(sample(after, 'ingest_uploader_errors_total'), 0);
+  t.equal(sample(after, 'ingest_storage_damaged_records_total'), 0, 'no damaged record found');
   t.ok(after.includes('ingest_queue_pending_packages{backend="file"} 0'), 'nothing pending on the embedded queue');
   t.ok(after.includes('ingest_queue_oldest_pending_age_seconds{backend="file"} 0'));
   t.equal(sample(after, 'ingest_pool_workers'), 2);

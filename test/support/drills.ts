@@ -226,10 +226,10 @@ export function checkStored(
   t.equal(acceptedMissing, 0, 'every package that got 200 is stored');
   t.equal(acceptedTwice, 0, '... exactly once');
   t.equal(rejectedStored, 0, 'no package that got an error status is stored');
-  t.equal(notWhole, 0, 'every object holds one whole package');
+  t.equal(notWhole, 0, `every object holds one whole package (${notWhole} do not, of ${objects.length})`);
   t.ok([...rowSeen.values()].every((n) => n === 1), 'no row is stored twice');
-  t.equal(unrecorded, 0, 'nothing is stored that its session does not record');
-  t.equal(objects.length, recordedTotal, 'every recorded package is stored');
+  t.equal(unrecorded, 0, `nothing is stored that its session does not record (${unrecorded} are)`);
+  t.equal(objects.length, recordedTotal, `every recorded package is stored (${objects.length} objects, ${recordedTotal} recorded)`);
   t.ok([...storedPackages.keys()].every((p) => outcomes.has(p)), 'every stored package was sent');
   return { statuses, acceptedMissing, cutStored, cutNotStored };
 }
