@@ -88,6 +88,7 @@ function run(): void {
   scheduled = false;
   const group = queued;
   queued = [];
+  if (group.length === 0) return; // a close ran it already
   const before = revision;
   let outcomes: WriteOutcome[][];
   try {
