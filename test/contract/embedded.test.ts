@@ -7,6 +7,7 @@ import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { batchQueueContract } from './batch-queue.contract.js';
 import { objectStoreContract } from './object-store.contract.js';
+import { readText } from '../support/objects.js';
 
 const tempDir = (): Promise<string> => mkdtemp(join(tmpdir(), 'ingest-embedded-'));
 const remove = (dir: string) => () => rm(dir, { recursive: true, force: true });
@@ -173,13 +174,7 @@ t.test('FileBatchQueue: segments roll over, and go once their packages are acked
   t.equal(index.length, 1, 'one index file');
 });
 
-async function readAll(store: FileObjectStore, key: string): Promise<string | null> {
-  const body = await store.get(key);
-  if (!body) return null;
-  const parts: Buffer[] = [];
-  for await (const chunk of body) parts.push(Buffer.from(chunk));
-  return Buffer.concat(parts).toString();
-}
+const readAll = readText;
 
 async function* pieces(text: string, size = 65536): AsyncIterable<Uint8Array> {
   for (let i = 0; i < text.length; i += size) yield Buffer.from(text.slice(i, i + size));

@@ -12,20 +12,13 @@ import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { QueueConsumer } from '../../src/store/ports.js';
 import { tempDir } from '../../testbed/env.js';
 import { mountFaultFs } from '../../testbed/faultfs.js';
+import { seededRandom } from '../support/random.js';
 
 const SEED = Number(process.env.DRILL_SEED ?? 7);
 const CUTS = 3;
 const LANES = 12;
 
-function random(seed: number): (below: number) => number {
-  let a = seed >>> 0;
-  return (below) => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = Math.imul(a ^ (a >>> 15), 1 | a);
-    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
-    return Math.floor((((x ^ (x >>> 14)) >>> 0) / 4294967296) * below);
-  };
-}
+const random = seededRandom;
 
 /** A package's two batches: its id in every row, sizes varying with it. */
 const batchesOf = (id: string): Buffer[] => [1, 2].map((b) => Buffer.from(`["${id}","${'r'.repeat((id.length * 37 * b) % 3000)}"]\n`.repeat(1 + b)));

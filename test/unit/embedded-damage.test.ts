@@ -11,20 +11,13 @@ import t, { type Test } from 'tap';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { PackageMeta } from '../../src/store/ports.js';
+import { readText } from '../support/objects.js';
+import { seededRandom } from '../support/random.js';
 
 const SEED = Number(process.env.DAMAGE_SEED ?? 19);
 const TRIALS = 25;
 
-/** mulberry32: a small seeded generator, so that a failing trial can be replayed. */
-function random(seed: number): (below: number) => number {
-  let a = seed >>> 0;
-  return (below) => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = Math.imul(a ^ (a >>> 15), 1 | a);
-    x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
-    return Math.floor((((x ^ (x >>> 14)) >>> 0) / 4294967296) * below);
-  };
-}
+const random = seededRandom;
 
 async function tempDir(t: Test): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'embedded-damage-'));
@@ -160,13 +153,7 @@ t.test('queue segments: a flipped bit in a batch drops that package (QUEUE_BATCH
   }
 });
 
-async function readAll(store: FileObjectStore, key: string): Promise<string | null> {
-  const body = await store.get(key);
-  if (!body) return null;
-  const parts: Buffer[] = [];
-  for await (const chunk of body) parts.push(Buffer.from(chunk));
-  return Buffer.concat(parts).toString();
-}
+const readAll = readText;
 
 async function* bytes(text: string): AsyncIterable<Uint8Array> {
   yield Buffer.from(text);
