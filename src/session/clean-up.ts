@@ -22,6 +22,9 @@ import { isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type 
 import { forgetSessionRecords } from './idempotency.js';
 import type { SessionRecord } from './state.js';
 
+/** Rounds run again at once after a lost compare-and-set, before one counts as failed. */
+const CONFLICT_RETRIES = 5;
+
 /** The stored record of a clean-up to do (`cleanup.<upload_uuid>`). */
 export interface PendingCleanUp {
   client_id: string;
@@ -107,8 +110,16 @@ export class SessionCleanUps {
     const { firstMs, maxMs } = this.#deps.backoff ?? { firstMs: 500, maxMs: 60_000 };
     for (let delay = firstMs; !this.#stop.signal.aborted; delay = Math.min(maxMs, Math.max(1, delay * 2))) {
       try {
-        await this.#once(clientId, uploadUuid);
-        return;
+        // A write to the summary racing the last step (an ingest of the deleted session ending
+        // its lease) is a lost compare-and-set, not a failure: the round runs again at once.
+        for (let conflicts = 0; ; conflicts++) {
+          try {
+            await this.#once(clientId, uploadUuid);
+            return;
+          } catch (err) {
+            if (!isStoreConflict(err) || conflicts >= CONFLICT_RETRIES) throw err;
+          }
+        }
       } catch (err) {
         if (this.#stop.signal.aborted && isStoreError(err, 'STORE_CLOSED')) return;
         this.#deps.onError?.(err, `clean up deleted session ${uploadUuid} (retried in ${delay} ms)`);
