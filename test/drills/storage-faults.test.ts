@@ -13,6 +13,8 @@ import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
+import { manifestKey } from '../../src/store/keys.js';
+import { readText } from '../support/objects.js';
 import { clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
 import { spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { checkStored, drillPackage, embeddedRecord, readObjects, writeClients, type DrillClient, type Outcome, type RecordedSession } from '../support/drills.js';
@@ -87,7 +89,19 @@ async function settle(t: Test, gw: GatewayProc, sessions: Session[], dataDir: st
   t.equal(await gw.stop(), 0);
   const store = await FileObjectStore.open(join(dataDir, 'objects'));
   t.teardown(() => store.close());
-  const { statuses } = checkStored(t, await readObjects(store), records, outcomes, ROWS);
+  // A session of more than 1,000 objects also holds the manifest the Connector was handed
+  // (service.ts): not a package, but the list of the session's package objects.
+  const manifests = new Map(sessions.map((s) => [manifestKey('uploads', s.client.id, s.uuid), s.uuid]));
+  const all = await readObjects(store);
+  const objects = all.filter((o) => !manifests.has(o.key));
+  for (const [key, uuid] of manifests) {
+    const text = await readText(store, key);
+    if (text === null) continue;
+    const listed = text.split('\n').filter((l) => l !== '').map((l) => (JSON.parse(l) as { key: string }).key).sort();
+    const stored = objects.filter((o) => o.header.upload_uuid === uuid).map((o) => o.key).sort();
+    t.same(listed, stored, `${key}: the manifest names exactly the session's ${stored.length} package objects`);
+  }
+  const { statuses } = checkStored(t, objects, records, outcomes, ROWS);
   t.comment(`answers ${JSON.stringify([...statuses])}`);
   const other = [...statuses.keys()].filter((s) => s !== 200 && s !== 503);
   t.same(other, [], 'every answer is 200 or 503');
@@ -124,6 +138,22 @@ t.test('disk full, then space freed: 503 while full, readiness tells, 200 again 
   t.ok(count(after, (o) => o === 200) >= 300, `the same process answers 200 again (${JSON.stringify(statusCounts(after))})`);
   t.equal((await readyz(gw)).status, 200, 'ready again');
   for (const m of [full, after]) for (const [k, v] of m) outcomes.set(k, v);
+  await settle(t, gw, sessions, dataDir, outcomes);
+});
+
+t.test('the service fills its own disk: every answer true, and 200 again once space is freed', async (t) => {
+  const dataDir = await tempDir(t, 'drill-fill-');
+  execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=24m', 'tmpfs', dataDir]);
+  t.teardown(() => execFileSync('umount', ['-l', dataDir]));
+  const { gw, sessions } = await setup(t, dataDir);
+  const outcomes = new Map<string, Outcome>();
+  await load(gw, sessions, 'fill', outcomes, () => count(outcomes, (o) => o !== 200) >= 50);
+  t.comment(`full after ${count(outcomes, (o) => o === 200)} × 200`);
+  execFileSync('mount', ['-o', 'remount,size=512m', dataDir]);
+  const after = new Map<string, Outcome>();
+  await load(gw, sessions, 'freed', after, () => count(after, (o) => o === 200) >= 300 || after.size >= 5000);
+  t.ok(count(after, (o) => o === 200) >= 300, `the same process answers 200 again (${JSON.stringify(statusCounts(after))})`);
+  for (const [k, v] of after) outcomes.set(k, v);
   await settle(t, gw, sessions, dataDir, outcomes);
 });
 

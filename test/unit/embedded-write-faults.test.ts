@@ -17,14 +17,16 @@ import type { PackageMeta } from '../../src/store/ports.js';
 type Call = 'datasync' | 'write' | 'sync';
 
 /** Faults to inject: each fails the next call of its kind on a file whose path matches, once. */
-const faults: { call: Call; path: RegExp; code: 'EIO' | 'ENOSPC' }[] = [];
+const faults: { call: Call; path: RegExp; code: 'EIO' | 'ENOSPC' | 'SHORT'; bytes?: number }[] = [];
 /** Directories fsynced (opened read-only, then `sync`). */
 const dirSyncs: string[] = [];
 
-function take(call: Call, path: string): Error | null {
+function take(call: Call, path: string): Error | number | null {
   const i = faults.findIndex((f) => f.call === call && f.path.test(path));
   if (i < 0) return null;
   const [f] = faults.splice(i, 1);
+  // A short write (a disk that fills up mid-write): only the first `bytes` go out.
+  if (f!.code === 'SHORT') return f!.bytes ?? 1;
   return Object.assign(new Error(`${f!.code}: injected, ${call} ${path}`), { code: f!.code });
 }
 
@@ -36,7 +38,7 @@ async function faultyOpen(...args: Parameters<typeof fsp.open>): Promise<fsp.Fil
       if (prop === 'datasync' || prop === 'sync') {
         return async () => {
           const err = take(prop, path);
-          if (err) throw err;
+          if (err instanceof Error) throw err;
           if (prop === 'sync' && (await target.stat()).isDirectory()) dirSyncs.push(path);
           return target[prop]();
         };
@@ -45,7 +47,14 @@ async function faultyOpen(...args: Parameters<typeof fsp.open>): Promise<fsp.Fil
         const real = (target[prop] as (...a: unknown[]) => Promise<unknown>).bind(target);
         return async (...a: unknown[]) => {
           const err = take('write', path);
-          if (err) throw err;
+          if (err instanceof Error) throw err;
+          if (typeof err === 'number') {
+            // write(buffer, offset, length, position) or writev(buffers, position): the first `err` bytes, then the count.
+            const [data, position] = prop === 'write' ? [Buffer.from(a[0] as Uint8Array).subarray(a[1] as number, (a[1] as number) + (a[2] as number)), a[3] as number] : [Buffer.concat(a[0] as Uint8Array[]), a[1] as number];
+            const part = data.subarray(0, Math.min(err, data.byteLength - 1));
+            const { bytesWritten } = await target.write(part, 0, part.byteLength, position);
+            return prop === 'write' ? { bytesWritten, buffer: a[0] } : { bytesWritten, buffers: a[0] };
+          }
           return real(...a);
         };
       }
@@ -192,6 +201,37 @@ for (const [what, fault] of [
     t.equal(Buffer.concat(parts).toString(), 'three');
   });
 }
+
+t.test('object store: a put whose write runs short and then fails with ENOSPC is no object, and takes no later put with it', async (t) => {
+  const { Objects } = await mocked(t);
+  const dir = await tempDir(t);
+  const store = await Objects.open(dir);
+  const body = async function* (text: string) {
+    yield Buffer.from(text);
+  };
+  await store.put('s/one', body('one'));
+  const pack = join(dir, 'objects', 's', '~pack');
+  const oneRecord = (await stat(pack)).size;
+  // Its header and 3 bytes reach the file, then the disk is full.
+  faults.push({ call: 'write', path: /~pack$/, code: 'SHORT', bytes: 80 }, { call: 'write', path: /~pack$/, code: 'ENOSPC' });
+  const [two, three] = await Promise.allSettled([store.put('s/two', body('two-'.repeat(20))), store.put('s/three', body('three'))]);
+  t.match(two, { status: 'rejected', reason: { code: 'ENOSPC' } });
+  t.match(three, { status: 'rejected' }, 'the put that waited behind it fails too');
+  t.same((await store.list('s/')).map((o) => o.key), ['s/one'], 'not listed');
+  t.equal(await store.get('s/two'), null, 'not found');
+  t.equal((await stat(pack)).size, oneRecord, 'the pack is cut back to its last durable byte');
+  await store.put('s/four', body('four'));
+  await store.put('s/five', body('five'));
+  await store.close();
+  const again = await FileObjectStore.open(dir);
+  t.teardown(() => again.close());
+  t.same((await again.list('s/')).map((o) => ({ key: o.key, size: o.size })), [{ key: 's/five', size: 4 }, { key: 's/four', size: 4 }, { key: 's/one', size: 3 }], 'after a restart too, each of its own size');
+  for (const [key, text] of [['s/one', 'one'], ['s/four', 'four'], ['s/five', 'five']] as const) {
+    const parts: Buffer[] = [];
+    for await (const c of (await again.get(key))!) parts.push(Buffer.from(c));
+    t.equal(Buffer.concat(parts).toString(), text, `${key} holds its own bytes`);
+  }
+});
 
 t.test('object store: a streamed put whose fdatasync fails leaves no object; the next put of the directory goes through', async (t) => {
   const { Objects } = await mocked(t);
