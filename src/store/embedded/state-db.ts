@@ -66,6 +66,9 @@ export class StateDatabase {
       writer.postMessage('close');
       await exited;
     }
+    // Every write sent was answered before the writer exited; none can be left waiting, whatever happened.
+    for (const req of this.#inFlight.values()) for (const w of req.waiters) w.reject(new StoreError('STORE_CLOSED', 'State database is closed'));
+    this.#inFlight.clear();
     this.reader.close();
   }
 
