@@ -23,7 +23,7 @@ import { manifestKey } from '../../src/store/keys.js';
 import { clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
 import { mountFaultFs, type FaultFs } from '../../testbed/faultfs.js';
 import { spawnGateway, type GatewayProc } from '../../testbed/processes.js';
-import { checkStored, drillPackage, embeddedRecord, readObjects, since, size, writeClients, type DrillClient, type Outcome, type RecordedSession } from '../support/drills.js';
+import { checkStored, embeddedRecord, loadUntilCut, readObjects, since, size, writeClients, type DrillSession, type Outcome, type RecordedSession, CYCLE_DEADLINE_MS } from '../support/drills.js';
 import { seededRandom } from '../support/random.js';
 
 const CLIENTS = 4;
@@ -39,10 +39,7 @@ const random = seededRandom(SEED);
 
 const DAMAGE = 'damaged record skipped';
 
-interface Session {
-  client: DrillClient;
-  uuid: string;
-}
+type Session = DrillSession;
 
 /** The host: the gateway and its disk share the power. */
 interface Host {
@@ -53,58 +50,6 @@ interface Host {
 /** One tick: each kill sends its SIGKILL before it returns, so the gateway and the disk's cache go at the same instant. */
 function cutPower(host: Host): Promise<unknown> {
   return Promise.all([host.gateway.kill(), host.disk.powerCut()]);
-}
-
-interface Cycle {
-  sent: number;
-  accepted: number;
-  inFlightAtCut: number;
-  outcomes: Map<string, Outcome>;
-  /** The `cutAfter`-th 200 never came: the power was cut at the deadline instead. */
-  late: boolean;
-}
-
-/** A cycle that has not reached its cut by then is cut anyway, and fails (a gateway that stopped answering 200). */
-const CYCLE_DEADLINE_MS = 60_000;
-
-/** `LANES` senders, one package after another, until the sender that sees the `cutAfter`-th 200 cuts the power. */
-async function loadAndCut(host: Host, sessions: Session[], cycle: number, cutAfter: number): Promise<Cycle> {
-  const outcomes = new Map<string, Outcome>();
-  let accepted = 0;
-  let sent = 0;
-  let open = 0;
-  let inFlightAtCut = 0;
-  let cut: Promise<unknown> | undefined;
-  let late = false;
-  const deadline = setTimeout(() => {
-    late = true;
-    inFlightAtCut = open;
-    cut ??= cutPower(host);
-  }, CYCLE_DEADLINE_MS);
-  const sender = async (s: Session, lane: number) => {
-    const api = clientOf(host.gateway, s.client);
-    for (let k = 0; !cut; k++) {
-      const pkg = `${s.client.id}~${cycle}~${lane}/${k}`;
-      sent++;
-      open++;
-      let outcome: Outcome;
-      try {
-        outcome = (await api.ingest(s.uuid, 'products', drillPackage(pkg.slice(0, pkg.lastIndexOf('/')), k, ROWS))).status;
-      } catch {
-        outcome = 'no-answer';
-      }
-      open--;
-      outcomes.set(pkg, outcome);
-      if (outcome === 200 && ++accepted === cutAfter && !cut) {
-        inFlightAtCut = open;
-        cut = cutPower(host);
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: LANES }, (_, lane) => sender(sessions[lane % sessions.length]!, lane)));
-  clearTimeout(deadline);
-  await cut;
-  return { sent, accepted, inFlightAtCut, outcomes, late };
 }
 
 const damageLines = (gw: GatewayProc): string[] => gw.output().split('\n').filter((l) => l.includes(DAMAGE));
@@ -143,7 +88,7 @@ t.test('embedded DATA_DIR on a disk that loses power: every 200 stored exactly o
   let cutOff = 0;
   for (let cycle = 1; cycle <= CUTS; cycle++) {
     const cutAfter = CUT_AFTER[0] + random(CUT_AFTER[1] - CUT_AFTER[0] + 1);
-    const c = await loadAndCut(host, sessions, cycle, cutAfter);
+    const c = await loadUntilCut({ gateway: host.gateway, sessions, cycle, cutAfter, lanes: LANES, rows: ROWS, cut: () => cutPower(host) });
     for (const [k, v] of c.outcomes) outcomes.set(k, v);
     const t0 = performance.now();
     await disk.remount();

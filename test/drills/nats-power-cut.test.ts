@@ -27,7 +27,7 @@ import { mountFaultFs, type FaultFs } from '../../testbed/faultfs.js';
 import { startNats, type NatsServer } from '../../testbed/nats.js';
 import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
-import { checkStored, drillPackage, natsRecords, openS3, type Outcome, type RecordedSession, since, size, writeClients, type DrillClient } from '../support/drills.js';
+import { checkStored, loadUntilCut, natsRecords, openS3, type DrillSession, type Outcome, type RecordedSession, since, size, writeClients, CYCLE_DEADLINE_MS } from '../support/drills.js';
 
 const CLIENTS = 4;
 /** Concurrent senders, spread over the clients' sessions. */
@@ -47,10 +47,7 @@ const random = ((a: number) => () => {
 })(SEED);
 
 
-interface Session {
-  client: DrillClient;
-  uuid: string;
-}
+type Session = DrillSession;
 
 /** The NATS host: the gateway and nats-server share its power and its disk. */
 interface Host {
@@ -62,58 +59,6 @@ interface Host {
 /** One tick: each kill sends its SIGKILL before it returns, so the three die at the same instant. */
 function cutPower(host: Host): Promise<unknown> {
   return Promise.all([host.gateway.kill(), host.nats.kill(), host.disk.powerCut()]);
-}
-
-interface Cycle {
-  sent: number;
-  accepted: number;
-  inFlightAtCut: number;
-  outcomes: Map<string, Outcome>;
-  /** The `cutAfter`-th 200 never came: the power was cut at the deadline instead. */
-  late: boolean;
-}
-
-/** A cycle that has not reached its cut by then is cut anyway, and fails (a gateway that stopped answering 200). */
-const CYCLE_DEADLINE_MS = 60_000;
-
-/** `LANES` senders, one package after another, until the sender that sees the `cutAfter`-th 200 cuts the power. */
-async function loadAndCut(host: Host, sessions: Session[], cycle: number, cutAfter: number): Promise<Cycle> {
-  const outcomes = new Map<string, Outcome>();
-  let accepted = 0;
-  let sent = 0;
-  let open = 0;
-  let inFlightAtCut = 0;
-  let cut: Promise<unknown> | undefined;
-  let late = false;
-  const deadline = setTimeout(() => {
-    late = true;
-    inFlightAtCut = open;
-    cut ??= cutPower(host);
-  }, CYCLE_DEADLINE_MS);
-  const sender = async (s: Session, lane: number) => {
-    const api = clientOf(host.gateway, s.client);
-    for (let k = 0; !cut; k++) {
-      const pkg = `${s.client.id}~${cycle}~${lane}/${k}`;
-      sent++;
-      open++;
-      let outcome: Outcome;
-      try {
-        outcome = (await api.ingest(s.uuid, 'products', drillPackage(pkg.slice(0, pkg.lastIndexOf('/')), k, ROWS))).status;
-      } catch {
-        outcome = 'no-answer';
-      }
-      open--;
-      outcomes.set(pkg, outcome);
-      if (outcome === 200 && ++accepted === cutAfter && !cut) {
-        inFlightAtCut = open;
-        cut = cutPower(host);
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: LANES }, (_, lane) => sender(sessions[lane % sessions.length]!, lane)));
-  clearTimeout(deadline);
-  await cut;
-  return { sent, accepted, inFlightAtCut, outcomes, late };
 }
 
 interface Setup {
@@ -154,7 +99,7 @@ async function cycles(t: Test, { host, sessions, config }: Setup, n: number, nam
   const outcomes = new Map<string, Outcome>();
   for (let cycle = 1; cycle <= n; cycle++) {
     const cutAfter = CUT_AFTER[0] + Math.floor(random() * (CUT_AFTER[1] - CUT_AFTER[0] + 1));
-    const c = await loadAndCut(host, sessions, cycle, cutAfter);
+    const c = await loadUntilCut({ gateway: host.gateway, sessions, cycle, cutAfter, lanes: LANES, rows: ROWS, cut: () => cutPower(host) });
     for (const [k, v] of c.outcomes) outcomes.set(k, v);
     const t0 = performance.now();
     await host.disk.remount();

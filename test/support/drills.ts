@@ -19,6 +19,7 @@ import type { ObjectStore } from '../../src/store/ports.js';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { countRows, type ObjectHeader } from '../../src/uploader/uploader.js';
 import type { S3Endpoint } from '../../testbed/s3.js';
+import { clientOf } from './harness.js';
 
 interface Teardown {
   teardown(fn: () => unknown): void;
@@ -232,4 +233,75 @@ export function checkStored(
   t.equal(objects.length, recordedTotal, `every recorded package is stored (${objects.length} objects, ${recordedTotal} recorded)`);
   t.ok([...storedPackages.keys()].every((p) => outcomes.has(p)), 'every stored package was sent');
   return { statuses, acceptedMissing, cutStored, cutNotStored };
+}
+
+/** One client's session in a drill. */
+export interface DrillSession {
+  client: DrillClient;
+  uuid: string;
+}
+
+/** What a cycle of `loadUntilCut` sent and was answered. */
+export interface CutCycle {
+  sent: number;
+  accepted: number;
+  inFlightAtCut: number;
+  outcomes: Map<string, Outcome>;
+  /** The `cutAfter`-th 200 never came: the power was cut at the deadline instead. */
+  late: boolean;
+}
+
+/** A cycle that has not reached its cut by then is cut anyway, and fails (a gateway that stopped answering 200). */
+export const CYCLE_DEADLINE_MS = 60_000;
+
+/**
+ * `lanes` senders, one package of `rows` rows after another, until the sender that sees the
+ * `cutAfter`-th 200 calls `cut` (a power cut: the power-cut drills' kill of their processes and disk).
+ */
+export async function loadUntilCut(opts: {
+  gateway: { url: string };
+  sessions: readonly DrillSession[];
+  cycle: number;
+  cutAfter: number;
+  lanes: number;
+  rows: number;
+  cut: () => Promise<unknown>;
+}): Promise<CutCycle> {
+  const { gateway, sessions, cycle, cutAfter, lanes, rows } = opts;
+  const outcomes = new Map<string, Outcome>();
+  let accepted = 0;
+  let sent = 0;
+  let open = 0;
+  let inFlightAtCut = 0;
+  let cut: Promise<unknown> | undefined;
+  let late = false;
+  const deadline = setTimeout(() => {
+    late = true;
+    inFlightAtCut = open;
+    cut ??= opts.cut();
+  }, CYCLE_DEADLINE_MS);
+  const sender = async (s: DrillSession, lane: number) => {
+    const api = clientOf(gateway, s.client);
+    for (let k = 0; !cut; k++) {
+      const pkg = `${s.client.id}~${cycle}~${lane}/${k}`;
+      sent++;
+      open++;
+      let outcome: Outcome;
+      try {
+        outcome = (await api.ingest(s.uuid, 'products', drillPackage(pkg.slice(0, pkg.lastIndexOf('/')), k, rows))).status;
+      } catch {
+        outcome = 'no-answer';
+      }
+      open--;
+      outcomes.set(pkg, outcome);
+      if (outcome === 200 && ++accepted === cutAfter && !cut) {
+        inFlightAtCut = open;
+        cut = opts.cut();
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: lanes }, (_, lane) => sender(sessions[lane % sessions.length]!, lane)));
+  clearTimeout(deadline);
+  await cut;
+  return { sent, accepted, inFlightAtCut, outcomes, late };
 }
