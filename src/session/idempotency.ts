@@ -14,7 +14,7 @@
  * lease lapsed) and is then removed by `sweep`; a session's records go with it (the delete's
  * clean-up, `forgetSessionRecords`); and a client holds at most `keysPerClient`: a claim that
  * counts the client at that budget has its oldest done records removed, down to nine tenths of
- * it, in the background (`#trim`). A live claim is never removed.
+ * it, before it creates its own (`#trim`). A live claim is never removed.
  * Why this stores a package once: the session records a package only while its lease is
  * live, and the uploader stores only recorded packages (state.ts `decideIngestCommit`,
  * `packageFate`). A retry that takes over a key settles every earlier attempt in one
@@ -249,15 +249,24 @@ export class IdempotentIngests {
     while (this.#trims.size > 0) await Promise.all([...this.#trims.values()]);
   }
 
-  /** A new record of the client, counted against its budget; at the budget, a trim starts. */
+  /**
+   * A new record of the client, counted against its budget. At the budget a trim starts, and
+   * the create waits for it: however fast a client sends fresh keys, it holds no more than
+   * its budget (plus the creates already under way). A failed trim is reported; the create
+   * goes on, and the next one at the budget tries again.
+   */
   async #createCounted(clientId: string, id: string, record: PendingRecord): Promise<number> {
     const counted = this.#count(clientId);
     const budget = this.#opts.keysPerClient ?? Infinity;
-    if (counted.records >= budget && !this.#trims.has(clientId)) {
-      const trim = this.#trim(clientId, budget)
-        .catch((err: unknown) => this.#opts.onBackgroundError?.(err, 'remove the oldest Idempotency-Key records of a client at its budget'))
-        .finally(() => this.#trims.delete(clientId));
-      this.#trims.set(clientId, trim);
+    if (counted.records >= budget) {
+      let trim = this.#trims.get(clientId);
+      if (!trim) {
+        trim = this.#trim(clientId, budget)
+          .catch((err: unknown) => this.#opts.onBackgroundError?.(err, 'remove the oldest Idempotency-Key records of a client at its budget'))
+          .finally(() => this.#trims.delete(clientId));
+        this.#trims.set(clientId, trim);
+      }
+      await trim;
     }
     const revision = await this.#opts.sessions.create(id, record);
     counted.records++;
@@ -272,14 +281,16 @@ export class IdempotentIngests {
   async #trim(clientId: string, budget: number): Promise<void> {
     const counted = this.#count(clientId);
     const since = counted.created;
-    const done: Listed<DoneRecord>[] = [];
+    // Only what the removal needs is kept of each record, never its answer body: a budget of
+    // 10,000 records of 18 KB answers would otherwise be held in memory at once.
+    const done: { key: string; revision: number; at: number }[] = [];
     let kept = 0;
     for await (const r of this.#opts.sessions.list<IdempotencyRecord>(idempotencyPrefix(clientId))) {
       if (this.#expired(r.value) && (await this.#remove(r))) continue;
       kept++;
-      if (r.value.state === 'done') done.push(r as Listed<DoneRecord>);
+      if (r.value.state === 'done') done.push({ key: r.key, revision: r.revision, at: r.value.at });
     }
-    done.sort((a, b) => a.value.at - b.value.at);
+    done.sort((a, b) => a.at - b.at);
     const target = Math.floor(budget * TRIM_TO);
     for (const r of done) {
       if (kept <= target) break;
@@ -289,7 +300,7 @@ export class IdempotentIngests {
   }
 
   /** Deletes a listed record unless it changed since; true when it is gone. */
-  async #remove(r: Listed<IdempotencyRecord>): Promise<boolean> {
+  async #remove(r: Pick<Listed<unknown>, 'key' | 'revision'>): Promise<boolean> {
     try {
       await this.#opts.sessions.delete(r.key, r.revision);
       return true;

@@ -260,6 +260,26 @@ t.test("a session's records go with it; other sessions' stay", async (t) => {
   t.equal(await ledger.replay(client, 'a', fp), null);
 });
 
+t.test('a concurrent flood of fresh keys never takes a client past its budget, not even while a trim runs', async (t) => {
+  const r = await rig(t);
+  const budget = 50;
+  const width = 8;
+  const ledger = r.ledger({ keysPerClient: budget });
+  let most = 0;
+  for (let round = 0; round < 40; round++) {
+    r.clock.now += 1;
+    await Promise.all(
+      Array.from({ length: width }, async (_, j) => {
+        const i = round * width + j;
+        await run(t, await ledger.claim(client, `k${i}`, fp, `p-${i}`)).finish({ status: 422, body: { detail: 'x'.repeat(2_000) } });
+      }),
+    );
+    most = Math.max(most, (await records(r.sessions)).length); // no idle(): what a client holds right now
+  }
+  t.ok(most <= budget + width, `at most the budget plus the creates under way (${budget} + ${width}); most seen: ${most}`);
+  t.ok(most >= budget, `the budget is reached before any record is dropped (most seen: ${most})`);
+});
+
 t.test('a flood of fresh keys: the records of the client stay within its budget, the newest answers kept', async (t) => {
   const r = await rig(t);
   const budget = 50;
