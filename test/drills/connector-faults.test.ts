@@ -67,6 +67,14 @@ class FlakyConnector {
     await new Promise((resolve) => server.close(resolve));
   }
 
+  #lastTimestamp = 0;
+
+  /** Unix seconds, never the same twice. */
+  #nextTimestamp(): number {
+    this.#lastTimestamp = Math.max(Math.floor(Date.now() / 1000), this.#lastTimestamp + 1);
+    return this.#lastTimestamp;
+  }
+
   #handle(req: IncomingMessage, res: ServerResponse): void {
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
@@ -82,7 +90,9 @@ class FlakyConnector {
       const body = JSON.parse(text);
       this.starts.push(body);
       const ok = () => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ workflow_id: `wf-${this.starts.length}`, status: 'started' }));
-      const complete = () => sendWebhook(this.#serviceUrl, { upload_uuid: body.upload_uuid, is_terminated: false, status: 'succeeded' });
+      // Each completion is a signed request of its own, as a real Connector's are: the same body
+      // signed in the same second would be one request to the service, a replay (docs/api.md).
+      const complete = () => sendWebhook(this.#serviceUrl, { upload_uuid: body.upload_uuid, is_terminated: false, status: 'succeeded' }, { timestamp: this.#nextTimestamp() });
       switch (this.mode) {
         case 'ok':
           ok();
