@@ -454,6 +454,13 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   const sent = new Set(ingests.map((l) => l.pkg));
   t.ok([...stored.keys()].every((p) => sent.has(p)), 'every stored package was sent');
   t.same(summary(outside), {}, `every answer is 200 or 503 with Retry-After, none hangs past ${HANG_MS} ms`);
+  // What the gateways logged of their internal errors, so a 500 names its cause in the test's output.
+  if (outside.length > 0) {
+    for (const [i, gw] of gateways.entries()) {
+      const failed = gw.output().split('\n').filter((l) => l.includes('"level":"error"'));
+      if (failed.length > 0) t.comment(`gw${i + 1} logged ${failed.length} error(s), the last ones:\n${failed.slice(-3).join('\n')}`);
+    }
+  }
   t.same(summary(minorityUnanswered), {}, 'status on a gateway without a quorum answers (200 or 503), no hang');
   t.ok(probes.some((l) => !onMinority(l)), 'status was probed on the majority side');
   t.same(summary(majorityUnanswered), {}, `status on the majority side answers (200 or 503), none hangs past ${HANG_MS} ms`);
