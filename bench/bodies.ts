@@ -10,6 +10,7 @@
  */
 import { Buffer } from 'node:buffer';
 import type { ColumnType, EntitySpec } from '../src/entities/catalog.js';
+import { mulberry32 } from '../testbed/random.js';
 
 export interface Body {
   json: Buffer;
@@ -38,18 +39,6 @@ const NAMES = [
 ];
 const RARE_NAME = 'Box [6],[12] {x}';
 const UNITS = ['pcs', 'kg', 'l', 'pack', 'm²'];
-
-/** mulberry32: small, fast, and the same everywhere. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type CellMaker = (row: number, rnd: () => number) => unknown;
 
@@ -92,7 +81,7 @@ const isoDate = (rnd: () => number) => `202${Math.floor(rnd() * 5)}-${pad(1 + Ma
 
 /** One row of `entity` in catalog column order. */
 export function rowMaker(entity: EntitySpec, seed = 1): (row: number) => unknown[] {
-  const rnd = prng(seed);
+  const rnd = mulberry32(seed);
   const makers = entity.columns.map((c) => cellMaker(c.name, c.type, c.required));
   return (row) => makers.map((make) => make(row, rnd));
 }

@@ -21,6 +21,7 @@ import t, { type Test } from 'tap';
 import { API, clientOf, DEMO, products, waitForStatus } from '../support/harness.js';
 import { FAULTY_WORKER, HOLD_MARKER, holdChannel } from '../support/faulty-worker.js';
 import { capturingLogger, eventually, MiB, settledMemory, startInProcess, type InProcess } from '../support/in-process.js';
+import { mulberry32 } from '../../testbed/random.js';
 
 const LONG = process.env.DRILL_LONG === '1';
 const TOTAL = Math.max(200, Number(process.env.DRILL_ABORTS ?? (LONG ? 5_000 : 1_000)));
@@ -30,13 +31,7 @@ const PIECE = 16 * 1024;
 const LATCHED = 4 * Math.min(10, Math.floor(TOTAL / 40));
 
 // A fixed seed: a failure names the abort that caused it, and the run can be repeated.
-let seed = 0x5eed_ab07;
-function random(): number {
-  seed = (seed + 0x6d2b79f5) | 0;
-  let x = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
-  return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-}
+const random = mulberry32(0x5eed_ab07);
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
 const between = (lo: number, hi: number) => lo + Math.floor(random() * (hi - lo));
 

@@ -25,6 +25,7 @@ import { signWebhook } from '../../src/connector/webhook.js';
 import { API, clientOf, DEMO, DEMO2, products, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
 import { FAULTY_WORKER, HOLD_MARKER, holdChannel } from '../support/faulty-worker.js';
 import { capturingLogger, MiB, settledMemory, startInProcess } from '../support/in-process.js';
+import { mulberry32 } from '../../testbed/random.js';
 
 const LONG = process.env.DRILL_LONG === '1';
 const TOTAL = Number(process.env.FUZZ_REQUESTS ?? (LONG ? 100_000 : 10_000));
@@ -37,13 +38,7 @@ const BROKEN_MS = 1_000;
 
 t.setTimeout((LONG ? 1_800 : 300) * 1000);
 
-let seed = SEED;
-function random(): number {
-  seed = (seed + 0x6d2b79f5) | 0;
-  let x = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-  x = (x + Math.imul(x ^ (x >>> 7), 61 | x)) ^ x;
-  return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-}
+const random = mulberry32(SEED);
 const chance = (p: number) => random() < p;
 const pick = <T>(items: readonly T[]): T => items[Math.floor(random() * items.length)]!;
 const int = (lo: number, hi: number) => lo + Math.floor(random() * (hi - lo + 1));

@@ -28,6 +28,7 @@ import { startNats, type NatsServer } from '../../testbed/nats.js';
 import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
 import { checkStored, loadUntilCut, natsRecords, openS3, type DrillSession, type Outcome, type RecordedSession, since, size, writeClients, CYCLE_DEADLINE_MS } from '../support/drills.js';
+import { mulberry32 } from '../../testbed/random.js';
 
 const CLIENTS = 4;
 /** Concurrent senders, spread over the clients' sessions. */
@@ -38,13 +39,8 @@ const CYCLES = size(3, 8);
 const CUT_AFTER = size<[number, number]>([40, 300], [100, 1500]);
 
 const SEED = Number(process.env.DRILL_SEED ?? Math.floor(Math.random() * 2 ** 31));
-/** mulberry32 (Tommy Ettinger, public domain): a small seeded generator, so a run's cut points can be replayed. */
-const random = ((a: number) => () => {
-  a = (a + 0x6d2b79f5) | 0;
-  let r = Math.imul(a ^ (a >>> 15), 1 | a);
-  r = (r + Math.imul(r ^ (r >>> 7), 61 | r)) ^ r;
-  return ((r ^ (r >>> 14)) >>> 0) / 2 ** 32;
-})(SEED);
+/** Seeded, so a run's cut points can be replayed. */
+const random = mulberry32(SEED);
 
 
 type Session = DrillSession;

@@ -27,6 +27,7 @@ import { ValidationPool } from '../../src/ingest/pool.js';
 import type { IngestSink } from '../../src/ingest/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
 import { validateBody } from '../../workers/validate.js';
+import { mulberry32 } from '../../testbed/random.js';
 
 const BATCH_BYTES = 200;
 const SEED = Number(process.env.DIFF_SEED || 20240611);
@@ -45,18 +46,6 @@ if (runnerTimeout !== 0 && runnerTimeout < 120) t.setTimeout(120_000);
 const enum Stream {
   Plain = 1,
   Gzip = 2,
-}
-
-/** mulberry32 */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let x = a;
-    x = Math.imul(x ^ (x >>> 15), x | 1);
-    x ^= x + Math.imul(x ^ (x >>> 7), x | 61);
-    return ((x ^ (x >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** A 32-bit seed from the run's seed, the stream and a body index (murmur3's finaliser over each word). */
@@ -536,7 +525,7 @@ async function run(t: Test, count: number, stream: Stream): Promise<void> {
     while (next < indexes.length && failures < 5) {
       const i = indexes[next++]!;
       // Everything random about body i comes from its own generator, in one fixed order.
-      const g = new Gen(prng(bodySeed(SEED, stream, i)));
+      const g = new Gen(mulberry32(bodySeed(SEED, stream, i)));
       const body = makeBody(g);
       const pool = pools[i % pools.length]!;
       const referencePool = referencePools[i % pools.length]!;
@@ -555,7 +544,7 @@ async function run(t: Test, count: number, stream: Stream): Promise<void> {
       const plainOutcome = inflated ? plain(body.entity, inflated) : INVALID_JSON;
       const expected = inflated ? reference(body.entity, inflated, plainOutcome) : INVALID_JSON;
       // The reference path's chunks come from a generator of their own: body i's other choices stay as they were.
-      const chunks = new Gen(prng(bodySeed(SEED, stream, i) ^ 0x5bd1e995));
+      const chunks = new Gen(mulberry32(bodySeed(SEED, stream, i) ^ 0x5bd1e995));
       const [actual, referenceOutcome] = await Promise.all([
         streamed(g, pool, body.entity, input, gzip),
         streamed(chunks, referencePool, body.entity, input, gzip),
