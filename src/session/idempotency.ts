@@ -29,8 +29,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { errors } from '../errors.js';
 import { idempotencyKey, idempotencyPrefix } from '../store/keys.js';
 import { isStoreConflict, type Listed, type SessionStore } from '../store/ports.js';
-import type { ClientRef, SessionService } from './service.js';
-import type { PackageEntry } from './state.js';
+import type { ClientRef, PackageEntry } from './state.js';
 
 /** 1 to 255 visible ASCII characters (`!` to `~`). */
 const KEY_SYNTAX = /^[\x21-\x7e]{1,255}$/;
@@ -112,7 +111,8 @@ export type Claim =
 
 export interface IdempotencyOptions {
   sessions: SessionStore;
-  service: Pick<SessionService, 'settleAttempts'>;
+  /** The session service's `settleAttempts`: records one of a key's earlier attempts, or fences them all. */
+  service: { settleAttempts(client: ClientRef, uploadUuid: string, packageIds: readonly string[]): Promise<PackageEntry | null> };
   /** How long a stored answer is replayed; afterwards the key is free again and its record is removed. */
   ttlMs: number;
   /** Records one client may hold; past it the oldest done ones are removed. Default unbounded. */

@@ -19,7 +19,8 @@ import type { IngestResult, IngestSink } from '../ingest/types.js';
 import type { BatchQueue, PackageMeta } from '../store/ports.js';
 import { objectHeaderLine } from '../uploader/uploader.js';
 import type { Attempt, IdempotentIngests, RequestFingerprint, StoredAnswer } from './idempotency.js';
-import type { ClientRef, SessionService } from './service.js';
+import type { SessionService } from './service.js';
+import type { ClientRef } from './state.js';
 
 export interface IngestDeps {
   service: SessionService;

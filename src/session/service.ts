@@ -33,6 +33,7 @@ import {
   packageCount,
   statusView,
   type ActivePointer,
+  type ClientRef,
   type Decision,
   type PackageEntry,
   type SessionRecord,
@@ -69,11 +70,6 @@ export interface SessionServiceDeps {
   cleanUpBackoff?: CleanUpDeps['backoff'];
   /** Background failures (ledger writes, clean-up after delete); never client errors. */
   onBackgroundError?: (err: unknown, what: string) => void;
-}
-
-export interface ClientRef {
-  readonly id: string;
-  readonly minDate: string;
 }
 
 const MAX_CAS_ATTEMPTS = 32;

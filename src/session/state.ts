@@ -78,6 +78,12 @@ export interface SessionRecord {
   deleted?: true;
 }
 
+/** The calling client, as the session rules need it: its id and the earliest `date_from` it may ask for. */
+export interface ClientRef {
+  readonly id: string;
+  readonly minDate: string;
+}
+
 /** The client's active-session pointer: its latest session, whatever its state. */
 export interface ActivePointer {
   upload_uuid: string;

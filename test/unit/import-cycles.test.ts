@@ -1,0 +1,98 @@
+/**
+ * No module imports itself through others: the import graph of the service's code (src/,
+ * workers/) and of what tests and bench share (testbed/) has no cycle, type-only imports
+ * included (a cycle of types is still two modules that cannot be understood apart).
+ * Read from the TypeScript sources, so it fails on a new cycle before anything runs.
+ */
+import { readdir, readFile } from 'node:fs/promises';
+import { dirname, join, relative, resolve } from 'node:path';
+import t from 'tap';
+
+const ROOT = resolve(import.meta.dirname, '../../..');
+const FOLDERS = ['src', 'workers', 'testbed'];
+
+/** Relative module specifiers of `import … from '…'`, `export … from '…'` and `import '…'`. */
+const SPECIFIER = /^\s*(?:import|export)\b[^'";]*?(?:\bfrom\s*)?['"](\.{1,2}\/[^'"]+)['"]/gm;
+
+async function sources(folder: string): Promise<string[]> {
+  const entries = await readdir(join(ROOT, folder), { recursive: true, withFileTypes: true });
+  return entries.filter((e) => e.isFile() && e.name.endsWith('.ts') && !e.name.endsWith('.d.ts')).map((e) => relative(ROOT, join(e.parentPath, e.name)));
+}
+
+/** file → the project files it imports (`.js` specifiers name their `.ts` source). */
+async function importGraph(): Promise<Map<string, string[]>> {
+  const files = (await Promise.all(FOLDERS.map(sources))).flat();
+  const known = new Set(files);
+  const graph = new Map<string, string[]>();
+  for (const file of files) {
+    const text = await readFile(join(ROOT, file), 'utf8');
+    const targets = [...text.matchAll(SPECIFIER)]
+      .map((m) => relative(ROOT, resolve(ROOT, dirname(file), m[1]!)).replace(/\.js$/, '.ts'))
+      .filter((target) => known.has(target));
+    graph.set(file, [...new Set(targets)]);
+  }
+  return graph;
+}
+
+/** Strongly connected components of more than one file, or of one that imports itself (Tarjan). */
+function cycles(graph: Map<string, string[]>): string[][] {
+  let next = 0;
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const stack: string[] = [];
+  const onStack = new Set<string>();
+  const found: string[][] = [];
+  const visit = (v: string): void => {
+    index.set(v, next);
+    low.set(v, next++);
+    stack.push(v);
+    onStack.add(v);
+    for (const w of graph.get(v) ?? []) {
+      if (!index.has(w)) {
+        visit(w);
+        low.set(v, Math.min(low.get(v)!, low.get(w)!));
+      } else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+    }
+    if (low.get(v) !== index.get(v)) return;
+    const component: string[] = [];
+    for (let w = stack.pop()!; ; w = stack.pop()!) {
+      onStack.delete(w);
+      component.push(w);
+      if (w === v) break;
+    }
+    if (component.length > 1 || graph.get(v)!.includes(v)) found.push(component.sort());
+  };
+  for (const v of graph.keys()) if (!index.has(v)) visit(v);
+  return found;
+}
+
+t.test('the cycle finder finds a cycle of three and a self-import, and nothing in a chain', async (t) => {
+  const g = new Map([
+    ['a', ['b']],
+    ['b', ['c']],
+    ['c', ['a', 'd']],
+    ['d', ['e']],
+    ['e', []],
+    ['s', ['s']],
+  ]);
+  t.same(cycles(g), [['a', 'b', 'c'], ['s']]);
+});
+
+t.test('the import reader sees the forms the code uses', async (t) => {
+  const text = [
+    "import { a } from './a.js';",
+    "import type { B } from '../b.js';",
+    'import {\n  c,\n  type C,\n} from "./c.js";',
+    "export { d } from './d.js';",
+    "import './e.js';",
+    "import { f } from 'node:fs';",
+  ].join('\n');
+  t.same([...text.matchAll(SPECIFIER)].map((m) => m[1]), ['./a.js', '../b.js', './c.js', './d.js', './e.js']);
+});
+
+t.test('no import cycle in src/, workers/ and testbed/', async (t) => {
+  const graph = await importGraph();
+  t.ok(graph.size > 100, `${graph.size} files read`);
+  t.ok([...graph.values()].reduce((n, targets) => n + targets.length, 0) > graph.size, 'their imports were read');
+  t.same(cycles(graph), [], 'each cycle is listed with its files');
+});
