@@ -155,6 +155,12 @@ export function isWrongLastSequence(err: unknown): boolean {
 /** JetStream API error code of "no message found". */
 export const JS_NO_MESSAGE_FOUND = 10037;
 export const JS_NO_SUITABLE_PEERS = 10005;
+/**
+ * "duplicate message id is in process": a publish with this message id is still being stored
+ * (the earlier attempt of a re-send, held up by a paused or changing leader). Asked again a
+ * moment later the server answers it as a duplicate with the first one's acknowledgement.
+ */
+export const JS_DUPLICATE_IN_PROCESS = 10158;
 
 /** The JetStream API error code of `err`, or of the NATS error a `STORE_UNAVAILABLE` wraps (`unavailable`). */
 export function jsErrorCode(err: unknown): number | undefined {
@@ -169,8 +175,9 @@ export function isTransient(err: unknown): boolean {
   if (code === 'TIMEOUT' || code === '503' || code === 'DISCONNECT' || code === 'CONNECTION_REFUSED') return true;
   const api = (err as { api_error?: { code?: unknown; err_code?: unknown } } | null)?.api_error;
   // 10005 "no suitable peers for placement": a cluster still forming (or not enough nodes:
-  // then the retry budget runs out with the same error).
-  return api?.code === 503 || api?.err_code === JS_NO_SUITABLE_PEERS;
+  // then the retry budget runs out with the same error). 10158: our own earlier attempt of
+  // the same publish is still in the server's hands.
+  return api?.code === 503 || api?.err_code === JS_NO_SUITABLE_PEERS || api?.err_code === JS_DUPLICATE_IN_PROCESS;
 }
 
 /** "stream not found": the adapters make their streams at open, so one missing later was lost (deleted, or a server that came back empty). */
