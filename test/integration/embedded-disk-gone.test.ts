@@ -25,4 +25,6 @@ t.test("the embedded default's disk gone: 503 with Retry-After, never 500", asyn
     t.same([res.status, res.body], [503, { detail: 'Storage temporarily unavailable' }], `${what}: 503 (${res.text})`);
     t.match(res.headers['retry-after'], /^[1-9]\d*$/, `${what}: with Retry-After`);
   }
+  // A 500 names its cause in the test's output: the gateway's logged errors.
+  if (ingest.status === 500 || init.status === 500) t.comment(gw.output().split('\n').filter((l) => l.includes('"level":"error"')).join('\n'));
 });

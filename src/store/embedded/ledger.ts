@@ -50,14 +50,14 @@ export class SqliteLedger implements PackageLedger {
 
   async get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null> {
     this.#check(uploadUuid);
-    const row = this.#get.get(uploadUuid, packageId);
+    const row = this.#db.read(() => this.#get.get(uploadUuid, packageId));
     return row ? { ...row } : null;
   }
 
   async *list(uploadUuid: string): AsyncIterable<LedgerEntry> {
     this.#check(uploadUuid);
     for (let after = ''; ; ) {
-      const rows = this.#page.all(uploadUuid, after, PAGE);
+      const rows = this.#db.read(() => this.#page.all(uploadUuid, after, PAGE));
       yield* rows;
       if (rows.length < PAGE) return;
       after = rows.at(-1)!.package_id;

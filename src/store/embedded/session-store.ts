@@ -48,7 +48,7 @@ export class SqliteSessionStore implements SessionStore {
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
     this.#check();
-    const row = this.#get.get(checkKey(key));
+    const row = this.#db.read(() => this.#get.get(checkKey(key)));
     return row ? { value: JSON.parse(row.value) as T, revision: row.revision } : null;
   }
 
@@ -59,7 +59,7 @@ export class SqliteSessionStore implements SessionStore {
     // Every key under `prefix` sorts before the prefix with its last character raised ('.' + 1 is '/').
     const end = prefix === '' ? '\u{10FFFF}' : `${prefix.slice(0, -1)}/`;
     for (let after = prefix; ; ) {
-      const rows = this.#page.all(after, end, LIST_PAGE);
+      const rows = this.#db.read(() => this.#page.all(after, end, LIST_PAGE));
       for (const row of rows) if (!EMPTY_TOKEN.test(row.key)) yield { key: row.key, value: JSON.parse(row.value) as T, revision: row.revision };
       if (rows.length < LIST_PAGE) return;
       after = rows.at(-1)!.key;

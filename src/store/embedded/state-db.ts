@@ -9,6 +9,13 @@ import type Database from 'better-sqlite3';
 import { StoreError } from '../ports.js';
 import { openStateReader, type WriteOp, type WriteOutcome, type WriterFailure, type WriterResponse } from './state-schema.js';
 
+/**
+ * SQLite result codes (better-sqlite3's `SqliteError.code`, extended codes included) that say
+ * the storage failed, not the query: I/O errors, a full disk, a file that cannot be opened,
+ * gone read-only, damaged, or not a database.
+ */
+const STORAGE_FAILURE = /^SQLITE_(IOERR|FULL|CANTOPEN|READONLY|CORRUPT|NOTADB)/;
+
 interface Waiter {
   resolve(outcome: WriteOutcome): void;
   reject(err: unknown): void;
@@ -42,6 +49,20 @@ export class StateDatabase {
     const db = new StateDatabase(path, await startWriter(path));
     db.#watch(await db.#writer!);
     return db;
+  }
+
+  /**
+   * Runs a read on this thread's connection. A read the disk fails (an I/O error, a file gone
+   * or damaged under it) throws `STORE_UNAVAILABLE`, as a failed write does: the request that
+   * needed it answers 503, and the next read asks the disk again.
+   */
+  read<T>(query: () => T): T {
+    try {
+      return query();
+    } catch (err) {
+      if (!STORAGE_FAILURE.test(String((err as { code?: unknown } | null)?.code))) throw err;
+      throw new StoreError('STORE_UNAVAILABLE', `State database read failed: ${(err as Error).message}`, { cause: err });
+    }
   }
 
   write(op: WriteOp): Promise<WriteOutcome> {
@@ -118,7 +139,15 @@ export class StateDatabase {
 function startWriter(path: string): Promise<Worker> {
   return new Promise((resolve, reject) => {
     const worker = new Worker(new URL('./state-writer.js', import.meta.url), { workerData: { path } });
-    const failed = (err: unknown) => reject(err instanceof Error ? err : new Error(`State database writer exited with code ${String(err)}`));
+    // An error thrown in the worker arrives as a copy, not always an Error: its message and code are kept.
+    const failed = (err: unknown) =>
+      reject(
+        err instanceof Error
+          ? err
+          : typeof err === 'number'
+            ? new Error(`State database writer exited with code ${err}`)
+            : Object.assign(new Error(`State database writer failed: ${String((err as { message?: unknown } | null)?.message ?? err)}`), { code: (err as { code?: unknown } | null)?.code }),
+      );
     worker.once('error', failed);
     worker.once('exit', failed);
     worker.once('message', (msg: unknown) => {
