@@ -142,7 +142,16 @@ export interface PackageLedger {
   get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null>;
   /** Every entry of the session, each package once, in no particular order. */
   list(uploadUuid: string): AsyncIterable<LedgerEntry>;
-  /** Removes every entry of the session (after delete). */
+  /**
+   * Marks packages as stored in object storage (the uploader, after the put): one marker per
+   * package, idempotent, durable when this resolves. A marker may precede the package's entry
+   * (the uploader stores what the summary records before the ledger holds it); `list` never
+   * yields markers.
+   */
+  markStored(uploadUuid: string, packageIds: readonly string[]): Promise<void>;
+  /** Whether `markStored` wrote the package's marker (every marker whose write resolved is seen). */
+  isStored(uploadUuid: string, packageId: string): Promise<boolean>;
+  /** Removes every entry and marker of the session (after delete). */
   drop(uploadUuid: string): Promise<void>;
   close(): Promise<void>;
 }
