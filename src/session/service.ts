@@ -102,6 +102,8 @@ export interface ClientRef {
 }
 
 const MAX_CAS_ATTEMPTS = 32;
+/** Set once the sessions of versions without the listing's index are indexed (`indexEarlierSessions`). */
+const LISTING_INDEXED = 'listing.indexed';
 /** Sessions whose last written summary is kept in memory. */
 const CACHED_SESSIONS = 10_000;
 /** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
@@ -291,6 +293,31 @@ export class SessionService {
       }
     }
     return { sessions, next: sessions.length === limit && i < index.length ? last : null };
+  }
+
+  /**
+   * Sessions created by a version without the listing's index get their entries: once per
+   * store (the `LISTING_INDEXED` key says it was done), by whichever gateway's housekeeping
+   * comes first; several at once create the same entries (create-if-absent). Reads every
+   * session summary once. Returns how many entries it created.
+   */
+  async indexEarlierSessions(): Promise<number> {
+    const { sessions } = this.deps;
+    if (await sessions.get(LISTING_INDEXED)) return 0;
+    let created = 0;
+    for await (const { value } of sessions.list<SessionRecord>('session.')) {
+      if (value.deleted || !UPLOAD_UUID.test(value.upload_uuid)) continue;
+      try {
+        await sessions.create<ClientSessionEntry>(clientSessionKey(value.client_id, value.upload_uuid), { upload_uuid: value.upload_uuid, created_at: value.created_at });
+        created++;
+      } catch (err) {
+        if (!isStoreConflict(err)) throw err;
+      }
+    }
+    await sessions.create(LISTING_INDEXED, { at: new Date(this.now()).toISOString() }).catch((err: unknown) => {
+      if (!isStoreConflict(err)) throw err;
+    });
+    return created;
   }
 
   /**
