@@ -15,6 +15,7 @@ import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import { startApp } from '../../src/app.js';
 import { loadConfig } from '../../src/config/config.js';
+import { silentLogger } from '../../src/log.js';
 import { newSession } from '../../src/session/state.js';
 import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
@@ -52,7 +53,7 @@ try {
   await ledger.close();
   await sessions.close();
 
-  const app = await startApp(loadConfig({}, { port: 0, dataDir: dir, ingest: { workers: 1 }, limits: { requestsPerSecond: 0, concurrentPerClient: 0 } }));
+  const app = await startApp(loadConfig({}, { port: 0, dataDir: dir, ingest: { workers: 1 }, limits: { requestsPerSecond: 0, concurrentPerClient: 0 } }), { logger: silentLogger });
   try {
     const headers = { authorization: 'demo-token', 'client-id': 'demo' };
     const url = `${app.url}/api/v1/uploading/${uuid}/status`;
