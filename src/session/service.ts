@@ -242,10 +242,11 @@ export class SessionService {
   }
 
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
-    const [record, pending, stored] = await Promise.all([
+    const [record, [pending, stored]] = await Promise.all([
       this.read(uploadUuid),
-      this.deps.queue.hasPending(uploadUuid),
-      UPLOAD_UUID.test(uploadUuid) ? this.deps.sessions.get<StoredCounts>(storedCountKey(uploadUuid)) : null,
+      // The stored count is read once the queue answered: a package is counted before it is
+      // acked, so when nothing is pending every package's count is already there to read.
+      this.deps.queue.hasPending(uploadUuid).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.deps.sessions.get<StoredCounts>(storedCountKey(uploadUuid)) : null] as const),
     ]);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
     // Only whether any package waits for the uploader matters, not how many.
