@@ -2,7 +2,7 @@
  * Micro-benchmark of `GET …/{upload_uuid}/status` over HTTP on the embedded default, for a
  * session of `--packages` recorded packages (all in the ledger, folded into the summary, each
  * with its stored marker, as the uploader leaves them): sequential calls, p50 and p99 after a
- * warm-up. The session is written into `DATA_DIR/state.sqlite` before the service starts, so
+ * warm-up, and the process's CPU per call. The session is written into `DATA_DIR/state.sqlite` before the service starts, so
  * the measurement is of status alone, not of ingest or the uploader. Run two builds one after
  * another, alternating, to compare them.
  *
@@ -67,15 +67,18 @@ try {
     for (let i = 0; i < 200; i++) await once();
     const lat: number[] = [];
     let last = '';
+    // CPU of this process (the service and the client both), steadier than wall time on a busy machine.
+    const cpu0 = process.cpuUsage();
     for (let i = 0; i < calls; i++) {
       const r = await once();
       lat.push(r.ms);
       last = r.body;
     }
+    const cpu = process.cpuUsage(cpu0);
     lat.sort((a, b) => a - b);
     const at = (p: number) => lat[Math.min(lat.length - 1, Math.floor((p / 100) * lat.length))]!.toFixed(2);
     console.log(
-      `status, ${packages} packages, ${calls} calls: p50 ${at(50)} ms, p99 ${at(99)} ms, max ${lat.at(-1)!.toFixed(2)} ms; ` +
+      `status, ${packages} packages, ${calls} calls: p50 ${at(50)} ms, p99 ${at(99)} ms, max ${lat.at(-1)!.toFixed(2)} ms; CPU ${((cpu.user + cpu.system) / calls).toFixed(0)} µs per call (service and client); ` +
         `body ${last.length} bytes; Node ${process.version}, ${cpus()[0]?.model ?? '?'} × ${cpus().length}`,
     );
   } finally {
