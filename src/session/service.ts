@@ -76,6 +76,19 @@ export interface SessionServiceDeps {
   onBackgroundError?: (err: unknown, what: string) => void;
 }
 
+export interface ClientRef {
+  readonly id: string;
+  readonly minDate: string;
+}
+
+const MAX_CAS_ATTEMPTS = 32;
+/** Set once the sessions of versions without the listing's index are indexed (`indexEarlierSessions`). */
+const LISTING_INDEXED = 'listing.indexed';
+/** Sessions whose last written summary is kept in memory. */
+const CACHED_SESSIONS = 10_000;
+/** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
+const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+
 /** Where a page of `listSessions` ended: the next one starts after it. */
 export interface SessionPosition {
   created_at: string;
@@ -95,19 +108,6 @@ function newestFirst(a: SessionPosition, b: SessionPosition): number {
   if (a.created_at !== b.created_at) return a.created_at > b.created_at ? -1 : 1;
   return a.upload_uuid === b.upload_uuid ? 0 : a.upload_uuid > b.upload_uuid ? -1 : 1;
 }
-
-export interface ClientRef {
-  readonly id: string;
-  readonly minDate: string;
-}
-
-const MAX_CAS_ATTEMPTS = 32;
-/** Set once the sessions of versions without the listing's index are indexed (`indexEarlierSessions`). */
-const LISTING_INDEXED = 'listing.indexed';
-/** Sessions whose last written summary is kept in memory. */
-const CACHED_SESSIONS = 10_000;
-/** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
-const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
 /** After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at most 100 ms. */
 function conflictBackoff(attempt: number): Promise<void> {

@@ -78,12 +78,6 @@ export interface SessionRecord {
   deleted?: true;
 }
 
-/** A client's session in its index (`sessions.<client hex>.<upload_uuid>`, store/keys.ts), for the listing. */
-export interface ClientSessionEntry {
-  upload_uuid: string;
-  created_at: string;
-}
-
 /** The client's active-session pointer: its latest session, whatever its state. */
 export interface ActivePointer {
   upload_uuid: string;
@@ -390,6 +384,12 @@ export function decideDelete(r: SessionRecord, now: number): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
   return ok(touch(r, now, { deleted: true }));
+}
+
+/** A client's session in its index (`sessions.<client hex>.<upload_uuid>`, store/keys.ts), for the listing. */
+export interface ClientSessionEntry {
+  upload_uuid: string;
+  created_at: string;
 }
 
 /** What a session (or one entity of it) holds: recorded packages, their rows and row bytes, and how many are in object storage. */
