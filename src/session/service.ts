@@ -15,6 +15,7 @@ import { errors, isServiceError, isStorageUnavailable, type ServiceError, type V
 import { activeKey, clientSessionKey, clientSessionsPrefix, manifestKey, storedCountKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
+import type { ClientSessionEntry, SessionCounts, SessionStatus } from './state.js';
 import { storedPerEntity, type StoredCounts } from './stored-counts.js';
 import {
   decideDelete,
@@ -35,12 +36,9 @@ import {
   sessionCounts,
   statusView,
   type ActivePointer,
-  type ClientSessionEntry,
   type Decision,
   type PackageEntry,
-  type SessionCounts,
   type SessionRecord,
-  type SessionStatus,
   type StatusView,
   type WebhookEvent,
 } from './state.js';
@@ -82,12 +80,12 @@ export interface ClientRef {
 }
 
 const MAX_CAS_ATTEMPTS = 32;
-/** Set once the sessions of versions without the listing's index are indexed (`indexEarlierSessions`). */
-const LISTING_INDEXED = 'listing.indexed';
 /** Sessions whose last written summary is kept in memory. */
 const CACHED_SESSIONS = 10_000;
 /** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
 const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+/** Set once the sessions of versions without the listing's index are indexed (`indexEarlierSessions`). */
+const LISTING_INDEXED = 'listing.indexed';
 
 /** Where a page of `listSessions` ended: the next one starts after it. */
 export interface SessionPosition {
