@@ -178,6 +178,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       everyMs: config.storage.housekeepingMs,
       tasks: [
         { what: 'resume the clean-ups of deleted sessions', run: () => service.resumeCleanUps() },
+        { what: 'index the sessions of earlier versions for the listing', run: () => service.indexEarlierSessions() },
         { what: 'remove expired Idempotency-Key records', run: () => idempotency.sweep(clients.ids()) },
       ],
       onError: (err, what) => log.error(`housekeeping failed: ${what}`, { err }),

@@ -10,7 +10,9 @@ import { ENTITIES, TYPE_LABELS } from '../entities/catalog.js';
 import { errors, MESSAGES, STORAGE_RETRY_AFTER_SECONDS, type InitConflictBody, type ValidationIssue as Issue } from '../errors.js';
 import type { WebhookPayload } from '../connector/types.js';
 import type { CheckResult } from '../observability/readiness.js';
+import type { SessionListItem } from '../session/service.js';
 import type { SessionStatus, StatusView } from '../session/state.js';
+import { SESSIONS_LIMIT } from './sessions.js';
 import { DOCS_ASSETS, DOCS_ASSET_TYPES } from './docs.js';
 import type { StartUploadBody } from './start-body.js';
 
@@ -196,6 +198,17 @@ interface NotReady {
   http_engine: 'uws' | 'node';
 }
 
+/** A page of the client's own sessions, newest first. */
+interface SessionList {
+  /** At most `limit`, newest (`created_at`) first; deleted sessions are not listed. */
+  sessions: SessionListItem[];
+  /**
+   * Opaque: pass it as `cursor` for the next page; `null` on the last page. (A page before the
+   * end may, rarely, be followed by an empty one: sessions deleted meanwhile are skipped.)
+   */
+  next_cursor: string | null;
+}
+
 /** This document. */
 interface OpenApiDocument {
   openapi: '3.1.0';
@@ -216,6 +229,7 @@ const { components } = typia.json.schemas<
     IngestRequest,
     IngestResponse,
     StatusView,
+    SessionList,
     StartUploadRequest,
     ConnectorStartResponse,
     OperationStarted,
@@ -490,6 +504,46 @@ const paths: Json = {
         },
         true,
       ),
+    },
+  },
+  [`${BASE}/sessions`]: {
+    get: {
+      operationId: 'listSessions',
+      tags: ['uploading'],
+      summary: "List the client's sessions",
+      description:
+        'The calling client\'s own sessions (never another client\'s), newest first, each with its state, `created_at` ' +
+        'and `totals` (the counts of the status). Deleted sessions are not listed. Page with `limit` and the opaque ' +
+        '`next_cursor` of the previous page. Cost: every page reads the client\'s index of sessions (one key per session ' +
+        'it holds), then two keys per session on the page.',
+      parameters: [
+        {
+          name: 'limit',
+          in: 'query',
+          required: false,
+          description: `Sessions per page, ${SESSIONS_LIMIT.min} to ${SESSIONS_LIMIT.max} (default ${SESSIONS_LIMIT.default}).`,
+          schema: { type: 'integer', minimum: SESSIONS_LIMIT.min, maximum: SESSIONS_LIMIT.max, default: SESSIONS_LIMIT.default },
+        },
+        {
+          name: 'cursor',
+          in: 'query',
+          required: false,
+          description: 'The `next_cursor` of the previous page (opaque); absent for the first page.',
+          schema: { type: 'string' },
+        },
+      ],
+      responses: clientResponses({
+        '200': json('A page of sessions.', schema('SessionList')),
+        '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
+        '403': error([IP_NOT_ALLOWED]),
+        '422': error(
+          [
+            '`limit` not an integer (`int_parsing`), below 1 (`greater_than_equal`) or above 200 (`less_than_equal`), at `["query","limit"]`',
+            '`cursor` not one this endpoint gave (`value_error`, `Value error, Invalid cursor`), at `["query","cursor"]`',
+          ],
+          'ValidationError',
+        ),
+      }),
     },
   },
   [`${BASE}/webhooks/upload-finished`]: {

@@ -11,6 +11,7 @@ import { listEntities } from './entities.js';
 import { ingestEntity } from './ingest.js';
 import { initializeSession } from './initialize.js';
 import { openApiDocument } from './openapi.js';
+import { listSessions } from './sessions.js';
 import { startUpload } from './start-upload.js';
 import { sessionStatus } from './status.js';
 import { terminateWorkflow } from './terminate.js';
@@ -27,6 +28,8 @@ export function routes(deps: ApiDeps, operator: readonly Route[] = []): Route[] 
     { method: 'GET', pattern: '/docs/:asset', body: 'buffered', handler: docs.asset },
     { method: 'POST', pattern: `${API_BASE}/initialize-session`, body: 'buffered', handler: initializeSession(deps) },
     { method: 'GET', pattern: `${API_BASE}/entities`, body: 'buffered', handler: listEntities(deps) },
+    // Four segments, like `entities`: never a `{upload_uuid}` (every route with one has five or more).
+    { method: 'GET', pattern: `${API_BASE}/sessions`, body: 'buffered', handler: listSessions(deps) },
     { method: 'POST', pattern: `${API_BASE}/webhooks/upload-finished`, body: 'buffered', handler: uploadFinished(deps) },
     { method: 'GET', pattern: `${API_BASE}/:upload_uuid/status`, body: 'buffered', handler: sessionStatus(deps) },
     { method: 'POST', pattern: `${API_BASE}/:upload_uuid/start-upload`, body: 'buffered', handler: startUpload(deps) },

@@ -11,13 +11,14 @@
  * delete: summary.deleted = true ──> cleanup.<uuid> created ──> 200
  *                                         │ (background, retried until done; resumed after a restart)
  *                                         v
- *         queue purge → objects → ledger → idempotency records → summary ──> cleanup.<uuid> removed
+ *         queue purge → objects → ledger → idempotency records → stored count, listing entry
+ *         → summary ──> cleanup.<uuid> removed
  * ```
  * A record whose summary is there and not deleted names a delete that never happened (the
  * record is written only after the mark): it is removed and nothing else is touched.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import { cleanUpKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
+import { cleanUpKey, clientSessionKey, sessionKey, sessionObjectPrefix, storedCountKey } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from '../store/ports.js';
 import { forgetSessionRecords } from './idempotency.js';
 import type { SessionRecord } from './state.js';
@@ -141,6 +142,8 @@ export class SessionCleanUps {
       await objects.deletePrefix(sessionObjectPrefix(objectPrefix, clientId, uploadUuid));
       await ledger.drop(uploadUuid);
       await forgetSessionRecords(sessions, clientId, uploadUuid);
+      await sessions.delete(storedCountKey(uploadUuid));
+      await sessions.delete(clientSessionKey(clientId, uploadUuid));
       if (summary) await sessions.delete(sessionKey(uploadUuid), summary.revision);
     }
     await sessions.delete(cleanUpKey(uploadUuid));

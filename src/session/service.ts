@@ -12,9 +12,11 @@
 import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
 import { errors, isServiceError, isStorageUnavailable, type ServiceError, type ValidationIssue } from '../errors.js';
-import { activeKey, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
+import { activeKey, clientSessionKey, clientSessionsPrefix, manifestKey, storedCountKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
+import type { ClientSessionEntry, SessionCounts, SessionStatus } from './state.js';
+import { storedPerEntity, type StoredCounts } from './stored-counts.js';
 import {
   decideDelete,
   decideFold,
@@ -31,6 +33,7 @@ import {
   fromStored,
   newSession,
   packageCount,
+  sessionCounts,
   statusView,
   type ActivePointer,
   type ClientRef,
@@ -77,6 +80,28 @@ const MAX_CAS_ATTEMPTS = 32;
 const CACHED_SESSIONS = 10_000;
 /** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
 const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
+/** Set once the sessions of versions without the listing's index are indexed (`indexEarlierSessions`). */
+const LISTING_INDEXED = 'listing.indexed';
+
+/** Where a page of `listSessions` ended: the next one starts after it. */
+export interface SessionPosition {
+  created_at: string;
+  upload_uuid: string;
+}
+
+/** One session of `GET /api/v1/uploading/sessions`. */
+export interface SessionListItem {
+  upload_uuid: string;
+  session_status: SessionStatus;
+  created_at: string;
+  totals: SessionCounts;
+}
+
+/** Newest first: `created_at` descending, then `upload_uuid` descending (negative: `a` comes first). */
+function newestFirst(a: SessionPosition, b: SessionPosition): number {
+  if (a.created_at !== b.created_at) return a.created_at > b.created_at ? -1 : 1;
+  return a.upload_uuid === b.upload_uuid ? 0 : a.upload_uuid > b.upload_uuid ? -1 : 1;
+}
 
 /** After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at most 100 ms. */
 function conflictBackoff(attempt: number): Promise<void> {
@@ -151,10 +176,14 @@ export class SessionService {
       const uploadUuid = randomUUID();
       const record = newSession(uploadUuid, client.id, this.now(), decision.previous);
       const revision = await this.deps.sessions.create(sessionKey(uploadUuid), record);
+      const indexed = clientSessionKey(client.id, uploadUuid);
       try {
+        // Listed before the pointer names it: a session a client was told about is always listed.
+        await this.deps.sessions.create<ClientSessionEntry>(indexed, { upload_uuid: uploadUuid, created_at: record.created_at });
         if (pointer) await this.deps.sessions.update<ActivePointer>(key, { upload_uuid: uploadUuid }, pointer.revision);
         else await this.deps.sessions.create<ActivePointer>(key, { upload_uuid: uploadUuid });
       } catch (err) {
+        await this.deps.sessions.delete(indexed).catch(() => undefined);
         await this.deps.sessions.delete(sessionKey(uploadUuid)).catch(() => undefined);
         if (isStoreConflict(err)) continue; // another call won: answer against its session
         throw err;
@@ -207,10 +236,83 @@ export class SessionService {
   }
 
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
-    const [record, pending] = await Promise.all([this.read(uploadUuid), this.deps.queue.hasPending(uploadUuid)]);
+    const [record, [pending, stored]] = await Promise.all([
+      this.read(uploadUuid),
+      // The stored count is read once the queue answered: a package is counted before it is
+      // acked, so when nothing is pending every package's count is already there to read.
+      this.deps.queue.hasPending(uploadUuid).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.deps.sessions.get<StoredCounts>(storedCountKey(uploadUuid)) : null] as const),
+    ]);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
     // Only whether any package waits for the uploader matters, not how many.
-    return statusView(record.value, pending ? 1 : 0, this.now());
+    return statusView(record.value, pending ? 1 : 0, this.now(), storedPerEntity(stored?.value ?? null));
+  }
+
+  /**
+   * The client's sessions, newest first (`created_at`, then `upload_uuid`, both descending),
+   * `limit` of them after `after` (a position a previous page ended at). Deleted sessions are
+   * left out. Reads the client's whole index (one key per session it ever created and did not
+   * delete), then the summary and stored count of each session on the page.
+   */
+  async listSessions(client: ClientRef, limit: number, after: SessionPosition | null): Promise<{ sessions: SessionListItem[]; next: SessionPosition | null }> {
+    const index: ClientSessionEntry[] = [];
+    for await (const { value } of this.deps.sessions.list<ClientSessionEntry>(clientSessionsPrefix(client.id))) index.push(value);
+    index.sort(newestFirst);
+    let i = after ? index.findIndex((e) => newestFirst(after, e) < 0) : 0;
+    if (i < 0) i = index.length;
+    const sessions: SessionListItem[] = [];
+    let last: SessionPosition | null = null;
+    while (sessions.length < limit && i < index.length) {
+      const chunk = index.slice(i, i + limit - sessions.length);
+      i += chunk.length;
+      const read = await Promise.all(
+        chunk.map(async (e) => {
+          if (!UPLOAD_UUID.test(e.upload_uuid)) return null;
+          const [summary, stored] = await Promise.all([
+            this.deps.sessions.get<SessionRecord>(sessionKey(e.upload_uuid)),
+            this.deps.sessions.get<StoredCounts>(storedCountKey(e.upload_uuid)),
+          ]);
+          return { e, summary: summary ? fromStored(summary.value) : null, stored: stored?.value ?? null };
+        }),
+      );
+      for (const got of read) {
+        if (!got) continue;
+        const { e, summary, stored } = got;
+        if (!summary || summary.deleted || summary.client_id !== client.id) continue;
+        sessions.push({
+          upload_uuid: summary.upload_uuid,
+          session_status: summary.status,
+          created_at: summary.created_at,
+          totals: sessionCounts(summary, storedPerEntity(stored)).totals,
+        });
+        last = { created_at: e.created_at, upload_uuid: e.upload_uuid };
+      }
+    }
+    return { sessions, next: sessions.length === limit && i < index.length ? last : null };
+  }
+
+  /**
+   * Sessions created by a version without the listing's index get their entries: once per
+   * store (the `LISTING_INDEXED` key says it was done), by whichever gateway's housekeeping
+   * comes first; several at once create the same entries (create-if-absent). Reads every
+   * session summary once. Returns how many entries it created.
+   */
+  async indexEarlierSessions(): Promise<number> {
+    const { sessions } = this.deps;
+    if (await sessions.get(LISTING_INDEXED)) return 0;
+    let created = 0;
+    for await (const { value } of sessions.list<SessionRecord>('session.')) {
+      if (value.deleted || !UPLOAD_UUID.test(value.upload_uuid)) continue;
+      try {
+        await sessions.create<ClientSessionEntry>(clientSessionKey(value.client_id, value.upload_uuid), { upload_uuid: value.upload_uuid, created_at: value.created_at });
+        created++;
+      } catch (err) {
+        if (!isStoreConflict(err)) throw err;
+      }
+    }
+    await sessions.create(LISTING_INDEXED, { at: new Date(this.now()).toISOString() }).catch((err: unknown) => {
+      if (!isStoreConflict(err)) throw err;
+    });
+    return created;
   }
 
   /**

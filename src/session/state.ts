@@ -392,6 +392,27 @@ export function decideDelete(r: SessionRecord, now: number): Decision {
   return ok(touch(r, now, { deleted: true }));
 }
 
+/** A client's session in its index (`sessions.<client hex>.<upload_uuid>`, store/keys.ts), for the listing. */
+export interface ClientSessionEntry {
+  upload_uuid: string;
+  created_at: string;
+}
+
+/** What a session (or one entity of it) holds: recorded packages, their rows and row bytes, and how many are in object storage. */
+export interface SessionCounts {
+  /** Recorded packages (each accepted package once, whatever retries or replays). */
+  packages: number;
+  rows: number;
+  /** Validated row bytes as stored: the NDJSON row lines of the packages' objects, header lines excluded. */
+  bytes: number;
+  /** Of `packages`, those already in object storage. */
+  stored_packages: number;
+}
+
+export interface EntityCounts extends SessionCounts {
+  name: string;
+}
+
 export interface StatusView {
   upload_uuid: string;
   session_status: SessionStatus;
@@ -401,10 +422,32 @@ export interface StatusView {
   can_start_upload: boolean;
   can_terminate: boolean;
   last_workflow?: WorkflowOutcome;
+  /** One per entity, in the order of `entities`. */
+  entity_counts: EntityCounts[];
+  totals: SessionCounts;
+}
+
+/**
+ * Per-entity counts in the order of `entities`, and their sum. `stored` (per entity) comes from
+ * the uploader's own record, read beside the summary: a package is stored only once recorded,
+ * so a count above the recorded packages can only be a read of the summary older than that of
+ * the stored record, and is capped to it.
+ */
+export function sessionCounts(r: SessionRecord, stored: ReadonlyMap<string, number>): { entity_counts: EntityCounts[]; totals: SessionCounts } {
+  const totals: SessionCounts = { packages: 0, rows: 0, bytes: 0, stored_packages: 0 };
+  const entity_counts = entityTotals(r).map(({ name, packages, rows, bytes }) => {
+    const e: EntityCounts = { name, packages, rows, bytes, stored_packages: Math.min(packages, stored.get(name) ?? 0) };
+    totals.packages += e.packages;
+    totals.rows += e.rows;
+    totals.bytes += e.bytes;
+    totals.stored_packages += e.stored_packages;
+    return e;
+  });
+  return { entity_counts, totals };
 }
 
 /** The status body; flags as docs/api.md (Session rules) defines them, from real state only. */
-export function statusView(r: SessionRecord, pendingBatches: number, now: number): StatusView {
+export function statusView(r: SessionRecord, pendingBatches: number, now: number, stored: ReadonlyMap<string, number> = new Map()): StatusView {
   const finished = liveInFlight(r, now) === 0 && pendingBatches === 0;
   return {
     upload_uuid: r.upload_uuid,
@@ -415,5 +458,6 @@ export function statusView(r: SessionRecord, pendingBatches: number, now: number
     can_start_upload: r.status === 'UPLOADING' && packageCount(r) > 0 && finished,
     can_terminate: r.status === 'STARTED',
     ...(r.last_workflow ? { last_workflow: r.last_workflow } : {}),
+    ...sessionCounts(r, stored),
   };
 }

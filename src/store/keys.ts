@@ -21,6 +21,15 @@ export const idempotencyKey = (clientId: string, key: string): string =>
 /** The `SessionStore.list` prefix of one client's idempotency records. */
 export const idempotencyPrefix = (clientId: string): string => `idem.${Buffer.from(clientId, 'utf8').toString('hex')}.`;
 
+/** How many of a session's packages the uploader stored (session/stored-counts.ts). */
+export const storedCountKey = (uploadUuid: string): string => `stored.${uploadUuid}`;
+
+/** A client's sessions, one key each, for the listing (`GET /api/v1/uploading/sessions`). */
+export const clientSessionKey = (clientId: string, uploadUuid: string): string => `${clientSessionsPrefix(clientId)}${uploadUuid}`;
+
+/** The `SessionStore.list` prefix of one client's session index: the listing reads only the client's own keys. */
+export const clientSessionsPrefix = (clientId: string): string => `sessions.${Buffer.from(clientId, 'utf8').toString('hex')}.`;
+
 /** The clean-up a delete left to do (session/clean-up.ts), until it is done. */
 export const cleanUpKey = (uploadUuid: string): string => `cleanup.${uploadUuid}`;
 

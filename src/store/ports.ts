@@ -95,7 +95,9 @@ export interface SessionStore {
    * while the listing runs may or may not be in it (or may come with its newer value); a key
    * that holds the same value from before the listing begins until it ends is in it. Under a
    * non-empty prefix only keys whose tokens are all non-empty are listed (every key the
-   * service writes). For housekeeping, never on a request's path: it may cost a read per key.
+   * service writes). It may cost a read per key: for housekeeping, and on a request's path
+   * only under a prefix whose keys the request is entitled to read in full (the sessions
+   * listing reads one client's index, `sessions.<client hex>.`).
    */
   list<T>(prefix: string): AsyncIterable<Listed<T>>;
   close(): Promise<void>;
@@ -142,7 +144,16 @@ export interface PackageLedger {
   get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null>;
   /** Every entry of the session, each package once, in no particular order. */
   list(uploadUuid: string): AsyncIterable<LedgerEntry>;
-  /** Removes every entry of the session (after delete). */
+  /**
+   * Marks packages as stored in object storage (the uploader, after the put): one marker per
+   * package, idempotent, durable when this resolves. A marker may precede the package's entry
+   * (the uploader stores what the summary records before the ledger holds it); `list` never
+   * yields markers.
+   */
+  markStored(uploadUuid: string, packageIds: readonly string[]): Promise<void>;
+  /** Whether `markStored` wrote the package's marker (every marker whose write resolved is seen). */
+  isStored(uploadUuid: string, packageId: string): Promise<boolean>;
+  /** Removes every entry and marker of the session (after delete). */
   drop(uploadUuid: string): Promise<void>;
   close(): Promise<void>;
 }

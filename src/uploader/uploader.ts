@@ -3,6 +3,7 @@ import type { Config } from '../config/config.js';
 import type { InternalErrorCode } from '../errors.js';
 import type { Logger } from '../log.js';
 import { packageVerdict } from '../session/recovery.js';
+import { StoredPackages } from '../session/stored-counts.js';
 import type { Engines } from '../store/engines.js';
 import { objectKey } from '../store/keys.js';
 import type { BatchQueue, CommittedPackage, ObjectStore, PackageMeta, QueueConsumer } from '../store/ports.js';
@@ -41,6 +42,12 @@ export interface UploaderOptions {
    */
   verdict?: (pkg: PackageMeta) => Promise<'store' | 'drop' | 'wait'>;
   observer?: UploaderObserver;
+  /**
+   * Counts a stored package in its session (session/stored-counts.ts), after the put and
+   * before the ack; idempotent, so a redelivered package is counted once. A failure sends the
+   * package back for redelivery. Unset: nothing is counted.
+   */
+  counted?: (pkg: PackageMeta) => Promise<void>;
   /** Packages stored at the same time (default 1). */
   concurrency?: number;
 }
@@ -73,12 +80,14 @@ export async function runUploader(
       reason: err instanceof Error ? `${err.name}: ${err.message}` : String(err),
     });
   }
+  const stored = new StoredPackages({ sessions: engines.sessions, ledger: engines.ledger });
   return startUploader({
     queue: engines.queue,
     objects: engines.objects,
     prefix: config.storage.objectPrefix,
     concurrency: config.storage.uploaderConcurrency,
     verdict: (meta) => packageVerdict(engines.sessions, engines.ledger, meta.upload_uuid, meta.package_id),
+    counted: (meta) => stored.count(meta),
     onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
     ...(observer ? { observer } : {}),
   });
@@ -95,7 +104,7 @@ export function startUploader(opts: UploaderOptions): QueueConsumer {
 }
 
 function consumeOne(opts: UploaderOptions): QueueConsumer {
-  const { objects, prefix, onError, verdict, observer } = opts;
+  const { objects, prefix, onError, verdict, observer, counted } = opts;
   return opts.queue.consume(async (pkg) => {
     let decided: 'store' | 'drop' | 'wait' = 'store';
     try {
@@ -110,7 +119,9 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
       if (decided === 'store') {
         const started = performance.now();
         await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg, objects.capabilities.consumesChunksInTurn));
-        observer?.stored(performance.now() - started);
+        const durationMs = performance.now() - started;
+        await counted?.(pkg.meta);
+        observer?.stored(durationMs);
       } else if (decided === 'drop') {
         observer?.abandoned();
       }

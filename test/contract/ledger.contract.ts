@@ -90,6 +90,28 @@ export function ledgerContract(t: Test, name: string, factory: LedgerFactory): v
     t.same(await all(ledger.list(U1)), [entry('p-3')], 'a dropped session can be written again');
   });
 
+  t.test(`${name}: stored markers: idempotent, durable, per session, never listed, dropped with the session`, async (t) => {
+    const { ledger, reopen } = await setup(t);
+    t.equal(await ledger.isStored(U1, 'p-1'), false);
+    await ledger.markStored(U1, ['p-1', 'p-2']);
+    await ledger.markStored(U1, ['p-2']);
+    await ledger.markStored(U1, []);
+    t.equal(await ledger.isStored(U1, 'p-1'), true, 'a marker may come before its entry');
+    t.equal(await ledger.isStored(U2, 'p-1'), false, 'sessions are apart');
+    t.same(await all(ledger.list(U1)), [], 'markers are not entries');
+    await ledger.append(U1, [entry('p-1')]);
+    t.same(await all(ledger.list(U1)), [entry('p-1')]);
+    t.equal(await ledger.get(U1, 'p-2'), null);
+    await ledger.markStored(U2, ['p-9']);
+    await ledger.close();
+    const again = await reopen();
+    t.equal(await again.isStored(U1, 'p-2'), true, 'durable');
+    await again.drop(U1);
+    t.equal(await again.isStored(U1, 'p-1'), false, 'dropped with its session');
+    t.equal(await again.isStored(U1, 'p-2'), false);
+    t.equal(await again.isStored(U2, 'p-9'), true, 'another session keeps its markers');
+  });
+
   t.test(`${name}: many concurrent appends to one session, all kept`, async (t) => {
     const { ledger } = await setup(t);
     const ids = Array.from({ length: 300 }, (_, i) => `p-${String(i).padStart(3, '0')}`);

@@ -148,6 +148,8 @@ t.test('JSON output and exit codes', async (t) => {
     can_upload_entities: true,
     can_start_upload: false,
     can_terminate: false,
+    entity_counts: [],
+    totals: { packages: 0, rows: 0, bytes: 0, stored_packages: 0 },
   });
   t.match((await cli.run(['status'])).stdout, new RegExp(`^${uuid} UPLOADING · entities: – ·`));
   const missing = await cli.run(['status', '00000000-0000-4000-8000-000000000000', '--json']);

@@ -24,6 +24,8 @@ t.test('a whole session: UPLOADING → STARTED → DONE through the emulator, th
     can_upload_entities: true,
     can_start_upload: false,
     can_terminate: false,
+    entity_counts: [],
+    totals: { packages: 0, rows: 0, bytes: 0, stored_packages: 0 },
   });
 
   const first = await c.ingest(uuid, 'products', products(3));
@@ -46,9 +48,10 @@ t.test('a whole session: UPLOADING → STARTED → DONE through the emulator, th
 
   const done = await waitForStatus(svc, uuid, (b) => b.session_status === 'DONE');
   t.same(
-    { ...done, last_workflow: undefined },
-    { upload_uuid: uuid, session_status: 'DONE', entities: ['products', 'catalogs'], upload_tasks_finished: true, can_upload_entities: false, can_start_upload: false, can_terminate: false, last_workflow: undefined },
+    { ...done, last_workflow: undefined, entity_counts: undefined, totals: undefined },
+    { upload_uuid: uuid, session_status: 'DONE', entities: ['products', 'catalogs'], upload_tasks_finished: true, can_upload_entities: false, can_start_upload: false, can_terminate: false, last_workflow: undefined, entity_counts: undefined, totals: undefined },
   );
+  t.match(done.totals, { packages: 3, rows: 6, stored_packages: 3 });
   t.equal(done.last_workflow.status, 'succeeded');
 
   const next = await c.init();

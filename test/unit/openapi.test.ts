@@ -293,11 +293,15 @@ t.test('status and the error statuses docs/api.md names', async (t) => {
     'can_upload_entities',
     'can_start_upload',
     'can_terminate',
+    'entity_counts',
+    'totals',
   ]);
+  t.same(schemas.SessionList.required, ['sessions', 'next_cursor']);
   const has = (method: string, path: string, statuses: string[]) =>
     t.same(statuses.filter((s) => !(s in op(method, path).responses)), [], `${method} ${path}`);
   has('post', '/{upload_uuid}/{entity_name}', ['400', '401', '403', '409', '413', '422', '503']);
   has('post', '/{upload_uuid}/start-upload', ['400', '401', '403', '409', '422', '500', '502']);
+  has('get', '/sessions', ['400', '401', '403', '422', '503']);
   has('post', '/{upload_uuid}/terminate', ['404', '409', '500', '502']);
   has('get', '/{upload_uuid}/status', ['401', '404']);
   t.ok(deref(op('post', '/initialize-session').responses['503']).headers['Retry-After']);

@@ -19,6 +19,7 @@ export class SqliteLedger implements PackageLedger {
   readonly #db: StateDatabase;
   readonly #get;
   readonly #page;
+  readonly #stored;
   /** Set when the store opened its database itself (`open`): closing the store closes it. */
   readonly #owned: boolean;
   #closed = false;
@@ -30,6 +31,7 @@ export class SqliteLedger implements PackageLedger {
     this.#page = db.reader.prepare<[string, string, number], LedgerEntry>(
       `SELECT ${COLUMNS} FROM ledger WHERE upload = ? AND package_id > ? ORDER BY package_id LIMIT ?`,
     );
+    this.#stored = db.reader.prepare<[string, string], { one: number }>('SELECT 1 AS one FROM stored WHERE upload = ? AND package_id = ?');
   }
 
   /** The entries of one session in the database at `path`, without the ledger (tests, tools; the owner may be running). */
@@ -62,6 +64,17 @@ export class SqliteLedger implements PackageLedger {
       if (rows.length < PAGE) return;
       after = rows.at(-1)!.package_id;
     }
+  }
+
+  async markStored(uploadUuid: string, packageIds: readonly string[]): Promise<void> {
+    this.#check(uploadUuid);
+    if (packageIds.length === 0) return;
+    await this.#db.write({ t: 'ledger-stored', upload: uploadUuid, ids: [...packageIds] });
+  }
+
+  async isStored(uploadUuid: string, packageId: string): Promise<boolean> {
+    this.#check(uploadUuid);
+    return this.#stored.get(uploadUuid, packageId) !== undefined;
   }
 
   async drop(uploadUuid: string): Promise<void> {

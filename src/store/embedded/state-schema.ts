@@ -6,6 +6,7 @@
  * ```
  * kv      (key PRIMARY KEY, revision, value)   session records, idempotent answers, claims
  * ledger  (upload, package_id PRIMARY KEY, entity, rows, bytes, object_bytes)
+ * stored  (upload, package_id PRIMARY KEY)   the uploader's markers: packages in object storage
  * meta    ('revision': the last revision handed out; 'fence': see state-writer.ts)
  * ```
  * WAL with `synchronous=FULL`: a commit is in the log and fdatasync'ed before any reader sees
@@ -24,6 +25,7 @@ CREATE TABLE IF NOT EXISTS ledger (
   rows INTEGER NOT NULL, bytes INTEGER NOT NULL, object_bytes INTEGER NOT NULL,
   PRIMARY KEY (upload, package_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stored (upload TEXT NOT NULL, package_id TEXT NOT NULL, PRIMARY KEY (upload, package_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 0), ('fence', 0);
 `;
@@ -62,6 +64,7 @@ export type WriteOp =
   | { t: 'update'; key: string; json: string; revision: number }
   | { t: 'delete'; key: string; revision?: number }
   | { t: 'ledger-append'; upload: string; entries: readonly LedgerEntry[] }
+  | { t: 'ledger-stored'; upload: string; ids: readonly string[] }
   | { t: 'ledger-drop'; upload: string };
 
 /** What one op did: its new revision (create, update), or a lost compare-and-set. */

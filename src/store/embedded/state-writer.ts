@@ -28,6 +28,8 @@ const stmt = {
     'INSERT OR IGNORE INTO ledger (upload, package_id, entity, rows, bytes, object_bytes) VALUES (?, ?, ?, ?, ?, ?)',
   ),
   ledgerDrop: db.prepare<[string]>('DELETE FROM ledger WHERE upload = ?'),
+  storedAdd: db.prepare<[string, string]>('INSERT OR IGNORE INTO stored (upload, package_id) VALUES (?, ?)'),
+  storedDrop: db.prepare<[string]>('DELETE FROM stored WHERE upload = ?'),
   saveRevision: db.prepare<[number]>("UPDATE meta SET value = ? WHERE name = 'revision'"),
   fence: db.prepare("UPDATE meta SET value = value + 1 WHERE name = 'fence'"),
 };
@@ -78,8 +80,12 @@ function apply(op: WriteOp): WriteOutcome {
     case 'ledger-append':
       for (const e of op.entries) stmt.ledgerAdd.run(op.upload, e.package_id, e.entity, e.rows, e.bytes, e.object_bytes);
       return {};
+    case 'ledger-stored':
+      for (const id of op.ids) stmt.storedAdd.run(op.upload, id);
+      return {};
     case 'ledger-drop':
       stmt.ledgerDrop.run(op.upload);
+      stmt.storedDrop.run(op.upload);
       return {};
   }
 }

@@ -20,7 +20,8 @@ const ID = /^[A-Za-z0-9_-]+$/;
  * instances completing one recording) stores the same value. Puts of every session that are
  * ready at the same moment go out as one atomic batch where the server has them (2.12+). Reads go to the stream leader (no direct get), so an entry whose put was
  * acknowledged is read back everywhere. `list` is a KV watch of the session's keys, stopped
- * once the initial values are in.
+ * once the initial values are in. The uploader's markers are keys `<upload_uuid>.<package_id>.stored`
+ * in the same bucket: `drop` purges them with the entries, and `list` (keys of two tokens) skips them.
  */
 export class NatsLedger implements PackageLedger {
   readonly #ctx: NatsContext;
@@ -78,7 +79,8 @@ export class NatsLedger implements PackageLedger {
     const ready = new Promise<'initialized'>((resolve) => (wake = () => resolve('initialized')));
     const watch = await withRetry(this.#ctx, this.#retryMs, () =>
       this.#kv.watch({
-        key: `${uploadUuid}.>`,
+        // Entries only: a marker (`<upload_uuid>.<package_id>.stored`) has a third token.
+        key: `${uploadUuid}.*`,
         ignoreDeletes: true,
         initializedFn: () => {
           initialized = true;
@@ -107,6 +109,19 @@ export class NatsLedger implements PackageLedger {
     } finally {
       watch.stop();
     }
+  }
+
+  async markStored(uploadUuid: string, packageIds: readonly string[]): Promise<void> {
+    this.#check(uploadUuid);
+    await Promise.all(
+      packageIds.map((id) => this.#puts.publish({ subject: `$KV.${this.#bucket}.${this.#key(uploadUuid, id)}.stored`, data: Buffer.from('1') })),
+    );
+  }
+
+  async isStored(uploadUuid: string, packageId: string): Promise<boolean> {
+    this.#check(uploadUuid);
+    const entry = await withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(`${this.#key(uploadUuid, packageId)}.stored`));
+    return entry !== null && entry.operation === 'PUT';
   }
 
   async drop(uploadUuid: string): Promise<void> {

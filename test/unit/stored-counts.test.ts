@@ -1,0 +1,95 @@
+/**
+ * The uploader's count of stored packages (session/stored-counts.ts) on the embedded stores:
+ * a package is counted once however often it is delivered, whatever step a crash or a
+ * failure interrupted, and not at all for a session that is gone.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t, { type Test } from 'tap';
+import { newSession } from '../../src/session/state.js';
+import { StoredPackages, storedPerEntity, type StoredCounts } from '../../src/session/stored-counts.js';
+import { SqliteLedger } from '../../src/store/embedded/ledger.js';
+import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
+import { sessionKey, storedCountKey } from '../../src/store/keys.js';
+import type { PackageLedger } from '../../src/store/ports.js';
+
+const U = '11111111-1111-4111-8111-111111111111';
+const pkg = (id: string, entity = 'products') => ({ upload_uuid: U, package_id: id, entity });
+
+async function setup(t: Test) {
+  const dir = await mkdtemp(join(tmpdir(), 'stored-counts-'));
+  const sessions = await SqliteSessionStore.open(join(dir, 'state.sqlite'));
+  const ledger = await SqliteLedger.open(join(dir, 'state.sqlite'));
+  t.teardown(async () => {
+    await sessions.close();
+    await ledger.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+  await sessions.create(sessionKey(U), newSession(U, 'acme', Date.now()));
+  const counts = async () => (await sessions.get<StoredCounts>(storedCountKey(U)))?.value ?? null;
+  return { sessions, ledger, counts };
+}
+
+t.test('each package once: repeated, concurrent, several entities', async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  const stored = new StoredPackages({ sessions, ledger });
+  await stored.count(pkg('p-1'));
+  await stored.count(pkg('p-1'));
+  await Promise.all([stored.count(pkg('p-2')), stored.count(pkg('p-2')), stored.count(pkg('c-1', 'catalogs'))]);
+  const ids = Array.from({ length: 40 }, (_, i) => `q-${i}`);
+  await Promise.all(ids.map((id) => stored.count(pkg(id, 'stock'))));
+  await Promise.all(ids.map((id) => new StoredPackages({ sessions, ledger }).count(pkg(id, 'stock'))));
+  t.same(await counts(), { entities: { products: 2, catalogs: 1, stock: 40 }, marking: {} }, 'marking empties once every marker is durable');
+  t.same([...storedPerEntity(await counts())], [['products', 2], ['catalogs', 1], ['stock', 40]]);
+});
+
+t.test('a delivery after a crash at any step counts the package once', async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  // Crash after step 1: in marking, no marker.
+  await sessions.create<StoredCounts>(storedCountKey(U), { entities: { products: 3 }, marking: { 'p-1': 'products' } });
+  t.same([...storedPerEntity(await counts())], [['products', 4]], 'already counted while marking');
+  await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
+  t.same(await counts(), { entities: { products: 4 }, marking: {} });
+
+  // Crash after step 2: in marking and marked.
+  const cur = (await sessions.get<StoredCounts>(storedCountKey(U)))!;
+  await sessions.update<StoredCounts>(storedCountKey(U), { entities: { products: 4 }, marking: { 'p-2': 'products' } }, cur.revision);
+  await ledger.markStored(U, ['p-2']);
+  await new StoredPackages({ sessions, ledger }).count(pkg('p-2'));
+  t.same(await counts(), { entities: { products: 5 }, marking: {} });
+
+  // Crash after step 3 (before the ack): folded and marked, delivered again.
+  await new StoredPackages({ sessions, ledger }).count(pkg('p-2'));
+  await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
+  t.same(await counts(), { entities: { products: 5 }, marking: {} });
+});
+
+t.test('a failed marker write rejects (the package is delivered again) and the retry counts it once', async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  let fail = 1;
+  const flaky: PackageLedger = Object.assign(Object.create(ledger) as PackageLedger, {
+    markStored: async (u: string, ids: readonly string[]) => {
+      if (fail-- > 0) throw Object.assign(new Error('EIO'), { code: 'EIO' });
+      return ledger.markStored(u, ids);
+    },
+    isStored: (u: string, id: string) => ledger.isStored(u, id),
+  });
+  const stored = new StoredPackages({ sessions, ledger: flaky });
+  await t.rejects(stored.count(pkg('p-1')), { code: 'EIO' });
+  t.same(await counts(), { entities: {}, marking: { 'p-1': 'products' } }, 'counted, its marker not yet written');
+  await stored.count(pkg('p-1'));
+  t.same(await counts(), { entities: { products: 1 }, marking: {} });
+});
+
+t.test('a session that is gone (or deleted) gets no count', async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  const gone = '22222222-2222-4222-8222-222222222222';
+  await new StoredPackages({ sessions, ledger }).count({ upload_uuid: gone, package_id: 'p-1', entity: 'products' });
+  t.equal(await sessions.get(storedCountKey(gone)), null);
+  t.equal(await ledger.isStored(gone, 'p-1'), false);
+  const summary = (await sessions.get(sessionKey(U)))!;
+  await sessions.update(sessionKey(U), { ...newSession(U, 'acme', Date.now()), deleted: true }, summary.revision);
+  await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
+  t.equal(await counts(), null);
+});
