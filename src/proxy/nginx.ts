@@ -64,6 +64,8 @@ export const NGINX_MISSING = 'nginx not found (Debian package nginx): install it
 export interface NginxOptions extends ProxyAddresses {
   /** The binary (default: `nginxPath()`). */
   bin?: string;
+  /** Changes the rendered configuration before nginx reads it (a measurement's variant: the bench drops the per-client limits). */
+  edit?: (gatewayConf: string) => string;
   /** Where nginx's output goes (default: kept for `output()` only). */
   onOutput?: (chunk: Buffer) => void;
 }
@@ -96,7 +98,8 @@ export async function startNginx(opts: NginxOptions): Promise<NginxProcess> {
     await chmod(dir, 0o755);
     await mkdir(join(dir, 'temp'), { mode: 0o755 });
     await copyFile(NGINX_MAIN, join(dir, 'nginx.conf'));
-    await writeFile(join(dir, 'gateway.conf'), await renderGatewayConf(opts));
+    const rendered = await renderGatewayConf({ NGINX_LISTEN: opts.NGINX_LISTEN, GATEWAY_ADDRESS: opts.GATEWAY_ADDRESS });
+    await writeFile(join(dir, 'gateway.conf'), opts.edit ? opts.edit(rendered) : rendered);
   } catch (err) {
     await rm(dir, { recursive: true, force: true });
     throw err;
