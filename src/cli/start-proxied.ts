@@ -78,8 +78,8 @@ const ready = new Promise<string>((resolve) => {
   });
 });
 
-const url = await Promise.race([ready, gatewayExited.then((code) => stop(`the gateway exited (${code}) before it listened`, 1))]);
-void gatewayExited.then((code) => stop(`the gateway exited (${code})`, 1));
+void gatewayExited.then((code) => stop(`the gateway exited (${code})${gatewayUrl === null ? ' before it listened' : ''}`, 1));
+const url = await ready;
 const { port } = new URL(url);
 try {
   nginx = await startNginx({ bin, NGINX_LISTEN: `${listenHost}:${config.port}`, GATEWAY_ADDRESS: `127.0.0.1:${port}`, onOutput: (chunk) => process.stderr.write(chunk) });

@@ -7,7 +7,7 @@ import { spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { API, call, tempDir } from '../support/harness.js';
 import { auth, head, RawClient } from '../support/raw-http.js';
 import { freePorts } from '../../testbed/nats.js';
@@ -24,14 +24,15 @@ const alive = (pid: number): boolean => {
   }
 };
 
-t.test('npm run start:proxied: nginx on PORT, the gateway behind it, both stopped by SIGINT', async (t) => {
+async function startProxied(t: Test) {
   const dir = await tempDir(t);
   const [port] = await freePorts(1);
   const child = spawn(process.execPath, [START_PROXIED], {
     env: { PATH: process.env.PATH, PORT: String(port), DATA_DIR: join(dir, 'data'), LOG_LEVEL: 'warn', ...(HTTP_ENGINE ? { HTTP_ENGINE } : {}) },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
-  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  // 'close': after the exit and the last of its output.
+  const exited = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)));
   t.teardown(() => {
     if (child.exitCode === null) child.kill('SIGKILL');
   });
@@ -48,6 +49,12 @@ t.test('npm run start:proxied: nginx on PORT, the gateway behind it, both stoppe
   t.teardown(() => {
     for (const pid of [pids.nginx, pids.gateway]) if (alive(pid)) process.kill(pid, 'SIGKILL');
   });
+  return { child, exited, pids, port: port!, output: () => out };
+}
+
+t.test('npm run start:proxied: nginx on PORT, the gateway behind it, both stopped by SIGINT', async (t) => {
+  const { child, exited, pids, port, output } = await startProxied(t);
+  const out = output();
   const url = `http://127.0.0.1:${port}`;
   t.match(out, new RegExp(`Batch ingest gateway listening on ${url}\\n`), "the gateway's banner names the proxy's address");
   t.match(out, /Client-Id: demo {4}Authorization: demo-token/, 'and the demo clients');
@@ -71,4 +78,12 @@ t.test('npm run start:proxied: nginx on PORT, the gateway behind it, both stoppe
     s.once('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'error'));
   });
   t.equal(refused, 'ECONNREFUSED', 'nothing listens on PORT any more');
+});
+
+t.test('start:proxied: the gateway gone, nginx is stopped too and the command fails', async (t) => {
+  const { exited, pids, output } = await startProxied(t);
+  process.kill(pids.gateway, 'SIGKILL');
+  t.equal(await exited, 1, 'exit code 1');
+  t.notOk(alive(pids.nginx), 'nginx stopped');
+  t.match(output(), /the gateway exited \(SIGKILL\): stopping nginx and the gateway/, 'says why');
 });
