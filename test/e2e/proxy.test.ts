@@ -13,6 +13,7 @@ import t, { type Test } from 'tap';
 import type { Config, DeepPartial } from '../../src/config/config.js';
 import { uwsLoads } from '../../src/http/engine.js';
 import { HTTP_ENGINE } from '../../testbed/env.js';
+import { freePorts } from '../../testbed/nats.js';
 import { startProxy } from '../../testbed/nginx.js';
 import { spawnGateway } from '../../testbed/processes.js';
 import { API, call, clientOf, products, tempDir, waitForStatus } from '../support/harness.js';
@@ -304,4 +305,13 @@ t.test("perIpAtProxy: the client's address from the proxy, a client's own X-Forw
     limited.push({ status: res.status, id: typeof res.headers['x-request-id'] });
   }
   t.same(limited, [{ status: 200, id: 'string' }, { status: 200, id: 'string' }, { status: 503, id: 'string' }], 'off: the third is limited by the gateway (its X-Request-Id)');
+});
+
+t.test('no gateway behind the proxy: 503 Service temporarily unavailable, never a 502', async (t) => {
+  const [closed] = await freePorts(1);
+  const proxy = await startProxy(t, `http://127.0.0.1:${closed}`);
+  for (const path of ['/healthz', `${API}/entities`]) {
+    const res = await call(proxy.url, 'GET', path);
+    t.same([res.status, res.body, res.headers['retry-after'], res.headers['content-type']], [503, { detail: 'Service temporarily unavailable' }, '1', 'application/json'], `${path}: 503 in JSON, Retry-After`);
+  }
 });
