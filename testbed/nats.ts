@@ -319,7 +319,7 @@ async function waitForJetStream(urls: string[]): Promise<void> {
 }
 
 /** Ports the OS just handed out on loopback; all held at once so they differ, then released. */
-async function freePorts(n: number): Promise<number[]> {
+export async function freePorts(n: number): Promise<number[]> {
   const servers = await Promise.all(
     Array.from(
       { length: n },

@@ -4,7 +4,8 @@
  * suites start their own), Chromium (`test/e2e/docs-page.test.ts`), curl (the README's
  * walk-through, `test/e2e/readme.test.ts`), and libfuse3 with fusermount3, gcc and
  * pkg-config for faultfs (`testbed/faultfs/`, the power-cut drill's file layer, built here
- * into `.tools/faultfs/`). Where each is
+ * into `.tools/faultfs/`), and nginx (the shipped reverse proxy, `config/nginx/`, which
+ * `test/e2e/proxy.test.ts` runs in front of a gateway). Where each is
  * looked for is decided here, once, for the tests and for `npm test`, which runs this file
  * first (`pretest`): a missing one is installed from Debian with apt-get when the user is
  * root, else the run stops with one line naming the package and the command.
@@ -15,6 +16,7 @@ import { accessSync, constants, mkdirSync, mkdtempSync, readdirSync, readFileSyn
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { nginxPath } from '../src/proxy/nginx.js';
 
 interface Prerequisite {
   /** The Debian package that provides it. */
@@ -138,6 +140,8 @@ export const PREREQUISITES: Readonly<Record<string, Prerequisite>> = {
   'pkg-config': { debian: 'pkg-config', find: () => onPath('pkg-config', process.env) },
   libfuse3: { debian: 'libfuse3-dev', find: () => (fuse3Flags() ? 'pkg-config fuse3' : null) },
   fusermount3: { debian: 'fuse3', find: () => onPath('fusermount3', process.env) },
+  // The reverse proxy the deployment puts in front of the gateways (config/nginx/).
+  nginx: { debian: 'nginx', env: 'NGINX_BIN', find: () => nginxPath() },
 };
 
 const FAULTFS_SOURCE = fileURLToPath(new URL('../../testbed/faultfs/faultfs.c', import.meta.url));

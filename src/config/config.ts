@@ -45,6 +45,12 @@ export interface Config {
     concurrentPerClient: Count;
     /** Client IPs tracked at once (bounds the limiter's memory). */
     trackedClients: PositiveInt;
+    /**
+     * The proxy in front (config/nginx/) enforces the per-client rate and connection limits:
+     * requests from a `trustedProxies` peer are not counted again; the client's address is
+     * read from its `X-Forwarded-For`. Requires `trustedProxies`.
+     */
+    perIpAtProxy: boolean;
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
     shutdownGraceMs: Count;
     /** Safety bound of the packages one session may hold (recording costs the same at any count); past it, ingest answers 409. */
@@ -192,6 +198,7 @@ const ENV: Record<string, { path: string[]; type: 'string' | 'int' | 'bool' | 'l
   IN_PROCESS_UPLOADER: { path: ['storage', 'inProcessUploader'], type: 'bool' },
   UPLOADER_CONCURRENCY: { path: ['storage', 'uploaderConcurrency'], type: 'int' },
   SHUTDOWN_GRACE_MS: { path: ['limits', 'shutdownGraceMs'], type: 'int' },
+  PER_IP_AT_PROXY: { path: ['limits', 'perIpAtProxy'], type: 'bool' },
   LOG_LEVEL: { path: ['log', 'level'], type: 'string' },
   METRICS_ENABLED: { path: ['metrics', 'enabled'], type: 'bool' },
   METRICS_TOKEN: { path: ['metrics', 'token'], type: 'string' },
@@ -244,6 +251,11 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Deep
   }
   if (config.connector.url !== null && config.connector.webhookSecret === null) {
     throw new ConfigError('Invalid configuration:\n  connector.webhookSecret (CONNECTOR_WEBHOOK_SECRET) is required when connector.url is set');
+  }
+  if (config.limits.perIpAtProxy && config.trustedProxies.length === 0) {
+    throw new ConfigError(
+      "Invalid configuration:\n  limits.perIpAtProxy (PER_IP_AT_PROXY) is true but trustedProxies (TRUSTED_PROXIES) is empty: name the proxy's addresses, the only peers whose X-Forwarded-For is believed",
+    );
   }
   if (config.nats.url !== null && config.clientsFile === null) {
     throw new ConfigError('Invalid configuration:\n  clientsFile (CLIENTS_FILE) is required outside the embedded default');

@@ -33,7 +33,8 @@ export interface ClientSlot {
   inFlight: number;
 }
 
-const UNTRACKED: ClientSlot = { tokens: 0, at: 0, inFlight: 0 };
+/** The slot of a request no limit counts (limits off, or left to the proxy); `release` leaves it as it is. */
+export const UNLIMITED: ClientSlot = Object.freeze({ tokens: 0, at: 0, inFlight: 0 });
 /** Sweep no more often than this, and not at every request of a flood once the table is full. */
 const MIN_SWEEP_INTERVAL_MS = 1000;
 
@@ -71,7 +72,7 @@ export class ClientLimiter {
    */
   admit(address: string, rated: boolean): ClientSlot | number {
     const { requestsPerSecond: rate, burst, concurrentPerClient: maxInFlight } = this.#limits;
-    if (rate <= 0 && maxInFlight <= 0) return UNTRACKED;
+    if (rate <= 0 && maxInFlight <= 0) return UNLIMITED;
     const now = this.#clock();
     if (now >= this.#nextSweep) this.#sweep(now);
     let slot = this.#clients.get(address);

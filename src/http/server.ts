@@ -8,8 +8,8 @@ import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { asServiceError, errors, isServiceError, ServiceError } from '../errors.js';
 import type { IngestSink } from '../ingest/types.js';
-import { clientAddress } from './auth.js';
-import { ClientLimiter, type ClientSlot } from './client-limiter.js';
+import { addressAllowed, clientAddress } from './auth.js';
+import { ClientLimiter, UNLIMITED, type ClientSlot } from './client-limiter.js';
 import { checkHead } from './request-head.js';
 import { isRatedPath, Router } from './router.js';
 import type {
@@ -50,6 +50,8 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   const router = new Router(opts.routes, opts.limits);
   const limiter = new ClientLimiter(opts.limits);
   const trusted = opts.trustedProxies ?? null;
+  // limits.perIpAtProxy: what the proxy forwards it has counted per client already.
+  const limitedHere = (peer: string): boolean => !(opts.limits.perIpAtProxy && trusted !== null && addressAllowed(trusted, peer));
   const observe = opts.onResponse ?? noResponseObserver;
   const inflight = new Inflight();
 
@@ -100,7 +102,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       answerNow(errors.bodyTooLarge(), true);
       return;
     }
-    const slot = limiter.admit(address, isRatedPath(head.path));
+    const slot = limitedHere(head.remoteAddress) ? limiter.admit(address, isRatedPath(head.path)) : UNLIMITED;
     if (typeof slot === 'number') {
       answerNow(errors.rateLimited(slot), hasBody);
       return;

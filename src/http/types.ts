@@ -86,6 +86,11 @@ export type Route =
   | { method: string; pattern: string; body: 'streaming'; handler: StreamingHandler };
 
 export interface ServerLimits extends ClientLimits {
+  /**
+   * The proxy in front limits each client's rate and connections: a request whose peer is a
+   * trusted proxy is not counted again here (a peer that is not one still is).
+   */
+  perIpAtProxy?: boolean;
   /** Body limit of streaming (ingest) routes (413). */
   ingestBodyBytes: number;
   /** Body limit of every other request (413). */

@@ -32,7 +32,7 @@ t.test('docker-compose.yml: a 3-node NATS cluster, an S3 server, two gateways, o
   t.same(doc.errors, [], 'parses');
   const compose = doc.toJS({ maxAliasCount: 100 }) as { services: Record<string, Service>; volumes: Record<string, unknown> };
   const { services } = compose;
-  t.same(Object.keys(services).sort(), ['gateway-1', 'gateway-2', 'minio', 'nats-1', 'nats-2', 'nats-3', 'uploader']);
+  t.same(Object.keys(services).sort(), ['gateway-1', 'gateway-2', 'minio', 'nats-1', 'nats-2', 'nats-3', 'proxy', 'uploader']);
 
   // Each node runs config/nats/cluster.conf, the file the network drill runs (test/integration/nats-cluster-config.test.ts checks it parses).
   const routes = '[nats://nats-1:6222, nats://nats-2:6222, nats://nats-3:6222]';
@@ -70,6 +70,19 @@ t.test('docker-compose.yml: a 3-node NATS cluster, an S3 server, two gateways, o
     t.equal(loadConfig(env(name)).storage.inProcessUploader, false, `${name}: the uploader runs apart`);
   }
   t.same(services.uploader!.command, ['node', 'dist/src/uploader/main.js']);
+
+  // The shipped proxy in front: its template rendered by the image, the gateways behind it trusting its address only.
+  const proxy = services.proxy! as Service & { networks?: { default?: { ipv4_address?: string } }; ports?: string[] };
+  t.match(proxy.image, /^nginx:1\.\d+/, 'proxy: nginx');
+  t.ok(proxy.volumes?.includes('./config/nginx/gateway.conf.template:/etc/nginx/templates/gateway.conf.template:ro'), 'proxy: the shipped template');
+  t.equal(proxy.environment?.GATEWAY_ADDRESS, 'gateways:8080', 'proxy: both gateways by their alias');
+  const proxyAddress = proxy.networks?.default?.ipv4_address;
+  for (const name of ['gateway-1', 'gateway-2']) {
+    const config = loadConfig(env(name));
+    t.equal(config.limits.perIpAtProxy, true, `${name}: per-client limits at the proxy`);
+    t.same(config.trustedProxies, [proxyAddress], `${name}: trusts the proxy's address only`);
+    t.same((services[name] as { networks?: { default?: { aliases?: string[] } } }).networks?.default?.aliases, ['gateways']);
+  }
   t.equal(loadConfig(env('uploader')).metrics.uploaderPort, 9091);
   t.equal(env('uploader').HEALTHCHECK_PORT, '9091', "the image's healthcheck reaches the uploader's port");
 });
