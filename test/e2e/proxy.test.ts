@@ -199,7 +199,20 @@ t.test("hostile input through the proxy: every probe the uWS edge leaves unanswe
   await probe('HTTP/1.0 without Host', 'GET /healthz HTTP/1.0\r\n\r\n', [{ status: 200, body: { status: 'ok' } }]);
   await probe('HTTP/1.1 without Host', 'GET /healthz HTTP/1.1\r\n\r\n', [malformed]);
   await probe('60 header fields', `GET ${API}/${uuid}/status HTTP/1.1\r\nHost: test\r\n${auth}Connection: close\r\n${fields(60)}\r\n`, [
-    { status: 200, body: { upload_uuid: uuid, session_status: 'UPLOADING', entities: [], upload_tasks_finished: true, can_upload_entities: true, can_start_upload: false, can_terminate: false } },
+    {
+      status: 200,
+      body: {
+        upload_uuid: uuid,
+        session_status: 'UPLOADING',
+        entities: [],
+        upload_tasks_finished: true,
+        can_upload_entities: true,
+        can_start_upload: false,
+        can_terminate: false,
+        entity_counts: [],
+        totals: { packages: 0, rows: 0, bytes: 0, stored_packages: 0 },
+      },
+    },
   ]);
   await probe('a 20 KB header line', `GET /healthz HTTP/1.1\r\nHost: test\r\nX-Big: ${'x'.repeat(20_000)}\r\n\r\n`, [{ status: 431, body: { detail: 'Request header fields too large' } }]);
   const ingest = JSON.stringify(products(3));
