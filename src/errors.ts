@@ -154,7 +154,6 @@ export const MESSAGES = {
   INVALID_FORWARDED_FOR: 'Invalid X-Forwarded-For header',
   HEADERS_TOO_LARGE: 'Request header fields too large',
   HTTP_VERSION_NOT_SUPPORTED: 'HTTP version not supported',
-  BODY_TOO_LARGE: 'Request body too large',
   REQUEST_TIMEOUT: 'Request timeout',
   RATE_LIMITED: 'Rate limit exceeded',
   ROUTE_NOT_FOUND: 'Not Found',
@@ -241,7 +240,9 @@ export const errors = {
   invalidForwardedFor: () => fixed('INVALID_FORWARDED_FOR'),
   headersTooLarge: () => fixed('HEADERS_TOO_LARGE'),
   httpVersionNotSupported: () => fixed('HTTP_VERSION_NOT_SUPPORTED'),
-  bodyTooLarge: () => fixed('BODY_TOO_LARGE'),
+  /** 413 naming the limit passed: `Request body too large (limit 32 MiB)`; `inflated` for the bound of a gzip body once inflated. */
+  bodyTooLarge: (limitBytes: number, inflated = false) =>
+    new ServiceError('BODY_TOO_LARGE', `Request body too large (limit ${limitText(limitBytes)}${inflated ? ' once inflated' : ''})`),
   requestTimeout: () => fixed('REQUEST_TIMEOUT'),
   rateLimited: (retryAfterSeconds: number) => fixed('RATE_LIMITED', { headers: { 'Retry-After': String(retryAfterSeconds) } }),
   routeNotFound: () => fixed('ROUTE_NOT_FOUND'),
@@ -261,6 +262,17 @@ export const errors = {
     fixed('STORAGE_UNAVAILABLE', { cause, headers: { 'Retry-After': String(STORAGE_RETRY_AFTER_SECONDS) } }),
   internal: (cause?: unknown) => fixed('INTERNAL', { cause }),
 };
+
+const MIB = 1024 * 1024;
+
+/**
+ * A byte limit as a 413 names it (docs/api.md, Limits): a whole number of MiB as `32 MiB`,
+ * any other value as its exact byte count (`1000000 bytes`), never rounded: a client may
+ * send exactly the number it reads.
+ */
+export function limitText(bytes: number): string {
+  return bytes % MIB === 0 ? `${bytes / MIB} MiB` : `${bytes} bytes`;
+}
 
 /** `Retry-After` of a 503 `Storage temporarily unavailable`: outages seen last seconds (a leader election, a restart). */
 export const STORAGE_RETRY_AFTER_SECONDS = 5;

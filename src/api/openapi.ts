@@ -7,6 +7,7 @@
  */
 import typia, { tags } from 'typia';
 import { ENTITIES, TYPE_LABELS } from '../entities/catalog.js';
+import { defaultConfig } from '../config/config.js';
 import { errors, MESSAGES, STORAGE_RETRY_AFTER_SECONDS, type InitConflictBody, type ValidationIssue as Issue } from '../errors.js';
 import type { WebhookPayload } from '../connector/types.js';
 import type { CheckResult } from '../observability/readiness.js';
@@ -244,6 +245,9 @@ const error = (messages: string[], name = 'ErrorDetail', extra: Json = {}): Json
   json(messages.map((m) => `- ${m}`).join('\n'), schema(name), extra);
 
 /** A message of errors.ts as the descriptions quote it: in backticks. */
+/** The default body limits, as the 413 messages name them (the served document shows the defaults). */
+const LIMITS = defaultConfig().limits;
+const MAX_INFLATED = defaultConfig().ingest.maxDecompressedBytes;
 const q = (code: keyof typeof MESSAGES): string => `\`${MESSAGES[code]}\``;
 /** The message of a factory with a variable part, that part named by a placeholder. */
 const qe = (err: { message: string }): string => `\`${err.message}\``;
@@ -652,7 +656,9 @@ const paths: Json = {
         },
         '413': {
           ...error([
-            `${q('BODY_TOO_LARGE')}: over 32 MiB on the wire, or a gzip body over 256 MiB once inflated`,
+            `${qe(errors.bodyTooLarge(LIMITS.ingestBodyBytes))}: over the ingest limit on the wire (\`limits.ingestBodyBytes\`, 32 MiB by default; ` +
+              'the message names the configured limit, in bytes when it is not a whole number of MiB), or more than that held whole',
+            `${qe(errors.bodyTooLarge(MAX_INFLATED, true))}: a gzip body over \`ingest.maxDecompressedBytes\` (256 MiB by default) once inflated`,
           ]),
           headers: { 'Idempotent-Replayed': REPLAYED },
         },
@@ -767,7 +773,10 @@ const document = {
     responses: {
       Unauthorized: error([`${q('AUTH_REQUIRED')}: \`Authorization\` missing or unknown, or not issued to \`Client-Id\``]),
       RequestTimeout: error([`${q('REQUEST_TIMEOUT')}: the request was not complete within 600 s; the connection is closed`]),
-      PayloadTooLarge: error([`${q('BODY_TOO_LARGE')}: over 32 MiB (ingest) or 1 MiB (other requests)`]),
+      PayloadTooLarge: error([
+        `${qe(errors.bodyTooLarge(LIMITS.otherBodyBytes))}: over the body limit of requests other than ingest (\`limits.otherBodyBytes\`, ` +
+          '1 MiB by default; the message names the configured limit, in bytes when it is not a whole number of MiB)',
+      ]),
       InternalError: error([q('INTERNAL')]),
       RateLimited: {
         ...error([`${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`]),

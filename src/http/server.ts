@@ -97,7 +97,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     // Content-Length, then the per-client limits. An unread body closes the connection.
     const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
     if (checked.contentLength !== null && checked.contentLength > limit) {
-      answerNow(errors.bodyTooLarge(), true);
+      answerNow(errors.bodyTooLarge(limit), true);
       return;
     }
     const slot = limiter.admit(address, isRatedPath(head.path));
@@ -252,7 +252,7 @@ class Exchange {
       if (this.finished) return;
       this.received += chunk.byteLength;
       if (this.received > limit) {
-        this.fail(errors.bodyTooLarge(), true);
+        this.fail(errors.bodyTooLarge(limit), true);
         return;
       }
       if (chunk.byteLength > 0) {
@@ -275,7 +275,7 @@ class Exchange {
       if (this.finished && !this.discarding) return;
       this.received += chunk.byteLength;
       if (this.received > limit) {
-        this.fail(errors.bodyTooLarge(), true);
+        this.fail(errors.bodyTooLarge(limit), true);
         return;
       }
       this.progress(chunk.byteLength);

@@ -530,7 +530,7 @@ export class StreamingIngest implements IngestSink {
 
   #throwIfDecided(): void {
     this.#abort.signal.throwIfAborted();
-    if (this.#tooLarge) throw errors.bodyTooLarge();
+    if (this.#tooLarge) throw errors.bodyTooLarge(this.#engine.memory.perRequest);
     if (this.#noMemory) throw errors.rateLimited(1);
     if (this.#failure) throw errors.internal(this.#failure.cause);
     if (this.#invalid) throw errors.invalidPayload(INVALID_JSON);

@@ -6,6 +6,7 @@ import { PassThrough } from 'node:stream';
 import t from 'tap';
 import { request } from 'undici';
 import { API, call, clientOf, DEMO, products, startService, tempDir, waitForStatus, yesterday } from '../support/harness.js';
+import { auth, head, RawClient } from '../support/raw-http.js';
 
 const sha = (s: string) => createHash('sha256').update(s).digest('hex');
 
@@ -187,14 +188,30 @@ t.test('start-upload: check order and every message', async (t) => {
   t.equal((await c.start(uuid, { date_from: '2020-01-01', date_to: yesterday() })).status, 200);
 });
 
+t.test('413 names the configured limit in MiB: 32 MiB on ingest, 1 MiB elsewhere (the defaults), by Content-Length before a byte is read', async (t) => {
+  const svc = await startService(t);
+  const uuid = (await clientOf(svc).init()).body.upload_uuid as string;
+  for (const [path, declared, limit] of [
+    [`${API}/${uuid}/products`, 32 * 1024 * 1024 + 1, '32 MiB'],
+    [`${API}/${uuid}/start-upload`, 1024 * 1024 + 1, '1 MiB'],
+  ] as const) {
+    const raw = new RawClient(t, svc.url);
+    await raw.write(head('POST', path, `${auth}Content-Type: application/json\r\nContent-Length: ${declared}\r\n`));
+    const res = await raw.response();
+    t.same([res.status, JSON.parse(res.body)], [413, { detail: `Request body too large (limit ${limit})` }], `${path.split('/').pop()}: ${limit}`);
+  }
+  const big = await call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { raw: 'x'.repeat(1024 * 1024 + 1) });
+  t.same([big.status, big.body], [413, { detail: 'Request body too large (limit 1 MiB)' }], 'a body over 1 MiB sent');
+});
+
 t.test('limits: 413 on Content-Length and while streaming; 404 and 405 for unknown routes', async (t) => {
   const svc = await startService(t, { limits: { ingestBodyBytes: 64 * 1024, otherBodyBytes: 1024 } });
   const c = clientOf(svc);
   const uuid = (await c.init()).body.upload_uuid;
   const big = await call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { raw: 'x'.repeat(2048) });
-  t.same([big.status, big.body], [413, { detail: 'Request body too large' }]);
+  t.same([big.status, big.body], [413, { detail: 'Request body too large (limit 1024 bytes)' }], 'a limit that is not a whole MiB is named in bytes');
   const bigIngest = await c.ingest(uuid, 'products', products(5000));
-  t.same([bigIngest.status, bigIngest.body], [413, { detail: 'Request body too large' }]);
+  t.same([bigIngest.status, bigIngest.body], [413, { detail: 'Request body too large (limit 65536 bytes)' }]);
 
   const body = new PassThrough();
   const chunked = request(`${svc.url}${API}/${uuid}/products`, {
@@ -207,7 +224,7 @@ t.test('limits: 413 on Content-Length and while streaming; 404 and 405 for unkno
   body.end('["last","n"]]}');
   const res = await chunked;
   t.equal(res.statusCode, 413, 'a chunked body is cut off at the limit');
-  t.same(await res.body.json(), { detail: 'Request body too large' });
+  t.same(await res.body.json(), { detail: 'Request body too large (limit 65536 bytes)' });
   t.same((await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished)).entities, []);
 
   const nowhere = await call(svc.url, 'GET', '/api/v1/nowhere');

@@ -47,7 +47,7 @@ const FACTORY_ARGS: { [K in keyof typeof errors]: Parameters<(typeof errors)[K]>
   invalidForwardedFor: [],
   headersTooLarge: [],
   httpVersionNotSupported: [],
-  bodyTooLarge: [],
+  bodyTooLarge: [32 * 1024 * 1024],
   requestTimeout: [],
   rateLimited: [1],
   routeNotFound: [],
