@@ -19,12 +19,12 @@ export interface RowFault {
   message: string;
 }
 
-/** One entry of a row-level 422's `errors` (docs/api.md, "API decisions"); `row` is 0-based, of the whole `data` array. */
+/** One entry of a row-level 422's `errors`, one bad value (docs/api.md, "API decisions"); `row` is 0-based, of the whole `data` array. */
 export interface RowError extends RowFault {
   row: number;
 }
 
-/** A row-level 422 lists at most this many refused rows (the first, in row order); `error_count` counts them all. */
+/** A row-level 422 lists at most this many errors (the first, in row then column order); `error_count` counts them all. */
 export const ROW_ERRORS_MAX = 100;
 
 /** The 422 detail of a row error: `Invalid data types in payload: row 17, column "price": expected …`. */
@@ -212,7 +212,7 @@ export const errors = {
     new ServiceError('SESSION_FULL', `Upload session is full: it holds ${max} packages, the most one session can; start the upload, then send the rest in a new session`),
   connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
   invalidPayload: (message: string) => new ServiceError('INVALID_PAYLOAD', message),
-  /** Refused rows: `detail` is the first one's, `errors` the first `ROW_ERRORS_MAX` in row order, `error_count` all of them. */
+  /** Refused rows: `detail` is the first error's, `errors` the first `ROW_ERRORS_MAX` bad values in row then column order, `error_count` all of them. */
   rowsRefused: (rows: readonly RowError[], count: number) => {
     const detail = rowDetail(rows[0]!);
     const shown = rows.slice(0, ROW_ERRORS_MAX).map(({ row, column, message }) => ({ row, column, message }));
@@ -320,6 +320,20 @@ function nestedDeeper(value: unknown, max: number): boolean {
     for (const child of Array.isArray(v) ? v : Object.values(v)) pending.push([child, depth + 1]);
   }
   return false;
+}
+
+/**
+ * The failure as the client is told it (`asServiceError`), with `headers` added to its answer:
+ * e.g. `Dry-Run: true` on every answer of a dry run. The original failure stays the `cause`.
+ */
+export function withHeaders(err: unknown, headers: Readonly<Record<string, string>>): ServiceError {
+  const failure = asServiceError(err);
+  return new ServiceError(failure.code, failure.message, {
+    statusCode: failure.statusCode,
+    body: failure.body,
+    headers: { ...failure.headers, ...headers },
+    cause: failure === err ? (failure.cause ?? undefined) : err,
+  });
 }
 
 export function isServiceError(err: unknown): err is ServiceError {

@@ -67,21 +67,21 @@ interface ValidationContext {
  * `Missing required columns: <column list>`, `Unknown column: <column>`,
  * `Duplicate column: <column>`, or `Invalid data types in payload: <detail>` where the
  * detail names the row index (0-based), the column, the expected type and the value.
- * Refused rows also carry `errors` and `error_count`.
+ * Refused rows also carry `errors` (one per bad value) and `error_count`.
  */
 interface IngestPayloadError {
   detail: string;
-  /** With `Invalid data types in payload: …` only: the first 100 refused rows, in row order (the first is `detail`'s). */
+  /** With `Invalid data types in payload: …` only: the first 100 errors, one per bad value, in row then column order (the first is `detail`'s). */
   errors?: RefusedRow[] & tags.MinItems<1> & tags.MaxItems<100>;
-  /** With `errors`: how many rows of the package were refused, all of them. */
+  /** With `errors`: how many errors the package has, all of them (each bad value; a row of the wrong length is one). */
   error_count?: number & tags.Type<'uint32'> & tags.Minimum<1>;
 }
 
-/** One refused row: `{"row": 17, "column": "price", "message": "expected number >= 0, got \"abc\""}`. */
+/** One error, a bad value of a refused row: `{"row": 17, "column": "price", "message": "expected number >= 0, got \"abc\""}`. */
 interface RefusedRow {
   /** Index in `data`, 0-based. */
   row: number & tags.Type<'uint32'>;
-  /** The first offending column in the client's order; null when the row has the wrong number of values. */
+  /** The offending column; null when the row has the wrong number of values (one error for the row). */
   column: string | null;
   message: string;
 }
@@ -676,9 +676,10 @@ const paths: Json = {
               '- `Unknown column: <column>`',
               '- `Missing required columns: <column list>`',
               '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`: ' +
-                'the first refused row; every row is checked, and the body also carries `errors` (the first 100 refused rows ' +
-                'in row order, each `{row, column, message}`, `column` null for a row of the wrong length) and `error_count` ' +
-                '(all of them). An `integer` is a whole number within ±(2^53 − 1); a `number` must be finite.',
+                'the first bad value; every value of every row is checked, and the body also carries `errors` (one entry per bad ' +
+                'value, the first 100 in row then column order, each `{row, column, message}`; a row of the wrong length is one ' +
+                'entry with `column` null) and `error_count` (all of them). An `integer` is a whole number within ±(2^53 − 1); a ' +
+                '`number` must be finite.',
               `- ${q('IDEMPOTENCY_KEY_REUSED')}`,
               '',
               'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +

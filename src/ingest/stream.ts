@@ -111,7 +111,7 @@ export class StreamingIngest implements IngestSink {
   #rows = 0;
   #bytes = 0;
   #notList: { index: number; input: unknown } | null = null;
-  /** The first `ROW_ERRORS_MAX` refused rows, in row order, and how many rows were refused. */
+  /** The first `ROW_ERRORS_MAX` errors (bad values), in row then column order, and how many there were. */
   #rowErrors: RowError[] = [];
   #errorCount = 0;
 
