@@ -274,6 +274,13 @@ const REPLAYED: Json = {
   schema: { type: 'string', const: 'true' },
 };
 
+/** `Dry-Run: true`: on every answer the ingest operation gives a dry run (docs/api.md, Dry runs). */
+const DRY_RUN: Json = {
+  description: '`true` on every answer to a dry run (`dry_run=true`); absent otherwise.',
+  required: false,
+  schema: { type: 'string', const: 'true' },
+};
+
 /** The ingest retry key (rules: session/idempotency.ts and docs/api.md, Idempotent retries). */
 const IDEMPOTENCY_KEY: Json = {
   name: 'Idempotency-Key',
@@ -330,6 +337,13 @@ Checks, first failing one answers: unknown entity 400; session not \`UPLOADING\`
 The body may be sent gzip-compressed (\`Content-Encoding: gzip\`): the 32 MiB limit counts the compressed bytes
 on the wire, the inflated body is bounded by 256 MiB (413 past it), and a body that is not gzip or is cut short
 answers 422 \`Invalid JSON format.\`.
+
+**Dry run** (\`?dry_run=true\`): every check of the package, at full speed, and the answer the package would get
+(200 with \`rows_processed\`, or its 413/422), with the header \`Dry-Run: true\`; nothing is stored or recorded, and the
+session's status does not change. It needs the session checks (400/403) but not \`UPLOADING\`; an
+\`Idempotency-Key\` is ignored (neither replayed nor stored). \`dry_run\` takes \`true\`, \`1\`, \`yes\`, \`on\`, \`t\`, \`y\`
+(a dry run) or \`false\`, \`0\`, \`no\`, \`off\`, \`f\`, \`n\` (a package), in any case; any other value, or the parameter
+given twice, answers 422 (validation array) right after authentication.
 
 The entity catalog (also served by \`GET ${BASE}/entities\`). ${typeLegend}
 
@@ -619,6 +633,7 @@ const paths: Json = {
         { $ref: '#/components/parameters/EntityName' },
         { $ref: '#/components/parameters/ContentEncoding' },
         { $ref: '#/components/parameters/IdempotencyKey' },
+        { $ref: '#/components/parameters/DryRun' },
       ],
       requestBody: {
         required: true,
@@ -639,7 +654,10 @@ const paths: Json = {
         },
       },
       responses: clientResponses({
-        '200': { ...json('Every row validated and queued.', schema('IngestResponse')), headers: { 'Idempotent-Replayed': REPLAYED } },
+        '200': {
+          ...json('Every row validated and queued (a dry run: validated, nothing stored).', schema('IngestResponse')),
+          headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
+        },
         ...sessionAccess([
           qe(errors.unknownEntity('<entity_name>')),
           `${q('IDEMPOTENCY_KEY_INVALID')} (right after authentication)`,
@@ -660,11 +678,14 @@ const paths: Json = {
               'the message names the configured limit, in bytes when it is not a whole number of MiB), or more than that held whole',
             `${qe(errors.bodyTooLarge(MAX_INFLATED, true))}: a gzip body over \`ingest.maxDecompressedBytes\` (256 MiB by default) once inflated`,
           ]),
-          headers: { 'Idempotent-Replayed': REPLAYED },
+          headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
         },
-        '415': error([
-          `${q('UNSUPPORTED_MEDIA_TYPE')}: a \`Content-Encoding\` other than \`identity\`, \`gzip\` or \`x-gzip\` (stacked codings included)`,
-        ]),
+        '415': {
+          ...error([
+            `${q('UNSUPPORTED_MEDIA_TYPE')}: a \`Content-Encoding\` other than \`identity\`, \`gzip\` or \`x-gzip\` (stacked codings included)`,
+          ]),
+          headers: { 'Dry-Run': DRY_RUN },
+        },
         '422': {
           ...json(
             [
@@ -683,11 +704,12 @@ const paths: Json = {
               `- ${q('IDEMPOTENCY_KEY_REUSED')}`,
               '',
               'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +
-                'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`).',
+                'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`); or for a `dry_run` ' +
+                'value that is not a boolean (`bool_parsing`, `loc` `["query","dry_run"]`) or given twice (`bool_type`).',
             ].join('\n'),
             { anyOf: [schema('IngestPayloadError'), schema('ValidationError')] },
           ),
-          headers: { 'Idempotent-Replayed': REPLAYED },
+          headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
         },
       }),
     },
@@ -756,6 +778,16 @@ const document = {
         schema: { type: 'string', enum: ['identity', 'gzip', 'x-gzip'] },
       },
       IdempotencyKey: IDEMPOTENCY_KEY,
+      DryRun: {
+        name: 'dry_run',
+        in: 'query',
+        required: false,
+        description:
+          '`true` (also `1`, `yes`, `on`, `t`, `y`, any case): a dry run, every check and the answer the package would get, ' +
+          'with `Dry-Run: true`, nothing stored or recorded; not an upload for the status. `false` (also `0`, `no`, `off`, ' +
+          '`f`, `n`) or absent: a package. Any other value, or the parameter twice: 422.',
+        schema: { type: 'boolean', default: false },
+      },
       ConnectorTimestamp: {
         name: 'X-Connector-Timestamp',
         in: 'header',
