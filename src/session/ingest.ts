@@ -11,6 +11,9 @@
  * is claimed once the package's lease is taken, and the attempt's definite answer (200, or a
  * 413/422 of the body) is stored for the repeats. Anything else (5xx, an abort) frees the key
  * for a retry.
+ *
+ * A dry run (`dryRun`) takes the body steps alone, through the same sink and pool, with a
+ * writer that drops the batches: no lease, claim, commit or record, so it leaves nothing.
  */
 import { findEntity } from '../entities/catalog.js';
 import { errors, isServiceError, isStorageUnavailable, type InternalErrorCode, type ServiceError } from '../errors.js';
