@@ -262,6 +262,10 @@ t.test('dry run: answers what the package would, with Dry-Run: true; stores and 
   const none = await call(svc.url, 'POST', `${API}/${uuid}/products?dry_run=true`, { client: DEMO2, body: products(1) });
   t.same([none.status, none.body], [400, { detail: 'Upload session not initialized' }]);
   t.same((await post('widgets', products(1))).body, { detail: 'Unknown entity: widgets' });
+  const br = await post('products', products(1), '?dry_run=true', { 'content-encoding': 'br' });
+  t.same([br.status, br.headers['dry-run']], [415, 'true'], 'an unsupported coding: 415, as the package would get');
+  const badKey = await post('products', products(1), '?dry_run=true', { 'idempotency-key': 'not visible ascii' });
+  t.same([badKey.status, badKey.body.detail], [400, 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters'], 'the key is ignored, its syntax still checked');
 
   // Nothing of the dry runs counts: the status shows the two packages only.
   const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
