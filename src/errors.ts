@@ -19,12 +19,12 @@ export interface RowFault {
   message: string;
 }
 
-/** One entry of a row-level 422's `errors` (docs/api.md, "API decisions"); `row` is 0-based, of the whole `data` array. */
+/** One entry of a row-level 422's `errors`, one bad value (docs/api.md, "API decisions"); `row` is 0-based, of the whole `data` array. */
 export interface RowError extends RowFault {
   row: number;
 }
 
-/** A row-level 422 lists at most this many refused rows (the first, in row order); `error_count` counts them all. */
+/** A row-level 422 lists at most this many errors (the first, in row then column order); `error_count` counts them all. */
 export const ROW_ERRORS_MAX = 100;
 
 /** The 422 detail of a row error: `Invalid data types in payload: row 17, column "price": expected …`. */
@@ -154,7 +154,6 @@ export const MESSAGES = {
   INVALID_FORWARDED_FOR: 'Invalid X-Forwarded-For header',
   HEADERS_TOO_LARGE: 'Request header fields too large',
   HTTP_VERSION_NOT_SUPPORTED: 'HTTP version not supported',
-  BODY_TOO_LARGE: 'Request body too large',
   REQUEST_TIMEOUT: 'Request timeout',
   RATE_LIMITED: 'Rate limit exceeded',
   ROUTE_NOT_FOUND: 'Not Found',
@@ -213,7 +212,7 @@ export const errors = {
     new ServiceError('SESSION_FULL', `Upload session is full: it holds ${max} packages, the most one session can; start the upload, then send the rest in a new session`),
   connectorRejected: (text: string) => new ServiceError('CONNECTOR_REJECTED', text),
   invalidPayload: (message: string) => new ServiceError('INVALID_PAYLOAD', message),
-  /** Refused rows: `detail` is the first one's, `errors` the first `ROW_ERRORS_MAX` in row order, `error_count` all of them. */
+  /** Refused rows: `detail` is the first error's, `errors` the first `ROW_ERRORS_MAX` bad values in row then column order, `error_count` all of them. */
   rowsRefused: (rows: readonly RowError[], count: number) => {
     const detail = rowDetail(rows[0]!);
     const shown = rows.slice(0, ROW_ERRORS_MAX).map(({ row, column, message }) => ({ row, column, message }));
@@ -241,7 +240,9 @@ export const errors = {
   invalidForwardedFor: () => fixed('INVALID_FORWARDED_FOR'),
   headersTooLarge: () => fixed('HEADERS_TOO_LARGE'),
   httpVersionNotSupported: () => fixed('HTTP_VERSION_NOT_SUPPORTED'),
-  bodyTooLarge: () => fixed('BODY_TOO_LARGE'),
+  /** 413 naming the limit passed: `Request body too large (limit 32 MiB)`; `inflated` for the bound of a gzip body once inflated. */
+  bodyTooLarge: (limitBytes: number, inflated = false) =>
+    new ServiceError('BODY_TOO_LARGE', `Request body too large (limit ${limitText(limitBytes)}${inflated ? ' once inflated' : ''})`),
   requestTimeout: () => fixed('REQUEST_TIMEOUT'),
   rateLimited: (retryAfterSeconds: number) => fixed('RATE_LIMITED', { headers: { 'Retry-After': String(retryAfterSeconds) } }),
   routeNotFound: () => fixed('ROUTE_NOT_FOUND'),
@@ -261,6 +262,17 @@ export const errors = {
     fixed('STORAGE_UNAVAILABLE', { cause, headers: { 'Retry-After': String(STORAGE_RETRY_AFTER_SECONDS) } }),
   internal: (cause?: unknown) => fixed('INTERNAL', { cause }),
 };
+
+const MIB = 1024 * 1024;
+
+/**
+ * A byte limit as a 413 names it (docs/api.md, Limits): a whole number of MiB as `32 MiB`,
+ * any other value as its exact byte count (`1000000 bytes`), never rounded: a client may
+ * send exactly the number it reads.
+ */
+export function limitText(bytes: number): string {
+  return bytes % MIB === 0 ? `${bytes / MIB} MiB` : `${bytes} bytes`;
+}
 
 /** `Retry-After` of a 503 `Storage temporarily unavailable`: outages seen last seconds (a leader election, a restart). */
 export const STORAGE_RETRY_AFTER_SECONDS = 5;
@@ -308,6 +320,20 @@ function nestedDeeper(value: unknown, max: number): boolean {
     for (const child of Array.isArray(v) ? v : Object.values(v)) pending.push([child, depth + 1]);
   }
   return false;
+}
+
+/**
+ * The failure as the client is told it (`asServiceError`), with `headers` added to its answer:
+ * e.g. `Dry-Run: true` on every answer of a dry run. The original failure stays the `cause`.
+ */
+export function withHeaders(err: unknown, headers: Readonly<Record<string, string>>): ServiceError {
+  const failure = asServiceError(err);
+  return new ServiceError(failure.code, failure.message, {
+    statusCode: failure.statusCode,
+    body: failure.body,
+    headers: { ...failure.headers, ...headers },
+    cause: failure === err ? (failure.cause ?? undefined) : err,
+  });
 }
 
 export function isServiceError(err: unknown): err is ServiceError {

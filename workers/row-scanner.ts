@@ -21,8 +21,9 @@
  *   bytes >= 0x80 are plain string content, and raw control characters are refused.
  * - Numbers are decided from their digits when that is certain (no exponent, few digits),
  *   else from `Number(text)` of the token, which is the value `JSON.parse` gives.
- * - A bad row costs the same scan, and no output. Its message (the first 100 of a piece)
- *   comes from the reference: `JSON.parse` of the row and the typia checker.
+ * - A bad row costs the same scan, and no output; each refused value is counted. The
+ *   messages (the first 100 errors of a piece) come from the reference: `JSON.parse` of the
+ *   row and the typia checker, which must find as many errors as the scan counted.
  * - A date or datetime string with escapes is left to the reference for its row.
  */
 import { Buffer } from 'node:buffer';
@@ -30,7 +31,7 @@ import type { CellRule } from '../src/entities/validators.js';
 
 /** What a generated row function leaves behind, besides the index it returns. */
 export interface RowState {
-  /** First column (client order) whose value is refused, or -1. */
+  /** Values of the row refused (0: every value passed; the count is the reference's, see `scanRegion`). */
   bad: number;
   /** Values in the row. */
   count: number;
@@ -254,11 +255,12 @@ interface Helpers {
 const WS = '(c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09)';
 /** After it, `c` holds the first byte that is not JSON whitespace; a control byte declines. */
 const SKIP_WS = `if (c <= 0x20) { if (!${WS}) return -1; ws = 1; do c = b[++i]; while (${WS}); }`;
-const MARK = (j: number) => `if (bad < 0) bad = ${j};`;
+/** A refused value of the row: counted (only the bad branches pay). */
+const WRONG = 'bad++;';
 
 /** Source of the checks of cell `j` under `rule`, with `c = b[i]` its first byte; leaves `i` after the value. */
 function cellSource(j: number, rule: CellRule): string {
-  const wrong = MARK(j);
+  const wrong = WRONG;
   const onString =
     rule.type !== 'string'
       ? `i = H.str(b, i + 1, x); if (i < 0) return -1; ${wrong}`
@@ -302,7 +304,7 @@ export function compileRowFunction(rules: readonly CellRule[] | null): RowFuncti
   const source = `
     ${checks.map((check, j) => (check ? `const check${j} = H.checks[${j}];` : '')).join('\n')}
     return function row(b, i, x) {
-      let c, s0 = 0, bad = -1, ws = 0, k = ${cells.length};
+      let c, s0 = 0, bad = 0, ws = 0, k = ${cells.length};
       x.slow = 0;
       c = b[++i]; ${SKIP_WS}
       row: {
@@ -323,7 +325,7 @@ export function compileRowFunction(rules: readonly CellRule[] | null): RowFuncti
 }
 
 export function newRowState(): RowState {
-  return { bad: -1, count: 0, ws: 0, slow: 0, esc: 0, neg: 0, zero: 0, frac: 0, exp: 0, intDigits: 0, text: Buffer.alloc(0) };
+  return { bad: 0, count: 0, ws: 0, slow: 0, esc: 0, neg: 0, zero: 0, frac: 0, exp: 0, intDigits: 0, text: Buffer.alloc(0) };
 }
 
 /** What one region gave: see `scanRegion`. */
@@ -331,9 +333,12 @@ export interface RegionScan {
   rows: number;
   /** Index after `data`'s closing `]` when the region holds it, else -1. */
   tail: number;
-  /** Rows refused. */
+  /** Errors: each refused value, a row of the wrong length one. */
   errorCount: number;
-  /** The first refused rows, up to the caller's limit: `[index, start, end]` for each, flat (`start`/`end` bound the row's bytes). */
+  /**
+   * The refused rows holding the first errors, up to the caller's limit: `[index, start, end, errors]`
+   * for each, flat (`start`/`end` bound the row's bytes, `errors` its count of errors).
+   */
   refused: number[];
   /** NDJSON bytes written to the front of the buffer (0 when not encoding, or when a row was refused). */
   length: number;
@@ -348,10 +353,10 @@ export interface RegionOptions {
   width: number;
   /** Write the lines (stops at the first refused row). */
   encode: boolean;
-  /** How many refused rows to locate. */
+  /** Refused rows are located while fewer errors than this were found before them. */
   keep: number;
-  /** The reference's verdict on the row `[start, end)` for a row with a value only it can decide. */
-  reference: (start: number, end: number) => boolean;
+  /** The reference's count of errors of the row `[start, end)` (0: valid), for a row with a value only it can decide. */
+  reference: (start: number, end: number) => number;
 }
 
 const isSpace = (c: number) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
@@ -387,10 +392,12 @@ export function scanRegion(b: Uint8Array, length: number, row: RowFunction, x: R
     // 0: the region's end; 1: a comma; 2: `data`'s `]`.
     const next = i >= length ? 0 : c === 0x2c ? 1 : c === 0x5d ? 2 : -1;
     if (next < 0) return null;
-    let good = width < 0 || (x.count === width && x.bad < 0);
-    if (good && x.slow === 1) good = opts.reference(start, end);
-    if (!good) {
-      if (result.errorCount++ < keep) result.refused.push(rows, start, end);
+    // A row of the wrong length is one error; a value only the reference decides (a date with
+    // escapes) leaves the whole row's count to it.
+    const errors = width < 0 ? 0 : x.count !== width ? 1 : x.slow === 1 ? opts.reference(start, end) : x.bad;
+    if (errors > 0) {
+      if (result.errorCount < keep) result.refused.push(rows, start, end, errors);
+      result.errorCount += errors;
       encode = false;
     } else if (encode) {
       if (x.ws === 1) o = compact(b, start, end, o);

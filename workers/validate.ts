@@ -8,7 +8,7 @@ import { readlinkSync } from 'node:fs';
 import { getPriority, setPriority } from 'node:os';
 import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
 import { findEntity } from '../src/entities/catalog.js';
-import { INVALID_JSON, bodyIssue, columnsError, compileRowProblem, duplicateKeyMessage, repeatedKey } from '../src/entities/validators.js';
+import { INVALID_JSON, bodyIssue, columnsError, compileRowErrorCount, compileRowProblem, duplicateKeyMessage, repeatedKey } from '../src/entities/validators.js';
 import { ROW_ERRORS_MAX, type RowError } from '../src/errors.js';
 import { checkSkeleton, type SkeletonFacts } from '../src/ingest/skeleton.js';
 import type { BodyResult, RowsResult, Task, WorkerData } from '../src/ingest/tasks.js';
@@ -72,11 +72,18 @@ export function validateBody(body: ArrayBuffer, name: string, batchBytes: number
   const columnsMessage = columnsError(entity, columns);
   if (columnsMessage) return payload(columnsMessage);
   const problem = compileRowProblem(entity, columns);
+  const errorsOf = compileRowErrorCount(entity, columns);
   const refused: RowError[] = [];
   let count = 0;
   for (let i = 0; i < data.length; i++) {
+    // Past the errors the answer lists, only counted: no message is made.
+    if (count >= ROW_ERRORS_MAX) {
+      count += errorsOf(data[i]!);
+      continue;
+    }
     const found = problem(data[i]!);
-    if (found !== null && count++ < ROW_ERRORS_MAX) refused.push({ row: i, ...found });
+    if (found === null) continue;
+    for (const fault of found) if (count++ < ROW_ERRORS_MAX) refused.push({ row: i, ...fault });
   }
   if (count > 0) return { ok: false, kind: 'rows', errors: refused, count };
 

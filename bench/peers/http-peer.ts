@@ -25,6 +25,7 @@ export interface PeerReply {
 /** Parses and validates one ingest body; `body` yields the (inflated) bytes. */
 export type IngestHandler = (entity: EntitySpec, body: Readable) => Promise<PeerReply>;
 
+/** `message` is the limit met, as the service's 413 names it (`32 MiB`, `256 MiB once inflated`). */
 export class BodyTooLarge extends Error {
   override readonly name = 'BodyTooLarge';
   readonly code = 'BODY_TOO_LARGE';
@@ -73,20 +74,20 @@ async function route(req: IncomingMessage, res: ServerResponse, handle: IngestHa
   const entity = findEntity(last);
   if (!entity) return reply(res, { status: 400, body: { detail: `Unknown entity: ${last}` } }, true);
   if (Number(req.headers['content-length'] ?? 0) > WIRE_LIMIT) {
-    return reply(res, { status: 413, body: { detail: 'Request body too large' } }, true);
+    return reply(res, { status: 413, body: { detail: 'Request body too large (limit 32 MiB)' } }, true);
   }
   const gzip = /^\s*gzip\s*$/i.test(req.headers['content-encoding'] ?? '');
   // pipeline, not pipe: an aborted request or a bad gzip stream must reach the handler as an error.
   const ignore = () => {};
   const body: Readable = gzip
-    ? pipeline(req, new ByteLimit(WIRE_LIMIT), createGunzip(), new ByteLimit(INFLATED_LIMIT), ignore)
+    ? pipeline(req, new ByteLimit(WIRE_LIMIT), createGunzip(), new ByteLimit(INFLATED_LIMIT, ' once inflated'), ignore)
     : pipeline(req, new ByteLimit(WIRE_LIMIT), ignore);
   let answer: PeerReply;
   try {
     answer = await handle(entity, body);
   } catch (err) {
     if (!(err instanceof BodyTooLarge)) throw err;
-    answer = { status: 413, body: { detail: 'Request body too large' } };
+    answer = { status: 413, body: { detail: `Request body too large (limit ${err.message})` } };
   }
   // The body may be unread after an early answer: close instead of draining it.
   reply(res, answer, !req.readableEnded);
@@ -105,13 +106,16 @@ function reply(res: ServerResponse, answer: PeerReply, close: boolean): void {
 /** Passes bytes through and fails with BodyTooLarge past `limit`. */
 class ByteLimit extends Transform {
   #seen = 0;
-  constructor(private readonly limit: number) {
+  constructor(
+    private readonly limit: number,
+    private readonly what = '',
+  ) {
     super();
   }
 
   override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
     this.#seen += chunk.byteLength;
-    if (this.#seen > this.limit) cb(new BodyTooLarge(`body over ${this.limit} bytes`));
+    if (this.#seen > this.limit) cb(new BodyTooLarge(`${this.limit / (1024 * 1024)} MiB${this.what}`));
     else cb(null, chunk);
   }
 }

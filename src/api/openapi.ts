@@ -7,6 +7,7 @@
  */
 import typia, { tags } from 'typia';
 import { ENTITIES, TYPE_LABELS } from '../entities/catalog.js';
+import { defaultConfig } from '../config/config.js';
 import { errors, MESSAGES, STORAGE_RETRY_AFTER_SECONDS, type InitConflictBody, type ValidationIssue as Issue } from '../errors.js';
 import type { WebhookPayload } from '../connector/types.js';
 import type { CheckResult } from '../observability/readiness.js';
@@ -68,21 +69,21 @@ interface ValidationContext {
  * `Missing required columns: <column list>`, `Unknown column: <column>`,
  * `Duplicate column: <column>`, or `Invalid data types in payload: <detail>` where the
  * detail names the row index (0-based), the column, the expected type and the value.
- * Refused rows also carry `errors` and `error_count`.
+ * Refused rows also carry `errors` (one per bad value) and `error_count`.
  */
 interface IngestPayloadError {
   detail: string;
-  /** With `Invalid data types in payload: …` only: the first 100 refused rows, in row order (the first is `detail`'s). */
+  /** With `Invalid data types in payload: …` only: the first 100 errors, one per bad value, in row then column order (the first is `detail`'s). */
   errors?: RefusedRow[] & tags.MinItems<1> & tags.MaxItems<100>;
-  /** With `errors`: how many rows of the package were refused, all of them. */
+  /** With `errors`: how many errors the package has, all of them (each bad value; a row of the wrong length is one). */
   error_count?: number & tags.Type<'uint32'> & tags.Minimum<1>;
 }
 
-/** One refused row: `{"row": 17, "column": "price", "message": "expected number >= 0, got \"abc\""}`. */
+/** One error, a bad value of a refused row: `{"row": 17, "column": "price", "message": "expected number >= 0, got \"abc\""}`. */
 interface RefusedRow {
   /** Index in `data`, 0-based. */
   row: number & tags.Type<'uint32'>;
-  /** The first offending column in the client's order; null when the row has the wrong number of values. */
+  /** The offending column; null when the row has the wrong number of values (one error for the row). */
   column: string | null;
   message: string;
 }
@@ -258,6 +259,9 @@ const error = (messages: string[], name = 'ErrorDetail', extra: Json = {}): Json
   json(messages.map((m) => `- ${m}`).join('\n'), schema(name), extra);
 
 /** A message of errors.ts as the descriptions quote it: in backticks. */
+/** The default body limits, as the 413 messages name them (the served document shows the defaults). */
+const LIMITS = defaultConfig().limits;
+const MAX_INFLATED = defaultConfig().ingest.maxDecompressedBytes;
 const q = (code: keyof typeof MESSAGES): string => `\`${MESSAGES[code]}\``;
 /** The message of a factory with a variable part, that part named by a placeholder. */
 const qe = (err: { message: string }): string => `\`${err.message}\``;
@@ -280,6 +284,13 @@ const RETRY_AFTER: Json = {
 /** On an ingest answer replayed for a repeated `Idempotency-Key`. */
 const REPLAYED: Json = {
   description: '`true` when this is the stored answer of an earlier request with the same `Idempotency-Key`; absent otherwise.',
+  required: false,
+  schema: { type: 'string', const: 'true' },
+};
+
+/** `Dry-Run: true`: on every answer the ingest operation gives a dry run (docs/api.md, Dry runs). */
+const DRY_RUN: Json = {
+  description: '`true` on every answer to a dry run (`dry_run=true`); absent otherwise.',
   required: false,
   schema: { type: 'string', const: 'true' },
 };
@@ -340,6 +351,13 @@ Checks, first failing one answers: unknown entity 400; session not \`UPLOADING\`
 The body may be sent gzip-compressed (\`Content-Encoding: gzip\`): the 32 MiB limit counts the compressed bytes
 on the wire, the inflated body is bounded by 256 MiB (413 past it), and a body that is not gzip or is cut short
 answers 422 \`Invalid JSON format.\`.
+
+**Dry run** (\`?dry_run=true\`): every check of the package, at full speed, and the answer the package would get
+(200 with \`rows_processed\`, or its 413/422), with the header \`Dry-Run: true\`; nothing is stored or recorded, and the
+session's status does not change. It needs the session checks (400/403) but not \`UPLOADING\`; an
+\`Idempotency-Key\` is ignored (neither replayed nor stored). \`dry_run\` takes \`true\`, \`1\`, \`yes\`, \`on\`, \`t\`, \`y\`
+(a dry run) or \`false\`, \`0\`, \`no\`, \`off\`, \`f\`, \`n\` (a package), in any case; any other value, or the parameter
+given twice, answers 422 (validation array) right after authentication.
 
 The entity catalog (also served by \`GET ${BASE}/entities\`). ${typeLegend}
 
@@ -669,6 +687,7 @@ const paths: Json = {
         { $ref: '#/components/parameters/EntityName' },
         { $ref: '#/components/parameters/ContentEncoding' },
         { $ref: '#/components/parameters/IdempotencyKey' },
+        { $ref: '#/components/parameters/DryRun' },
       ],
       requestBody: {
         required: true,
@@ -689,7 +708,10 @@ const paths: Json = {
         },
       },
       responses: clientResponses({
-        '200': { ...json('Every row validated and queued.', schema('IngestResponse')), headers: { 'Idempotent-Replayed': REPLAYED } },
+        '200': {
+          ...json('Every row validated and queued (a dry run: validated, nothing stored).', schema('IngestResponse')),
+          headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
+        },
         ...sessionAccess([
           qe(errors.unknownEntity('<entity_name>')),
           `${q('IDEMPOTENCY_KEY_INVALID')} (right after authentication)`,
@@ -706,13 +728,18 @@ const paths: Json = {
         },
         '413': {
           ...error([
-            `${q('BODY_TOO_LARGE')}: over 32 MiB on the wire, or a gzip body over 256 MiB once inflated`,
+            `${qe(errors.bodyTooLarge(LIMITS.ingestBodyBytes))}: over the ingest limit on the wire (\`limits.ingestBodyBytes\`, 32 MiB by default; ` +
+              'the message names the configured limit, in bytes when it is not a whole number of MiB), or more than that held whole',
+            `${qe(errors.bodyTooLarge(MAX_INFLATED, true))}: a gzip body over \`ingest.maxDecompressedBytes\` (256 MiB by default) once inflated`,
           ]),
-          headers: { 'Idempotent-Replayed': REPLAYED },
+          headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
         },
-        '415': error([
-          `${q('UNSUPPORTED_MEDIA_TYPE')}: a \`Content-Encoding\` other than \`identity\`, \`gzip\` or \`x-gzip\` (stacked codings included)`,
-        ]),
+        '415': {
+          ...error([
+            `${q('UNSUPPORTED_MEDIA_TYPE')}: a \`Content-Encoding\` other than \`identity\`, \`gzip\` or \`x-gzip\` (stacked codings included)`,
+          ]),
+          headers: { 'Dry-Run': DRY_RUN },
+        },
         '422': {
           ...json(
             [
@@ -724,17 +751,19 @@ const paths: Json = {
               '- `Unknown column: <column>`',
               '- `Missing required columns: <column list>`',
               '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`: ' +
-                'the first refused row; every row is checked, and the body also carries `errors` (the first 100 refused rows ' +
-                'in row order, each `{row, column, message}`, `column` null for a row of the wrong length) and `error_count` ' +
-                '(all of them). An `integer` is a whole number within ±(2^53 − 1); a `number` must be finite.',
+                'the first bad value; every value of every row is checked, and the body also carries `errors` (one entry per bad ' +
+                'value, the first 100 in row then column order, each `{row, column, message}`; a row of the wrong length is one ' +
+                'entry with `column` null) and `error_count` (all of them). An `integer` is a whole number within ±(2^53 − 1); a ' +
+                '`number` must be finite.',
               `- ${q('IDEMPOTENCY_KEY_REUSED')}`,
               '',
               'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +
-                'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`).',
+                'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`); or for a `dry_run` ' +
+                'value that is not a boolean (`bool_parsing`, `loc` `["query","dry_run"]`) or given twice (`bool_type`).',
             ].join('\n'),
             { anyOf: [schema('IngestPayloadError'), schema('ValidationError')] },
           ),
-          headers: { 'Idempotent-Replayed': REPLAYED },
+          headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
         },
       }),
     },
@@ -803,6 +832,16 @@ const document = {
         schema: { type: 'string', enum: ['identity', 'gzip', 'x-gzip'] },
       },
       IdempotencyKey: IDEMPOTENCY_KEY,
+      DryRun: {
+        name: 'dry_run',
+        in: 'query',
+        required: false,
+        description:
+          '`true` (also `1`, `yes`, `on`, `t`, `y`, any case): a dry run, every check and the answer the package would get, ' +
+          'with `Dry-Run: true`, nothing stored or recorded; not an upload for the status. `false` (also `0`, `no`, `off`, ' +
+          '`f`, `n`) or absent: a package. Any other value, or the parameter twice: 422.',
+        schema: { type: 'boolean', default: false },
+      },
       ConnectorTimestamp: {
         name: 'X-Connector-Timestamp',
         in: 'header',
@@ -821,7 +860,10 @@ const document = {
     responses: {
       Unauthorized: error([`${q('AUTH_REQUIRED')}: \`Authorization\` missing or unknown, or not issued to \`Client-Id\``]),
       RequestTimeout: error([`${q('REQUEST_TIMEOUT')}: the request was not complete within 600 s; the connection is closed`]),
-      PayloadTooLarge: error([`${q('BODY_TOO_LARGE')}: over 32 MiB (ingest) or 1 MiB (other requests)`]),
+      PayloadTooLarge: error([
+        `${qe(errors.bodyTooLarge(LIMITS.otherBodyBytes))}: over the body limit of requests other than ingest (\`limits.otherBodyBytes\`, ` +
+          '1 MiB by default; the message names the configured limit, in bytes when it is not a whole number of MiB)',
+      ]),
       InternalError: error([q('INTERNAL')]),
       RateLimited: {
         ...error([`${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`]),

@@ -400,10 +400,10 @@ async function pushCommand(cli: Cli): Promise<number> {
   return exit;
 }
 
-/** A 422's refused rows, one line each, by file record; then how many more the service counted. */
+/** A 422's errors (bad values of refused rows), one line each, by file record; then how many more the service counted. */
 function refusedRowLines(f: PackageFailure): string[] {
   if (!f.errors || f.error_count === undefined) return [];
-  const lines = [`    ${fmtInt(f.error_count)} ${f.error_count === 1 ? 'row' : 'rows'} refused:`];
+  const lines = [`    ${fmtInt(f.error_count)} ${f.error_count === 1 ? 'error' : 'errors'} in refused rows:`];
   for (const e of f.errors) lines.push(`      file record ${e.record}${e.column === null ? '' : `, column "${e.column}"`}: ${e.message}`);
   const more = f.error_count - f.errors.length;
   if (more > 0) lines.push(`      … and ${fmtInt(more)} more (the service lists the first ${f.errors.length})`);

@@ -50,13 +50,13 @@ export interface PackageFailure {
   status: number | null;
   detail: unknown;
   message: string;
-  /** The refused rows the service listed (its first 100, in row order), each with its record in the file. */
+  /** The errors the service listed (its first 100, one per bad value, in row then column order), each with its record in the file. */
   errors?: RefusedRow[];
-  /** How many rows the service refused in the package (may exceed `errors.length`). */
+  /** How many errors the service found in the package (may exceed `errors.length`). */
   error_count?: number;
 }
 
-/** One refused row of a 422: `row` is its index in the package, `record` its 1-based number in the file. */
+/** One error of a 422 (a bad value of a refused row): `row` is its index in the package, `record` its 1-based number in the file. */
 export interface RefusedRow {
   row: number;
   record: number;

@@ -6,8 +6,8 @@
  * 1b. a repeated top-level `columns` or `data` key: `repeatedKey`, `duplicateKeyMessage`
  * 2. shape of `{columns: string[], data: unknown[][]}`: `bodyIssue`, one Pydantic v2 issue
  * 3–6. the column list: `columnsError`
- * 7. every row, in order: the checker returned by `compileRowProblem` (all refused rows are
- *    reported, see `ROW_ERRORS_MAX` in errors.ts); `cellRules` gives the byte-level scanner
+ * 7. every row, in order: the checker returned by `compileRowProblem` (every bad value of
+ *    every row is counted, see `ROW_ERRORS_MAX` in errors.ts); `cellRules` gives the byte-level scanner
  *    of the workers the same rules, from typia's schema of the same types
  *
  * Messages never echo more than 100 characters of one client string, and never a row.
@@ -294,28 +294,69 @@ function cellRule(item: unknown): CellRule | null {
 export type RowCheck = (row: readonly unknown[], index: number) => string | null;
 
 /**
- * What is wrong with a row, without its index: the offending column (null for a row of the
- * wrong length) and the message (`expected 4 values, got 5`, `expected number >= 0, got
- * "abc"`), or null when the row is valid. Validation workers see a piece of the rows and
- * report local indexes; the main thread adds the global index.
+ * What is wrong with a row, without its index: every bad value, in the client's column order
+ * (`{column, message}`, e.g. `expected number >= 0, got "abc"`), or one fault with column
+ * null for a row of the wrong length (`expected 4 values, got 5`: its values cannot be
+ * matched to columns); null when the row is valid. Validation workers see a piece of the
+ * rows and report local indexes; the main thread adds the global index.
  */
-export type RowProblem = (row: readonly unknown[]) => RowFault | null;
+export type RowProblem = (row: readonly unknown[]) => RowFault[] | null;
 
 /**
- * Compiles the checker for one request. `columns` must have passed `columnsError`.
- * Columns in exactly the catalog order take the typia tuple fast path; the column-by-column
- * path then only runs for a rejected row, to name the offending cell.
+ * Compiles the checker for one request, answering with the row's first fault (the 422's
+ * `detail`; see `compileRowProblem` for all of them). `columns` must have passed
+ * `columnsError`.
  */
 export function compileRowCheck(entity: EntitySpec, columns: readonly string[]): RowCheck {
   const problem = compileRowProblem(entity, columns);
   return (row, index) => {
     const found = problem(row);
-    return found === null ? null : rowDetail({ row: index, ...found });
+    return found === null ? null : rowDetail({ row: index, ...found[0]! });
   };
 }
 
 /** `compileRowCheck` without the index: see `RowProblem`. */
 export function compileRowProblem(entity: EntitySpec, columns: readonly string[]): RowProblem {
+  const { specs, checks, width, valid } = rowChecks(entity, columns);
+  const slow: RowProblem = (row) => {
+    if (row.length !== width) return [{ column: null, message: `expected ${width} values, got ${row.length}` }];
+    let faults: RowFault[] | null = null;
+    for (let j = 0; j < width; j++) {
+      const value = row[j];
+      if (!checks[j]!(value)) {
+        const { name, type } = specs[j]!;
+        (faults ??= []).push({ column: name, message: `expected ${TYPE_LABELS[type].expected}, got ${show(value)}` });
+      }
+    }
+    return faults;
+  };
+  return valid === null ? slow : (row) => (valid(row) ? null : slow(row));
+}
+
+/** How many errors a row has (0: valid), as `RowProblem` would list them, without making their messages. */
+export type RowErrorCount = (row: readonly unknown[]) => number;
+
+/**
+ * `compileRowProblem`'s count alone: for the rows past the ones an answer describes (at
+ * most `ROW_ERRORS_MAX`), so a refused package costs about what an accepted one does.
+ */
+export function compileRowErrorCount(entity: EntitySpec, columns: readonly string[]): RowErrorCount {
+  const { checks, width, valid } = rowChecks(entity, columns);
+  const count: RowErrorCount = (row) => {
+    if (row.length !== width) return 1;
+    let n = 0;
+    for (let j = 0; j < width; j++) if (!checks[j]!(row[j])) n++;
+    return n;
+  };
+  return valid === null ? count : (row) => (valid(row) ? 0 : count(row));
+}
+
+/**
+ * The per-column checks of `columns` (client order), and, for columns in exactly the catalog
+ * order, the typia tuple fast path (`valid`, null otherwise), so the column-by-column path
+ * only runs for a rejected row, to name or count every offending cell.
+ */
+function rowChecks(entity: EntitySpec, columns: readonly string[]) {
   const specs = columns.map((name) => {
     const spec = entity.columns.find((c) => c.name === name);
     if (!spec) throw new TypeError(`Column ${name} is not in entity ${entity.name}`);
@@ -326,24 +367,13 @@ export function compileRowProblem(entity: EntitySpec, columns: readonly string[]
     return required ? is : (v) => v === null || is(v);
   });
   const width = columns.length;
-
-  const slow: RowProblem = (row) => {
-    if (row.length !== width) return { column: null, message: `expected ${width} values, got ${row.length}` };
-    for (let j = 0; j < width; j++) {
-      const value = row[j];
-      if (!checks[j]!(value)) {
-        const { name, type } = specs[j]!;
-        return { column: name, message: `expected ${TYPE_LABELS[type].expected}, got ${show(value)}` };
-      }
-    }
-    return null;
-  };
-
   const tuple = TUPLE_OF.get(entity);
-  if (!tuple || width !== entity.columns.length || specs.some((s, j) => s !== entity.columns[j])) return slow;
-  const calendar = specs.flatMap((s, j) => (s.type === 'date' || s.type === 'datetime' ? [j] : []));
-  if (calendar.length === 0) return (row) => (tuple(row) ? null : slow(row));
-  return (row) => (tuple(row) && calendar.every((j) => checks[j]!(row[j])) ? null : slow(row));
+  let valid: ((row: readonly unknown[]) => boolean) | null = null;
+  if (tuple && width === entity.columns.length && specs.every((s, j) => s === entity.columns[j])) {
+    const calendar = specs.flatMap((s, j) => (s.type === 'date' || s.type === 'datetime' ? [j] : []));
+    valid = calendar.length === 0 ? tuple : (row) => tuple(row) && calendar.every((j) => checks[j]!(row[j]));
+  }
+  return { specs, checks, width, valid };
 }
 
 /**

@@ -99,7 +99,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     // Content-Length, then the per-client limits. An unread body closes the connection.
     const limit = match.route?.bodyLimit ?? opts.limits.otherBodyBytes;
     if (checked.contentLength !== null && checked.contentLength > limit) {
-      answerNow(errors.bodyTooLarge(), true);
+      answerNow(errors.bodyTooLarge(limit), true);
       return;
     }
     const slot = limitedHere(head.remoteAddress) ? limiter.admit(address, isRatedPath(head.path)) : UNLIMITED;
@@ -254,7 +254,7 @@ class Exchange {
       if (this.finished) return;
       this.received += chunk.byteLength;
       if (this.received > limit) {
-        this.fail(errors.bodyTooLarge(), true);
+        this.fail(errors.bodyTooLarge(limit), true);
         return;
       }
       if (chunk.byteLength > 0) {
@@ -277,7 +277,7 @@ class Exchange {
       if (this.finished && !this.discarding) return;
       this.received += chunk.byteLength;
       if (this.received > limit) {
-        this.fail(errors.bodyTooLarge(), true);
+        this.fail(errors.bodyTooLarge(limit), true);
         return;
       }
       this.progress(chunk.byteLength);

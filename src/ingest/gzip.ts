@@ -95,7 +95,7 @@ export class GunzipIngest implements IngestSink {
     // The inner sink saw a prefix of the body: drop it, and wait until its writer is aborted.
     this.#inner.abort();
     await this.#inner.end().catch(() => {});
-    throw this.#stopped === 'size' ? errors.bodyTooLarge() : errors.invalidPayload(INVALID_JSON);
+    throw this.#stopped === 'size' ? errors.bodyTooLarge(this.#maxBytes, true) : errors.invalidPayload(INVALID_JSON);
   }
 
   #stop(reason: 'gzip' | 'size' | 'abort' | 'decided'): void {

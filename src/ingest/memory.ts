@@ -69,6 +69,11 @@ export class MemoryAccount {
     this.#move = move;
   }
 
+  /** The most one request may hold (the 413's limit). */
+  get perRequest(): number {
+    return this.#budget.perRequest;
+  }
+
   get held(): number {
     return this.#held;
   }

@@ -205,7 +205,9 @@ export class ValidationPool {
       },
     };
     const sink = new StreamingIngest(options, engine);
-    return new CountedIngest(options.encoding === 'gzip' ? new GunzipIngest(sink, this.#maxDecompressedBytes) : sink, this.#totals);
+    const inflating = options.encoding === 'gzip' ? new GunzipIngest(sink, this.#maxDecompressedBytes) : sink;
+    // A dry run is no package: it stays out of the ingest totals.
+    return options.dryRun ? inflating : new CountedIngest(inflating, this.#totals);
   }
 
   /** Packages, rows and bytes since the pool started, counted once per package (a live object: read, do not keep). */

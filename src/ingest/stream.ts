@@ -111,7 +111,7 @@ export class StreamingIngest implements IngestSink {
   #rows = 0;
   #bytes = 0;
   #notList: { index: number; input: unknown } | null = null;
-  /** The first `ROW_ERRORS_MAX` refused rows, in row order, and how many rows were refused. */
+  /** The first `ROW_ERRORS_MAX` errors (bad values), in row then column order, and how many there were. */
   #rowErrors: RowError[] = [];
   #errorCount = 0;
 
@@ -530,7 +530,7 @@ export class StreamingIngest implements IngestSink {
 
   #throwIfDecided(): void {
     this.#abort.signal.throwIfAborted();
-    if (this.#tooLarge) throw errors.bodyTooLarge();
+    if (this.#tooLarge) throw errors.bodyTooLarge(this.#engine.memory.perRequest);
     if (this.#noMemory) throw errors.rateLimited(1);
     if (this.#failure) throw errors.internal(this.#failure.cause);
     if (this.#invalid) throw errors.invalidPayload(INVALID_JSON);

@@ -84,7 +84,7 @@ export interface RowsTask {
    * back in the result. Null: validate without writing lines (a row was refused already).
    */
   out: ArrayBuffer | null;
-  /** How many refused rows to describe at most (the answer lists the first `ROW_ERRORS_MAX`; the rest are only counted). */
+  /** How many errors (bad values) to describe at most (the answer lists the first `ROW_ERRORS_MAX`; the rest are only counted). */
   describe: number;
   parts: ArrayBuffer[];
   /** `[start0, end0, start1, end1, …]`: the bytes of each part. */
@@ -112,9 +112,9 @@ export interface RowsResult {
   notList: number;
   /** `rowNotListInput` of that element. */
   notListInput?: unknown;
-  /** The first refused rows (`Mode.validate`, only when every element was a list), at most `ROW_ERRORS_MAX`, by local index. */
+  /** The first errors, one per bad value in row then column order (`Mode.validate`, only when every element was a list), at most `describe`, by local index. */
   rowErrors: LocalRowError[];
-  /** Every refused row of the task. */
+  /** Every error of the task: each bad value, a row of the wrong length one. */
   errorCount: number;
   /**
    * The task's `out` handed back (or a larger buffer in its place), transferred; it holds the
@@ -145,7 +145,7 @@ export interface SkeletonTask {
   headColumns: unknown;
 }
 
-/** A refused row of a task: its index within the task's completed elements. */
+/** An error of a refused row of a task: its index within the task's completed elements. */
 export interface LocalRowError extends RowFault {
   index: number;
 }

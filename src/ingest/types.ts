@@ -63,6 +63,8 @@ export interface IngestOptions {
   client?: string;
   /** The body's declared length (`Content-Length`), when known: a small body is cut into a small buffer. */
   declaredBytes?: number | null;
+  /** A dry run (docs/api.md, Dry runs): checked like any package, not counted in the pool's totals. */
+  dryRun?: boolean;
 }
 
 /** Counters of the pool, cheap to keep: tests and the tuning notes of docs/operations.md read them. */

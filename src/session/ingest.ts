@@ -11,12 +11,15 @@
  * is claimed once the package's lease is taken, and the attempt's definite answer (200, or a
  * 413/422 of the body) is stored for the repeats. Anything else (5xx, an abort) frees the key
  * for a retry.
+ *
+ * A dry run (`dryRun`) takes the body steps alone, through the same sink and pool, with a
+ * writer that drops the batches: no lease, claim, commit or record, so it leaves nothing.
  */
 import { findEntity } from '../entities/catalog.js';
 import { errors, isServiceError, isStorageUnavailable, type InternalErrorCode, type ServiceError } from '../errors.js';
 import type { ValidationPool } from '../ingest/pool.js';
 import type { IngestResult, IngestSink } from '../ingest/types.js';
-import type { BatchQueue, PackageMeta } from '../store/ports.js';
+import type { BatchQueue, PackageMeta, PackageWriter } from '../store/ports.js';
 import { objectHeaderLine } from '../uploader/uploader.js';
 import type { Attempt, IdempotentIngests, RequestFingerprint, StoredAnswer } from './idempotency.js';
 import type { SessionService } from './service.js';
@@ -42,6 +45,8 @@ export interface IngestRequest {
   encoding: 'identity' | 'gzip' | null;
   /** Aborts once the request was answered without this use case (a timeout) or its client left. */
   signal: AbortSignal;
+  /** A dry run (`?dry_run=true`): every check of the package, nothing stored or recorded (`PackageIngest.dryRun`). */
+  dryRun?: boolean;
 }
 
 /** The request body as the use case reads it. */
@@ -71,6 +76,7 @@ export class PackageIngest {
   constructor(private readonly deps: IngestDeps) {}
 
   async run(req: IngestRequest, body: IngestBody): Promise<IngestAnswer> {
+    if (req.dryRun) return this.dryRun(req, body);
     const { service, idempotency } = this.deps;
     const { client, uploadUuid, idempotencyKey: key } = req;
     const fingerprint: RequestFingerprint = { upload_uuid: uploadUuid, entity: req.entityName, content_length: req.contentLength };
@@ -158,6 +164,30 @@ export class PackageIngest {
   }
 
   /**
+   * A dry run (docs/api.md, Dry runs): the session-access checks (400/403, not the state),
+   * the entity, the coding, then the body through the same sink and worker pool as a package,
+   * whose batches go nowhere. No lease, no idempotency record, no queue writer, no record: a
+   * failure at any step leaves nothing behind, and the answer is the one the package would
+   * get (200 with its rows, or its 413/422).
+   */
+  private async dryRun(req: IngestRequest, body: IngestBody): Promise<IngestAnswer> {
+    await this.deps.service.requirePointer(req.client, req.uploadUuid);
+    const entity = findEntity(req.entityName);
+    if (!entity) throw errors.unknownEntity(req.entityName);
+    if (req.encoding === null) throw errors.unsupportedMediaType();
+    const sink = this.deps.pool.createIngest({
+      entity,
+      encoding: req.encoding,
+      declaredBytes: req.contentLength,
+      client: req.client.id,
+      dryRun: true,
+      open: async () => DISCARD,
+    });
+    const result = await body.feed(sink);
+    return { ...success(entity.name, result.rows), replayed: false };
+  }
+
+  /**
    * A delete of the session while its package was in flight purges the queue under the
    * writer, whose store calls then fail: that is no internal error but the session's own
    * answer, given as to a request arriving now (400/403, or 409 when no longer UPLOADING).
@@ -172,6 +202,13 @@ export class PackageIngest {
     }
   }
 }
+
+/** The writer of a dry run: batches are checked and encoded as for a package, then dropped. */
+const DISCARD: PackageWriter = {
+  append: async () => {},
+  commit: () => Promise.reject(new Error('A dry run commits nothing')),
+  abort: async () => {},
+};
 
 function success(entity: string, rows: number): StoredAnswer {
   return {

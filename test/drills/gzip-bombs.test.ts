@@ -105,8 +105,8 @@ t.test('gzip bombs, 30 at once: 413 or 503, peak RSS under 1 GB, the service kee
     t.ok(answers.some((a) => a.status === 413), `${name}: some reached the per-request bound (413)`);
     t.same(
       answers.find((a) => a.status === 413)?.body,
-      { detail: 'Request body too large' },
-      `${name}: 413 Request body too large`,
+      { detail: 'Request body too large (limit 32 MiB)' },
+      `${name}: 413 Request body too large (limit 32 MiB): the bytes one request may hold`,
     );
     t.ok(answers.every((a) => a.status !== 503 || (a.body as { detail: string }).detail === 'Rate limit exceeded'), `${name}: 503 Rate limit exceeded`);
     t.ok(polls > 0 && failed === 0, `${name}: ${polls} status calls answered 200 during the storm (slowest ${Math.round(slowestMs)} ms)`);

@@ -189,7 +189,7 @@ t.test('JSON output and exit codes', async (t) => {
   t.equal(human.code, 3);
   t.match(human.stdout, /push incomplete: .* packages already stored/);
   t.match(human.stdout, /failed: 422 Invalid data types in payload: .* \(file record 120\)/);
-  t.match(human.stdout, /\n {4}2 rows refused:\n {6}file record 120, column "price": expected number >= 0, got "free"\n {6}file record 121, column "price": expected number >= 0, got -3\n/);
+  t.match(human.stdout, /\n {4}2 errors in refused rows:\n {6}file record 120, column "price": expected number >= 0, got "free"\n {6}file record 121, column "price": expected number >= 0, got -3\n/);
 
   // The first package bad: nothing accepted, exit 1.
   const firstBad = join(dir, 'first-bad.csv');

@@ -6,6 +6,7 @@ import { PassThrough } from 'node:stream';
 import t from 'tap';
 import { request } from 'undici';
 import { API, call, clientOf, DEMO, products, startService, tempDir, waitForStatus, yesterday } from '../support/harness.js';
+import { auth, head, RawClient } from '../support/raw-http.js';
 
 const sha = (s: string) => createHash('sha256').update(s).digest('hex');
 
@@ -121,6 +122,60 @@ t.test('ingest: 400 unknown entity before 409 state before 422 payload', async (
   t.same(st.entities, [], 'no rejected package was counted');
 });
 
+t.test('ingest 422: every bad value of every row, in row then column order, the first 100 listed, error_count all of them; on every path', async (t) => {
+  // Small pieces and no inline tasks: the rows go through the workers in many pieces.
+  const svc = await startService(t, { ingest: { pieceBytes: 4096, inlineBytes: 0 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid as string;
+  const columns = ['product_id', 'name', 'price', 'is_active'];
+  const rows = [['a', 'b', 1, true], ['', 'd', 'abc', 'yes'], ['e'], ['f', 7, -2, null]];
+  const expected = {
+    detail: 'Invalid data types in payload: row 1, column "product_id": expected non-empty string, got ""',
+    errors: [
+      { row: 1, column: 'product_id', message: 'expected non-empty string, got ""' },
+      { row: 1, column: 'price', message: 'expected number >= 0, got "abc"' },
+      { row: 1, column: 'is_active', message: 'expected boolean, got "yes"' },
+      { row: 2, column: null, message: 'expected 4 values, got 1' },
+      { row: 3, column: 'name', message: 'expected string, got 7' },
+      { row: 3, column: 'price', message: 'expected number >= 0, got -2' },
+    ],
+    error_count: 6,
+  };
+  const bodies: [string, string][] = [
+    ['streamed (row scanner)', JSON.stringify({ columns, data: rows })],
+    ['one task (data before columns)', JSON.stringify({ data: rows, columns })],
+    ['reference path (a nested cell elsewhere in the piece)', JSON.stringify({ columns, data: [...rows, ['g', ['nested'], 1, true]] })],
+  ];
+  for (const [name, raw] of bodies) {
+    const res = await call(svc.url, 'POST', `${API}/${uuid}/products`, { raw, headers: { 'content-type': 'application/json' } });
+    const want = name.startsWith('reference')
+      ? { ...expected, errors: [...expected.errors, { row: 4, column: 'name', message: 'expected string, got ["nested"]' }], error_count: 7 }
+      : expected;
+    t.same([res.status, res.body], [422, want], `${name}: several bad values of a row, each listed`);
+  }
+
+  // 3,000 rows of two bad values each, across many pieces: 6,000 errors; the cap cuts row 49's pair after its second value.
+  const many = await c.ingest(uuid, 'products', { columns: ['product_id', 'name', 'price'], data: Array.from({ length: 3000 }, (_, i) => [`p${i}`, i, 'x']) });
+  t.equal(many.status, 422);
+  t.equal(many.body.error_count, 6000, 'error_count: every bad value');
+  t.equal(many.body.errors.length, 100, 'errors: the first 100');
+  t.same(many.body.errors.slice(0, 2), [
+    { row: 0, column: 'name', message: 'expected string, got 0' },
+    { row: 0, column: 'price', message: 'expected number >= 0, got "x"' },
+  ], 'row then column order');
+  t.same(many.body.errors[99], { row: 49, column: 'price', message: 'expected number >= 0, got "x"' }, 'the 100th: row 49, its second value');
+  t.equal(many.body.detail, 'Invalid data types in payload: row 0, column "name": expected string, got 0', 'detail: the first error, as before');
+  const odd = await c.ingest(uuid, 'products', { columns: ['product_id', 'name', 'price'], data: [...Array.from({ length: 33 }, (_, i) => [`p${i}`, i, 'x']), ['', 1, 'y']] });
+  t.same([odd.body.error_count, odd.body.errors.length, odd.body.errors.slice(-3)], [69, 69, [
+    { row: 33, column: 'product_id', message: 'expected non-empty string, got ""' },
+    { row: 33, column: 'name', message: 'expected string, got 1' },
+    { row: 33, column: 'price', message: 'expected number >= 0, got "y"' },
+  ]], 'three bad values in the last row');
+
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same(st.entities, [], 'no refused package was counted');
+});
+
 t.test('ingest: 409 once the session holds limits.packagesPerSession packages; the session still starts', async (t) => {
   const svc = await startService(t, { limits: { packagesPerSession: 3 } });
   const c = clientOf(svc);
@@ -187,14 +242,30 @@ t.test('start-upload: check order and every message', async (t) => {
   t.equal((await c.start(uuid, { date_from: '2020-01-01', date_to: yesterday() })).status, 200);
 });
 
+t.test('413 names the configured limit in MiB: 32 MiB on ingest, 1 MiB elsewhere (the defaults), by Content-Length before a byte is read', async (t) => {
+  const svc = await startService(t);
+  const uuid = (await clientOf(svc).init()).body.upload_uuid as string;
+  for (const [path, declared, limit] of [
+    [`${API}/${uuid}/products`, 32 * 1024 * 1024 + 1, '32 MiB'],
+    [`${API}/${uuid}/start-upload`, 1024 * 1024 + 1, '1 MiB'],
+  ] as const) {
+    const raw = new RawClient(t, svc.url);
+    await raw.write(head('POST', path, `${auth}Content-Type: application/json\r\nContent-Length: ${declared}\r\n`));
+    const res = await raw.response();
+    t.same([res.status, JSON.parse(res.body)], [413, { detail: `Request body too large (limit ${limit})` }], `${path.split('/').pop()}: ${limit}`);
+  }
+  const big = await call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { raw: 'x'.repeat(1024 * 1024 + 1) });
+  t.same([big.status, big.body], [413, { detail: 'Request body too large (limit 1 MiB)' }], 'a body over 1 MiB sent');
+});
+
 t.test('limits: 413 on Content-Length and while streaming; 404 and 405 for unknown routes', async (t) => {
   const svc = await startService(t, { limits: { ingestBodyBytes: 64 * 1024, otherBodyBytes: 1024 } });
   const c = clientOf(svc);
   const uuid = (await c.init()).body.upload_uuid;
   const big = await call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { raw: 'x'.repeat(2048) });
-  t.same([big.status, big.body], [413, { detail: 'Request body too large' }]);
+  t.same([big.status, big.body], [413, { detail: 'Request body too large (limit 1024 bytes)' }], 'a limit that is not a whole MiB is named in bytes');
   const bigIngest = await c.ingest(uuid, 'products', products(5000));
-  t.same([bigIngest.status, bigIngest.body], [413, { detail: 'Request body too large' }]);
+  t.same([bigIngest.status, bigIngest.body], [413, { detail: 'Request body too large (limit 65536 bytes)' }]);
 
   const body = new PassThrough();
   const chunked = request(`${svc.url}${API}/${uuid}/products`, {
@@ -207,7 +278,7 @@ t.test('limits: 413 on Content-Length and while streaming; 404 and 405 for unkno
   body.end('["last","n"]]}');
   const res = await chunked;
   t.equal(res.statusCode, 413, 'a chunked body is cut off at the limit');
-  t.same(await res.body.json(), { detail: 'Request body too large' });
+  t.same(await res.body.json(), { detail: 'Request body too large (limit 65536 bytes)' });
   t.same((await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished)).entities, []);
 
   const nowhere = await call(svc.url, 'GET', '/api/v1/nowhere');

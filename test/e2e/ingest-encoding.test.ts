@@ -28,7 +28,7 @@ t.test('Content-Encoding: gzip is inflated, others are 415, the inflated bound i
     t.same([res.status, res.body], [415, { detail: 'Unsupported Media Type' }], encoding);
   }
   const huge = await post(gzipSync(Buffer.from(JSON.stringify(products(5000)))), 'gzip');
-  t.same([huge.status, huge.body], [413, { detail: 'Request body too large' }], 'past maxDecompressedBytes');
+  t.same([huge.status, huge.body], [413, { detail: 'Request body too large (limit 65536 bytes once inflated)' }], 'past maxDecompressedBytes (64 KiB: not a whole MiB, so in bytes)');
   const notGzip = await post(body, 'gzip');
   t.same([notGzip.status, notGzip.body], [422, { detail: 'Invalid JSON format.' }], 'not gzip');
 

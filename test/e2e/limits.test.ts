@@ -177,9 +177,9 @@ t.test('413 on chunked bodies: cut off at the limit, the rest is never read', as
   const framed = Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, Buffer.from('\r\n')]);
   const offered = 64 * 1024 * 1024;
 
-  for (const [name, path] of [
-    ['buffered route (1 KiB limit)', `${API}/${uuid}/start-upload`],
-    ['ingest (64 KiB limit)', `${API}/${uuid}/products`],
+  for (const [name, path, limit] of [
+    ['buffered route (1 KiB limit)', `${API}/${uuid}/start-upload`, '1024 bytes'],
+    ['ingest (64 KiB limit)', `${API}/${uuid}/products`, '65536 bytes'],
   ] as const) {
     await t.test(name, async (t) => {
       const raw = new RawClient(t, svc.url);
@@ -191,7 +191,7 @@ t.test('413 on chunked bodies: cut off at the limit, the rest is never read', as
       }
       await raw.closedByServer();
       const res = parseResponse(raw.text);
-      t.same([res?.status, res && JSON.parse(res.body)], [413, { detail: 'Request body too large' }]);
+      t.same([res?.status, res && JSON.parse(res.body)], [413, { detail: `Request body too large (limit ${limit})` }]);
       t.ok(written < offered / 4, `the server stopped reading: ${written} of ${offered} bytes went out before the close`);
     });
   }

@@ -1,6 +1,13 @@
-/** Every row of the state table of docs/api.md (plus delete and workflow failure), over real HTTP. */
+/** Every row of the state table of docs/api.md (plus delete, workflow failure and dry runs), over real HTTP. */
+import { gzipSync } from 'node:zlib';
 import t from 'tap';
-import { API, call, clientOf, DEMO, fakeConnector, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
+import { startApp } from '../../src/app.js';
+import { silentLogger } from '../../src/log.js';
+import type { SessionRecord } from '../../src/session/state.js';
+import { openEngines } from '../../src/store/engines.js';
+import { idempotencyKey, sessionKey, sessionObjectPrefix } from '../../src/store/keys.js';
+import type { LedgerEntry } from '../../src/store/ports.js';
+import { API, call, clientOf, DEMO, DEMO2, fakeConnector, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
 
 const dates = () => ({ date_from: '2024-01-01', date_to: yesterday() });
 
@@ -210,4 +217,85 @@ t.test('status is scoped to the client: another client gets 404 for the same uui
   t.equal(other.status, 404);
   t.same(other.body, { detail: 'Upload session not found' });
   t.equal((await call(svc.url, 'GET', `${API}/${uuid}/status`, { client: DEMO })).status, 200);
+});
+
+t.test('dry run: answers what the package would, with Dry-Run: true; stores and records nothing; session checks, not the state', async (t) => {
+  const svc = await startService(t, { ingest: { maxDecompressedBytes: 64 * 1024 }, connector: { emulatorDelayMs: 600_000 } });
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid as string;
+  const post = (entity: string, body: unknown, query = '?dry_run=true', headers: Record<string, string> = {}, to = uuid) =>
+    call(svc.url, 'POST', `${API}/${to}/${entity}${query}`, { ...(Buffer.isBuffer(body) ? { raw: body } : { body }), headers });
+
+  const good = await post('products', products(500));
+  t.same([good.status, good.headers['dry-run'], good.body], [200, 'true', { status: 'success', message: '500 rows of products validated and queued for storage', rows_processed: 500 }], '200 as the package would get');
+  t.equal((await post('catalogs', { columns: ['catalog_id', 'name'], data: [['c1', 'x']] })).status, 200, 'a dry run of another entity');
+  const bad = { columns: ['product_id', 'name', 'price'], data: [['p1', 'n', 1], ['', 5, 'abc'], ['p3']] };
+  const dryBad = await post('products', bad);
+  const realBad = await post('products', bad, '');
+  t.same([dryBad.status, dryBad.headers['dry-run']], [422, 'true']);
+  t.equal(dryBad.body.error_count, 4, 'every error of the rows');
+  t.same(dryBad.body, realBad.body, 'the 422 the package gets');
+  t.notOk('dry-run' in realBad.headers, 'no Dry-Run header on a package');
+  const bomb = gzipSync(Buffer.from(JSON.stringify(products(5000))));
+  const gz = { 'content-type': 'application/json', 'content-encoding': 'gzip' };
+  const dryHuge = await post('products', bomb, '?dry_run=true', gz);
+  t.same([dryHuge.status, dryHuge.headers['dry-run'], dryHuge.body], [413, 'true', { detail: 'Request body too large (limit 65536 bytes once inflated)' }], 'the 413 the package gets');
+  t.same((await post('products', bomb, '', gz)).body, dryHuge.body);
+
+  // Other values: the false ones a package, anything else 422 before the session checks.
+  const pkg = await post('products', products(3), '?dry_run=FALSE');
+  t.same([pkg.status, pkg.body.rows_processed, pkg.headers['dry-run']], [200, 3, undefined], 'dry_run=FALSE: a package');
+  t.equal((await post('products', products(1), '?dry_run=1')).headers['dry-run'], 'true', 'dry_run=1: a dry run');
+  const maybe = await post('products', products(1), '?dry_run=maybe', {}, 'not-the-session');
+  t.same([maybe.status, maybe.body], [422, { detail: [{ type: 'bool_parsing', loc: ['query', 'dry_run'], msg: 'Input should be a valid boolean, unable to interpret input', input: 'maybe' }] }], 'dry_run=maybe: 422, before the session checks');
+  const twice = await post('products', products(1), '?dry_run=true&dry_run=false');
+  t.same([twice.status, twice.body], [422, { detail: [{ type: 'bool_type', loc: ['query', 'dry_run'], msg: 'Input should be a valid boolean', input: ['true', 'false'] }] }], 'dry_run twice: 422');
+
+  // An Idempotency-Key is ignored: neither replayed nor stored.
+  const key = { 'idempotency-key': 'dry-key-1' };
+  t.equal((await post('products', products(2), '?dry_run=true', key)).status, 200);
+  const keyed = await post('products', products(2), '', key);
+  t.same([keyed.status, keyed.headers['idempotent-replayed']], [200, undefined], 'the key was free: the package runs');
+  const dryAfter = await post('products', products(7), '?dry_run=true', key);
+  t.same([dryAfter.body.rows_processed, dryAfter.headers['idempotent-replayed'], dryAfter.headers['dry-run']], [7, undefined, 'true'], 'not replayed on a dry run');
+
+  // The session checks: 403 another uuid, 400 a client without a session (with Dry-Run: true, as every answer of the handler).
+  const other = await post('products', products(1), '?dry_run=true', {}, '00000000-0000-4000-8000-000000000000');
+  t.same([other.status, other.body, other.headers['dry-run']], [403, { detail: 'Invalid upload UUID' }, 'true']);
+  const none = await call(svc.url, 'POST', `${API}/${uuid}/products?dry_run=true`, { client: DEMO2, body: products(1) });
+  t.same([none.status, none.body], [400, { detail: 'Upload session not initialized' }]);
+  t.same((await post('widgets', products(1))).body, { detail: 'Unknown entity: widgets' });
+  const br = await post('products', products(1), '?dry_run=true', { 'content-encoding': 'br' });
+  t.same([br.status, br.headers['dry-run']], [415, 'true'], 'an unsupported coding: 415, as the package would get');
+  const badKey = await post('products', products(1), '?dry_run=true', { 'idempotency-key': 'not visible ascii' });
+  t.same([badKey.status, badKey.body.detail], [400, 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters'], 'the key is ignored, its syntax still checked');
+
+  // Nothing of the dry runs counts: the status shows the two packages only.
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same([st.entities, st.can_start_upload], [['products'], true], 'entities: the packages only (no catalogs)');
+
+  // Not the state: a STARTED session takes dry runs (and refuses packages).
+  t.equal((await c.start(uuid, dates())).status, 200);
+  const started = await post('products', products(4));
+  t.same([started.status, started.body.rows_processed], [200, 4], 'STARTED: a dry run answers 200');
+  t.equal((await post('products', products(4), '')).status, 409, 'STARTED: a package answers 409');
+
+  // What is stored: the two packages' objects and ledger entries, an idempotency record for the keyed one only, nothing queued or leased.
+  await svc.app.close();
+  const engines = await openEngines(svc.config, silentLogger, 'dry-run-test');
+  try {
+    const entries: LedgerEntry[] = [];
+    for await (const e of engines.ledger.list(uuid)) entries.push(e);
+    t.same(entries.map((e) => e.rows).sort(), [2, 3], 'ledger: the two packages');
+    const objects = await engines.objects.list(sessionObjectPrefix(svc.config.storage.objectPrefix, DEMO.id, uuid));
+    t.equal(objects.filter((o) => !o.key.endsWith('manifest.ndjson')).length, 2, 'objects: the two packages');
+    t.equal(await engines.queue.pending(uuid), 0, 'queue: nothing pending');
+    const record = await engines.sessions.get<SessionRecord>(sessionKey(uuid));
+    t.same([record?.value.entities, record?.value.in_flight], [['products'], {}], 'session: no lease left, no entity added');
+    t.ok(await engines.sessions.get(idempotencyKey(DEMO.id, 'dry-key-1')), 'the key was used by the package');
+  } finally {
+    await engines.close();
+  }
+  svc.app = await startApp({ ...svc.config, port: 0 }, { logger: silentLogger });
+  svc.url = svc.app.url;
 });

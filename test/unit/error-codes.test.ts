@@ -47,7 +47,7 @@ const FACTORY_ARGS: { [K in keyof typeof errors]: Parameters<(typeof errors)[K]>
   invalidForwardedFor: [],
   headersTooLarge: [],
   httpVersionNotSupported: [],
-  bodyTooLarge: [],
+  bodyTooLarge: [32 * 1024 * 1024],
   requestTimeout: [],
   rateLimited: [1],
   routeNotFound: [],
@@ -180,4 +180,15 @@ t.test('health and the operator server take their error bodies from errors.ts', 
       t.notOk(text.includes(`'${message}'`) || text.includes(`\`${message}\``), `${relative('.', path)} does not spell "${message}"`);
     }
   }
+});
+
+t.test('413 names its limit: whole MiB as MiB, anything else as exact bytes, never rounded', async (t) => {
+  const detail = (bytes: number, inflated?: boolean) => (errors.bodyTooLarge(bytes, inflated).body as { detail: string }).detail;
+  t.equal(detail(32 * 1024 * 1024), 'Request body too large (limit 32 MiB)');
+  t.equal(detail(1024 * 1024), 'Request body too large (limit 1 MiB)');
+  t.equal(detail(256 * 1024 * 1024, true), 'Request body too large (limit 256 MiB once inflated)');
+  t.equal(detail(1.5 * 1024 * 1024), 'Request body too large (limit 1572864 bytes)');
+  t.equal(detail(1_000_000), 'Request body too large (limit 1000000 bytes)');
+  t.equal(detail(1024 * 1024 - 1), 'Request body too large (limit 1048575 bytes)', 'just under 1 MiB is not "1 MiB"');
+  t.equal(errors.bodyTooLarge(1024).statusCode, 413);
 });
