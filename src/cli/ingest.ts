@@ -185,6 +185,11 @@ class Cli {
     return this.#client;
   }
 
+  /** The credentials, once a command resolved them (for what an error says). */
+  get resolved(): Credentials | null {
+    return this.#creds;
+  }
+
   async creds(): Promise<Credentials> {
     if (this.#creds) return this.#creds;
     this.#creds = await resolveCredentials(
@@ -305,7 +310,7 @@ function failure(cli: Cli, err: unknown): number {
   if (err instanceof UsageError) return usage(cli.io, cli.json, err.message);
   if (isClientError(err)) {
     const exit = err.code === 'INPUT' ? EXIT.INPUT : err.code === 'ABORTED' ? EXIT.INTERRUPTED : EXIT.FAILED;
-    const message = isApiError(err) ? `${err.status} ${describeDetail(err.body)}` : err.message;
+    const message = isApiError(err) ? `${err.status} ${describeDetail(err.body)}${authHint(err, cli.resolved)}` : unreachable(err, cli.resolved) ?? err.message;
     if (cli.json) {
       const error = { code: err.code, status: err.status, message, ...(isApiError(err) ? { detail: err.detail } : {}) };
       cli.io.stdout.write(`${JSON.stringify({ error })}\n`);
@@ -318,6 +323,30 @@ function failure(cli: Cli, err: unknown): number {
     return EXIT.WAIT_TIMEOUT;
   }
   throw err;
+}
+
+/** Where a credential came from, as the user would change it. */
+function credentialSource(source: string, flag: string): string {
+  return source === 'flag' ? flag : source.startsWith('INGEST_') ? `$${source}` : source;
+}
+
+/**
+ * A 401 says which client id and token were sent, and from where: the service answers a
+ * wrong token and an unknown client id alike (it tells neither apart), so both are named.
+ */
+function authHint(err: ApiError, creds: Credentials | null): string {
+  if (err.status !== 401 || !creds) return '';
+  return (
+    `: client id "${creds.clientId}" (from ${credentialSource(creds.sources.clientId, '--client-id')}) and its token ` +
+    `(from ${credentialSource(creds.sources.token, '--token')}) are checked together; the service does not say which one it refused`
+  );
+}
+
+/** A connection that failed, named by the service URL tried rather than by the call the command made first. */
+function unreachable(err: ClientError, creds: Credentials | null): string | null {
+  if (err.code !== 'NETWORK' || !creds) return null;
+  const cause = err.cause instanceof Error ? err.cause.message : err.message;
+  return `cannot reach the service at ${creds.url} (from ${credentialSource(creds.sources.url, '--url')}): ${cause}`;
 }
 
 class WaitTimeout extends Error {

@@ -132,6 +132,7 @@ t.test('JSON output and exit codes', async (t) => {
   const unauthorized = await cli.run(['status', uuid, '--config', other, '--json'], { env: bare });
   t.equal(unauthorized.code, 1);
   t.match(unauthorized.json, { error: { code: 'API_ERROR', status: 401, detail: 'User not authenticated' } });
+  t.ok(unauthorized.json.error.message.includes(`client id "demo" (from ${other}) and its token (from ${other}) are checked together`), 'the 401 names the client id and where both came from');
   t.equal((await cli.run(['status', '--config', join(dir, 'missing.json')], { env: bare })).code, 2, 'a named config file must exist');
 
   const again = await cli.run(['init']);
@@ -270,11 +271,12 @@ t.test('status without a remembered session names the real cause; --watch --unti
 
   const stranger = await cli.run(['status'], { env: { INGEST_CLIENT_ID: 'nobody' } });
   t.equal(stranger.code, 1, 'a wrong client id: the service refuses');
-  t.match(stranger.stderr, /^ingest: 401 User not authenticated$/m);
+  t.match(stranger.stderr, /^ingest: 401 User not authenticated: client id "nobody" \(from \$INGEST_CLIENT_ID\) and its token \(from \$INGEST_TOKEN\) are checked together; the service does not say which one it refused$/m);
   t.notMatch(stranger.stderr, /no upload uuid/);
   const closed = await cli.run(['status', '--json'], { env: { INGEST_URL: 'http://127.0.0.1:9' } });
   t.equal(closed.code, 1, 'the service unreachable');
-  t.match(closed.json, { error: { code: 'NETWORK', message: /ECONNREFUSED/ } });
+  t.match(closed.json, { error: { code: 'NETWORK', message: /^cannot reach the service at http:\/\/127\.0\.0\.1:9 \(from \$INGEST_URL\): connect ECONNREFUSED/ } });
+  t.notMatch(closed.json.error.message, /entities/, 'not named by a call the user never made');
   const fresh = await cli.run(['status']);
   t.equal(fresh.code, 2, 'reachable and authenticated, but no session remembered');
   t.match(fresh.stderr, /no upload uuid remembered for client demo at http:\/\/127\.0\.0\.1:\d+: pass one/);
