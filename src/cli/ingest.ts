@@ -52,6 +52,8 @@ Commands:
       [--retries ${CLI_DEFAULTS.retries}]        retries of a package on 408/502/503/504, timeouts, network errors
       [--gzip]             compress packages on the wire
       [--keep-going]       send the remaining packages after one failed
+      [--dry-run]          check every package without storing it: the service answers
+                           what each would get (implies --keep-going); nothing is stored
   status [UUID] [--watch [--until STATE]] [--interval ${CLI_DEFAULTS.watchIntervalSeconds}]
                            The session's status; --watch prints each change until the
                            session is DONE, or --until startable (can_start_upload),
@@ -123,6 +125,7 @@ const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positional
       retries: { type: 'string' },
       gzip: { type: 'boolean' },
       'keep-going': { type: 'boolean' },
+      'dry-run': { type: 'boolean' },
     },
   },
   status: {
@@ -390,7 +393,8 @@ async function pushCommand(cli: Cli): Promise<number> {
 
   const mode: ProgressMode = cli.quiet ? 'none' : cli.io.stderr.isTTY ? 'bar' : 'plain';
   const progress = new PushProgress(cli.io.stderr, mode, basename(file), source.totalBytes);
-  if (mode !== 'none') cli.io.stderr.write(`pushing ${file} (${entity.name}, ${format}) into upload ${uploadUuid}\n`);
+  const dryRun = v['dry-run'] === true;
+  if (mode !== 'none') cli.io.stderr.write(`${dryRun ? 'checking (dry run)' : 'pushing'} ${file} (${entity.name}, ${format}) ${dryRun ? 'against' : 'into'} upload ${uploadUuid}\n`);
   let summary: PushSummary;
   try {
     summary = await push({
@@ -401,7 +405,8 @@ async function pushCommand(cli: Cli): Promise<number> {
       packageBytes,
       parallel,
       gzip: v.gzip === true,
-      keepGoing: v['keep-going'] === true,
+      dryRun,
+      keepGoing: dryRun || v['keep-going'] === true,
       retry: { retries },
       ...(cli.signal ? { signal: cli.signal } : {}),
       onEvent: progress.onEvent,
@@ -410,13 +415,14 @@ async function pushCommand(cli: Cli): Promise<number> {
     progress.finish();
   }
   const exit = pushExit(summary);
-  const result = { ...summary, ok: exit === EXIT.OK };
+  const result = { ...summary, ok: exit === EXIT.OK, ...(dryRun ? { dry_run: true } : {}) };
   const seconds = summary.elapsed_ms / 1000;
+  const outcome = dryRun ? `dry run, nothing stored: ${exit === EXIT.OK ? 'every package would be accepted:' : 'would accept'}` : exit === EXIT.OK ? 'pushed' : 'push incomplete:';
   const lines = [
-    `${exit === EXIT.OK ? 'pushed' : 'push incomplete:'} ${fmtCount(summary.rows_accepted, 'row')} of ${summary.entity} in ${fmtCount(summary.packages_accepted, 'package')}` +
+    `${outcome} ${fmtCount(summary.rows_accepted, 'row')} of ${summary.entity} in ${fmtCount(summary.packages_accepted, 'package')}` +
       ` (${(summary.bytes_accepted / 1e6).toFixed(1)} MB, ${seconds.toFixed(1)} s, ${(summary.bytes_accepted / 1e6 / Math.max(seconds, 0.001)).toFixed(1)} MB/s` +
       `${summary.retries ? `, ${fmtCount(summary.retries, 'retry', 'retries')}` : ''}` +
-      `${summary.packages_replayed ? `, ${fmtCount(summary.packages_replayed, 'package')} already stored` : ''}) into upload ${summary.upload_uuid}`,
+      `${summary.packages_replayed ? `, ${fmtCount(summary.packages_replayed, 'package')} already stored` : ''}) ${dryRun ? 'against' : 'into'} upload ${summary.upload_uuid}`,
   ];
   for (const f of summary.failures) {
     lines.push(`  package ${f.package} (file records ${f.first_record}–${f.first_record + f.rows - 1}) failed: ${f.status ?? f.code} ${f.message}${f.record !== undefined ? ` (file record ${f.record})` : ''}`);
@@ -424,7 +430,8 @@ async function pushCommand(cli: Cli): Promise<number> {
   }
   if (summary.input_error) lines.push(`  the file stopped being readable: ${summary.input_error}`);
   if (summary.aborted) lines.push('  interrupted');
-  if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
+  if (exit === EXIT.PARTIAL && dryRun) lines.push('  nothing was stored; fix the refused records and check the file again, or push it');
+  else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
   cli.print(result, lines.join('\n'));
   return exit;
 }

@@ -178,7 +178,7 @@ export class IngestClient {
     if (opts.idempotencyKey !== undefined) headers['idempotency-key'] = opts.idempotencyKey;
     const answer = await this.#answer({
       method: 'POST',
-      path: `/${seg(uploadUuid)}/${seg(entity)}`,
+      path: `/${seg(uploadUuid)}/${seg(entity)}${opts.dryRun ? '?dry_run=true' : ''}`,
       body: wire,
       headers,
       timeoutMs: opts.timeoutMs ?? this.#ingestTimeoutMs,

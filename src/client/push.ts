@@ -28,6 +28,8 @@ export interface PushOptions {
   /** Packages in flight at once. */
   parallel: number;
   gzip?: boolean;
+  /** Check every package (`?dry_run=true`): the answers are real, nothing is stored. */
+  dryRun?: boolean;
   keepGoing?: boolean;
   retry?: RetryPolicy;
   signal?: AbortSignal;
@@ -131,7 +133,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
         opts.uploadUuid,
         opts.entity,
         pkg.body,
-        { idempotencyKey: packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body), gzip: opts.gzip ?? false, signal: opts.signal },
+        { idempotencyKey: packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body), gzip: opts.gzip ?? false, dryRun: opts.dryRun ?? false, signal: opts.signal },
         {
           ...opts.retry,
           onRetry: (info) => {

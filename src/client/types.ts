@@ -49,6 +49,11 @@ export interface IngestOptions extends CallOptions {
   gzip?: boolean;
   /** The body is already gzip-encoded: send it as is with `Content-Encoding: gzip`. */
   contentEncoding?: 'gzip';
+  /**
+   * Check the package without storing it (`?dry_run=true`): the answer is what the package
+   * would get; nothing is stored or recorded, and the `Idempotency-Key` is ignored.
+   */
+  dryRun?: boolean;
 }
 
 /** `POST /initialize-session`. A 409 is a result too: it names the session that already exists. */

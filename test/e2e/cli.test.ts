@@ -173,6 +173,15 @@ t.test('JSON output and exit codes', async (t) => {
   const rows = Array.from({ length: 150 }, (_, i) => `p${i},Name ${i},${i === 119 ? 'free' : i === 120 ? -3 : i}`);
   const partialFile = join(dir, 'partial.csv');
   await writeFile(partialFile, `product_id,name,price\n${rows.join('\n')}\n`);
+  // A dry run first: every package checked (past the bad one too), nothing stored, exit 3.
+  const dry = await cli.run(['push', partialFile, '--entity', 'products', '--package-size', '1KiB', '--parallel', '1', '--dry-run', '--json']);
+  t.equal(dry.code, 3, 'a dry run with refused records exits 3', { stdout: dry.stdout });
+  t.match(dry.json, { ok: false, dry_run: true, packages_failed: 1, failures: [{ status: 422, record: 120, error_count: 2 }] });
+  t.equal(dry.json.rows_accepted + dry.json.failures[0].rows, 150, 'every package was checked, the ones after the refused one too');
+  const dryHuman = await cli.run(['push', partialFile, '--entity', 'products', '--package-size', '1KiB', '--parallel', '1', '--dry-run']);
+  t.match(dryHuman.stdout, new RegExp(`^dry run, nothing stored: would accept ${dry.json.rows_accepted} rows of products in \\d+ packages .* against upload `));
+  t.match(dryHuman.stdout, /nothing was stored; fix the refused records and check the file again/);
+  t.match((await cli.run(['status', '--json'])).json, { entities: [], totals: { packages: 0, rows: 0 } }, 'the dry runs stored and recorded nothing');
   const partial = await cli.run(['push', partialFile, '--entity', 'products', '--package-size', '1KiB', '--parallel', '1', '--json']);
   t.equal(partial.code, 3, 'exits 3', { stdout: partial.stdout });
   t.match(partial.json, { ok: false, packages_failed: 1, input_error: null });
