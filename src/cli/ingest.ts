@@ -420,7 +420,8 @@ async function pushCommand(cli: Cli): Promise<number> {
   const outcome = dryRun ? `dry run, nothing stored: ${exit === EXIT.OK ? 'every package would be accepted:' : 'would accept'}` : exit === EXIT.OK ? 'pushed' : 'push incomplete:';
   const lines = [
     `${outcome} ${fmtCount(summary.rows_accepted, 'row')} of ${summary.entity} in ${fmtCount(summary.packages_accepted, 'package')}` +
-      ` (${(summary.bytes_accepted / 1e6).toFixed(1)} MB, ${seconds.toFixed(1)} s, ${(summary.bytes_accepted / 1e6 / Math.max(seconds, 0.001)).toFixed(1)} MB/s` +
+      ` (${(summary.file_bytes_accepted / 1e6).toFixed(1)} MB of the file, ${(summary.bytes_accepted / 1e6).toFixed(1)} MB of JSON sent, ${seconds.toFixed(1)} s,` +
+      ` ${(summary.file_bytes_accepted / 1e6 / Math.max(seconds, 0.001)).toFixed(1)} MB/s of the file` +
       `${summary.retries ? `, ${fmtCount(summary.retries, 'retry', 'retries')}` : ''}` +
       `${summary.packages_replayed ? `, ${fmtCount(summary.packages_replayed, 'package')} already stored` : ''}) ${dryRun ? 'against' : 'into'} upload ${summary.upload_uuid}`,
   ];

@@ -107,7 +107,7 @@ export class PushProgress {
     const rate = seconds > 0 ? this.#sourceBytes / seconds : 0;
     const remaining = Math.max(0, this.totalBytes - this.#sourceBytes);
     const eta = rate > 0 ? fmtDuration(remaining / rate) : '–';
-    return `${fmtMB(this.#sourceBytes)} of ${fmtMB(this.totalBytes)} MB · ${(rate / 1e6).toFixed(1)} MB/s · ETA ${eta}`;
+    return `${fmtMB(this.#sourceBytes)} of ${fmtMB(this.totalBytes)} MB of the file · ${(rate / 1e6).toFixed(1)} MB/s · ETA ${eta}`;
   }
 }
 

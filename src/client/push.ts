@@ -79,8 +79,10 @@ export interface PushSummary {
   rows_read: number;
   rows_sent: number;
   rows_accepted: number;
-  /** Bytes of the bodies accepted (uncompressed). */
+  /** Bytes of the bodies accepted (their JSON, uncompressed: what the service counts against its limits). */
   bytes_accepted: number;
+  /** Bytes of the file whose rows were accepted (the unit of the progress bar). */
+  file_bytes_accepted: number;
   file_bytes: number;
   retries: number;
   elapsed_ms: number;
@@ -112,6 +114,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
     rows_sent: 0,
     rows_accepted: 0,
     bytes_accepted: 0,
+    file_bytes_accepted: 0,
     file_bytes: opts.source.totalBytes,
     retries: 0,
     elapsed_ms: 0,
@@ -147,6 +150,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
       if (res.replayed) summary.packages_replayed++;
       summary.rows_accepted += res.rows_processed;
       summary.bytes_accepted += pkg.body.length;
+      summary.file_bytes_accepted += sourceBytes;
       emit({ type: 'accepted', index: pkg.index, rows: res.rows_processed, bytes: pkg.body.length, sourceBytes, replayed: res.replayed });
     } catch (err) {
       summary.packages_failed++;

@@ -296,7 +296,8 @@ t.test('status without a remembered session names the real cause; --watch --unti
   await writeFile(one, 'catalog_id,name\nc1,Drinks\n');
   const pushed = await cli.run(['push', one, '--entity', 'catalogs', '--new']);
   t.equal(pushed.code, 0, 'exits 0', { stderr: pushed.stderr });
-  t.match(pushed.stdout, /^pushed 1 row of catalogs in 1 package \(/);
+  t.match(pushed.stdout, /^pushed 1 row of catalogs in 1 package \(0\.0 MB of the file, 0\.0 MB of JSON sent, [\d.]+ s, [\d.]+ MB\/s of the file\)/, 'the summary names its units');
+  t.match(pushed.stderr, /MB of the file · [\d.]+ MB\/s/, 'the progress in the same unit');
   t.match(pushed.stderr, /package 0 accepted: 1 row \(1 row, /);
 
   // Before start a session never becomes DONE: --until startable is the wait that ends.

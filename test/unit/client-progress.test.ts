@@ -24,9 +24,9 @@ t.test('plain: one line per accepted package, retry and failure, with rows, MB/s
   t.equal(
     out.text,
     [
-      'package 0 accepted: 100 rows (100 rows, 2.5 of 10.0 MB · 2.5 MB/s · ETA 0:03)',
+      'package 0 accepted: 100 rows (100 rows, 2.5 of 10.0 MB of the file · 2.5 MB/s · ETA 0:03)',
       'package 1: 503 Rate limit exceeded; retry 1 in 1.1 s',
-      'package 1 already stored: 50 rows (150 rows, 2.5 of 10.0 MB · 2.5 MB/s · ETA 0:03)',
+      'package 1 already stored: 50 rows (150 rows, 2.5 of 10.0 MB of the file · 2.5 MB/s · ETA 0:03)',
       'package 2 failed: 422 Invalid data types in payload: row 49 (file record 250)',
       '',
     ].join('\n'),
@@ -41,7 +41,7 @@ t.test('bar: redrawn in place; other lines above it; a fresh line at the end', a
   clock.now = 2000;
   p.onEvent({ type: 'accepted', index: 0, rows: 1234, bytes: 1, sourceBytes: 1_000_000, replayed: false });
   p.finish();
-  t.match(out.text, /^\r\x1b\[2Kf\.csv █{6}░{18}  25% 1,234 rows · 1\.0 of 4\.0 MB · 0\.5 MB\/s · ETA 0:06\n$/);
+  t.match(out.text, /^\r\x1b\[2Kf\.csv █{6}░{18}  25% 1,234 rows · 1\.0 of 4\.0 MB of the file · 0\.5 MB\/s · ETA 0:06\n$/);
   const quiet = sink();
   const q = new PushProgress(quiet, 'none', 'f.csv', 1);
   q.onEvent({ type: 'sent', index: 0, rows: 1, bytes: 1 });
