@@ -18,7 +18,7 @@
  *   the oldest keys, dropped at the budget, run as new requests;
  * - the session's delete takes its records and objects with it.
  * CI: 9,000 requests on one session (about a minute). `DRILL_LONG=1`: a soak of about ten
- * minutes, 30 flood rounds of keyed and unkeyed ingests on a fresh session each, ended by its
+ * minutes, 45 flood rounds of keyed and unkeyed ingests on a fresh session each, ended by its
  * delete, and between them sessions created, filled a little, started and finished (DONE).
  */
 import { createHash, randomUUID } from 'node:crypto';
@@ -37,7 +37,7 @@ const KEYS_PER_CLIENT = 500;
 const LANES = 16;
 /** Requests of a flood round, on a session of its own; it ends with the session's delete. */
 const ROUND = size(9000, 3000);
-const ROUNDS = size(1, 30);
+const ROUNDS = size(1, 45);
 /** `DRILL_LONG=1`: every third request of a round is sent without a key. */
 const UNKEYED = size(false, true);
 /** `DRILL_LONG=1`: after each flood round, a session created, filled with this many packages, started and finished. */
