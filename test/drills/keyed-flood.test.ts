@@ -1,5 +1,5 @@
 /**
- * Drill: a keyed flood (issue 19). One client sends ingests on many lanes, each with a fresh
+ * Drill: a keyed flood. One client sends ingests on many lanes, each with a fresh
  * `Idempotency-Key`, half of them refused with a large 422 (150 refused rows: the answer lists
  * 100, about 18 KB, and is stored with the key), the other half small packages answered 200.
  * The gateway is a real process on the embedded default, with a small
