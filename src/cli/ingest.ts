@@ -4,8 +4,11 @@
  * follow the session, start, terminate and delete it. Built on the client library in
  * `src/client/`; `--help` lists commands, options, credentials and exit codes.
  */
-import { realpathSync } from 'node:fs';
-import { basename } from 'node:path';
+import { createWriteStream, realpathSync } from 'node:fs';
+import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { basename, join } from 'node:path';
+import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { parseArgs, type ParseArgsConfig } from 'node:util';
@@ -42,7 +45,9 @@ const MAX_RATE = 30;
 export const HELP = `Usage: ingest <command> [options]
 
 Commands:
-  push <file> --entity E   Send a CSV, NDJSON or JSON file of one entity into the session
+  push <file...> --entity E  Send CSV, NDJSON or JSON files of one entity into the session:
+                           files, folders (their .csv/.ndjson/.jsonl/.json files, by name)
+                           or - (standard input, with --format), one after another
       [--upload UUID | --new]  session: the given one; --new: a new one (fails if one is
                            open); default: the client's open session, else a new one
       [--format csv|ndjson|json]  default from the extension (.csv, .ndjson/.jsonl, .json)
@@ -113,7 +118,7 @@ const GLOBAL: ParseArgsConfig['options'] = {
 
 const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positionals: number }> = {
   push: {
-    positionals: 1,
+    positionals: Infinity,
     options: {
       entity: { type: 'string', short: 'e' },
       upload: { type: 'string' },
@@ -146,6 +151,8 @@ export interface CliIo {
   stdout: { write(text: string): unknown; isTTY?: boolean };
   stderr: { write(text: string): unknown; isTTY?: boolean; columns?: number };
   env: NodeJS.ProcessEnv;
+  /** What `push -` reads (default: none, so `-` is a usage error). */
+  stdin?: NodeJS.ReadableStream;
   /** Aborted on SIGINT. */
   signal?: AbortSignal;
 }
@@ -367,55 +374,83 @@ class WaitTimeout extends Error {
 
 async function pushCommand(cli: Cli): Promise<number> {
   const v = cli.values;
-  const file = cli.positionals[0];
-  if (!file) throw new UsageError('push: which file? (ingest push <file> --entity E)');
+  if (cli.positionals.length === 0) throw new UsageError('push: which file? (ingest push <file...> --entity E)');
   const entityName = str(v.entity);
   if (!entityName) throw new UsageError('push: --entity is required');
   if (v.new && v.upload) throw new UsageError('push: --new and --upload exclude each other');
-  const format = (str(v.format) ?? formatFromPath(file)) as SourceFormat | null;
-  if (format === null) throw new UsageError(`push: cannot tell the format of ${file}; pass --format ${SOURCE_FORMATS.join('|')}`);
-  if (!SOURCE_FORMATS.includes(format)) throw new UsageError(`--format: expected ${SOURCE_FORMATS.join(', ')}, got ${JSON.stringify(format)}`);
+  const formatFlag = str(v.format) as SourceFormat | undefined;
+  if (formatFlag !== undefined && !SOURCE_FORMATS.includes(formatFlag)) throw new UsageError(`--format: expected ${SOURCE_FORMATS.join(', ')}, got ${JSON.stringify(formatFlag)}`);
   const packageBytes = parseSize(str(v['package-size']) ?? CLI_DEFAULTS.packageSize);
   const parallel = integer(v.parallel, 'parallel', CLI_DEFAULTS.parallel, 1, MAX_PARALLEL);
   const rate = number(v.rate, 'rate', CLI_DEFAULTS.rate, 0.1, MAX_RATE);
   const retries = integer(v.retries, 'retries', CLI_DEFAULTS.retries, 0, 100);
-
-  // One socket per package in flight, and one for the session calls.
-  const client = await cli.client({ connections: parallel + 1, requestsPerSecond: rate });
-  const catalog = await cli.call(() => client.entities(callOpts(cli)));
-  const entity = catalog.entities.find((e) => e.name === entityName);
-  if (!entity) throw new UsageError(`--entity: unknown entity ${JSON.stringify(entityName)} (known: ${catalog.entities.map((e) => e.name).join(', ')})`);
-
-  // The header is checked before a session is touched: a wrong file changes nothing.
-  const source = await primed(await openSource(file, format, entity));
-  const uploadUuid = await pushSession(cli, client);
-  await cli.remember(uploadUuid);
-
-  const mode: ProgressMode = cli.quiet ? 'none' : cli.io.stderr.isTTY ? 'bar' : 'plain';
-  const progress = new PushProgress(cli.io.stderr, mode, basename(file), source.totalBytes);
   const dryRun = v['dry-run'] === true;
-  if (mode !== 'none') cli.io.stderr.write(`${dryRun ? 'checking (dry run)' : 'pushing'} ${file} (${entity.name}, ${format}) ${dryRun ? 'against' : 'into'} upload ${uploadUuid}\n`);
-  let summary: PushSummary;
+  const keepGoing = dryRun || v['keep-going'] === true;
+
+  const spool = await mkdtemp(join(tmpdir(), 'ingest-stdin-'));
   try {
-    summary = await push({
-      client,
-      uploadUuid,
-      entity: entity.name,
-      source,
-      packageBytes,
-      parallel,
-      gzip: v.gzip === true,
-      dryRun,
-      keepGoing: dryRun || v['keep-going'] === true,
-      retry: { retries },
-      ...(cli.signal ? { signal: cli.signal } : {}),
-      onEvent: progress.onEvent,
-    });
+    const inputs = await pushInputs(cli, formatFlag, spool);
+    // One socket per package in flight, and one for the session calls.
+    const client = await cli.client({ connections: parallel + 1, requestsPerSecond: rate });
+    const catalog = await cli.call(() => client.entities(callOpts(cli)));
+    const entity = catalog.entities.find((e) => e.name === entityName);
+    if (!entity) throw new UsageError(`--entity: unknown entity ${JSON.stringify(entityName)} (known: ${catalog.entities.map((e) => e.name).join(', ')})`);
+
+    // Every header is checked before a session is touched: a wrong file changes nothing.
+    const sources: RowSource[] = [];
+    for (const input of inputs) sources.push(await primed(await openSource(input.path, input.format, entity)));
+    const uploadUuid = await pushSession(cli, client);
+    await cli.remember(uploadUuid);
+
+    const mode: ProgressMode = cli.quiet ? 'none' : cli.io.stderr.isTTY ? 'bar' : 'plain';
+    const summaries: PushSummary[] = [];
+    const lines: string[] = [];
+    for (const [i, source] of sources.entries()) {
+      const name = inputs[i]!.name;
+      const progress = new PushProgress(cli.io.stderr, mode, basename(name), source.totalBytes);
+      if (mode !== 'none') cli.io.stderr.write(`${dryRun ? 'checking (dry run)' : 'pushing'} ${name} (${entity.name}, ${source.format}) ${dryRun ? 'against' : 'into'} upload ${uploadUuid}\n`);
+      let summary: PushSummary;
+      try {
+        summary = await push({
+          client,
+          uploadUuid,
+          entity: entity.name,
+          source,
+          packageBytes,
+          parallel,
+          gzip: v.gzip === true,
+          dryRun,
+          keepGoing,
+          // A push of several inputs keys each package by its input too: two inputs may hold the same package.
+          ...(sources.length > 1 ? { keyScope: `${i}:${name}` } : {}),
+          retry: { retries },
+          ...(cli.signal ? { signal: cli.signal } : {}),
+          onEvent: progress.onEvent,
+        });
+      } finally {
+        progress.finish();
+      }
+      summaries.push({ ...summary, file: name });
+      lines.push(...summaryLines(summary, dryRun, sources.length > 1 || name !== source.path ? name : undefined));
+      if (summary.aborted || (pushExit(summary) !== EXIT.OK && !keepGoing)) break;
+    }
+    const exit = pushesExit(summaries, sources.length);
+    const ok = exit === EXIT.OK;
+    const result = summaries.length === 1 && sources.length === 1 ? { ...summaries[0]!, ok, ...(dryRun ? { dry_run: true } : {}) } : { ok, ...(dryRun ? { dry_run: true } : {}), files: summaries };
+    const them = sources.length > 1 ? ['the files', 'them'] : ['the file', 'it'];
+    if (exit === EXIT.PARTIAL && dryRun) lines.push(`  nothing was stored; fix the refused records and check ${them[0]} again, or push ${them[1]}`);
+    else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
+    if (summaries.length < sources.length) lines.push(`  stopped after ${inputs[summaries.length - 1]!.name}: ${sources.length - summaries.length} more not sent (--keep-going sends them)`);
+    cli.print(result, lines.join('\n'));
+    return exit;
   } finally {
-    progress.finish();
+    await rm(spool, { recursive: true, force: true });
   }
+}
+
+/** One pushed input as people read it (`from`: its name, when it needs one): its outcome, then every failed package and its refused rows. */
+function summaryLines(summary: PushSummary, dryRun: boolean, from?: string): string[] {
   const exit = pushExit(summary);
-  const result = { ...summary, ok: exit === EXIT.OK, ...(dryRun ? { dry_run: true } : {}) };
   const seconds = summary.elapsed_ms / 1000;
   const outcome = dryRun ? `dry run, nothing stored: ${exit === EXIT.OK ? 'every package would be accepted:' : 'would accept'}` : exit === EXIT.OK ? 'pushed' : 'push incomplete:';
   const lines = [
@@ -423,7 +458,8 @@ async function pushCommand(cli: Cli): Promise<number> {
       ` (${(summary.file_bytes_accepted / 1e6).toFixed(1)} MB of the file, ${(summary.bytes_accepted / 1e6).toFixed(1)} MB of JSON sent, ${seconds.toFixed(1)} s,` +
       ` ${(summary.file_bytes_accepted / 1e6 / Math.max(seconds, 0.001)).toFixed(1)} MB/s of the file` +
       `${summary.retries ? `, ${fmtCount(summary.retries, 'retry', 'retries')}` : ''}` +
-      `${summary.packages_replayed ? `, ${fmtCount(summary.packages_replayed, 'package')} already stored` : ''}) ${dryRun ? 'against' : 'into'} upload ${summary.upload_uuid}`,
+      `${summary.packages_replayed ? `, ${fmtCount(summary.packages_replayed, 'package')} already stored` : ''}) ${dryRun ? 'against' : 'into'} upload ${summary.upload_uuid}` +
+      `${from === undefined ? '' : ` from ${from}`}`,
   ];
   for (const f of summary.failures) {
     lines.push(`  package ${f.package} (file records ${f.first_record}–${f.first_record + f.rows - 1}) failed: ${f.status ?? f.code} ${f.message}${f.record !== undefined ? ` (file record ${f.record})` : ''}`);
@@ -431,13 +467,56 @@ async function pushCommand(cli: Cli): Promise<number> {
   }
   if (summary.input_error) lines.push(`  the file stopped being readable: ${summary.input_error}`);
   if (summary.aborted) lines.push('  interrupted');
-  if (exit === EXIT.PARTIAL && dryRun) lines.push('  nothing was stored; fix the refused records and check the file again, or push it');
-  else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
-  cli.print(result, lines.join('\n'));
-  return exit;
+  return lines;
 }
 
-/** A 422's errors (bad values of refused rows), one line each, by file record; then how many more the service counted. */
+/**
+ * The inputs of a push, in order: files as named; a folder's files of a known format
+ * (.csv, .ndjson, .jsonl, .json), by name, not its subfolders; `-`, standard input, copied to
+ * a private file in `spool` first (JSON is read twice, and a retry may need a package again).
+ */
+async function pushInputs(cli: Cli, formatFlag: SourceFormat | undefined, spool: string): Promise<{ name: string; path: string; format: SourceFormat }[]> {
+  const inputs: { name: string; path: string; format: SourceFormat }[] = [];
+  const formatOf = (path: string): SourceFormat => {
+    const format = formatFlag ?? formatFromPath(path);
+    if (!format) throw new UsageError(`push: cannot tell the format of ${path}; pass --format ${SOURCE_FORMATS.join('|')}`);
+    return format;
+  };
+  for (const name of cli.positionals) {
+    if (name === '-') {
+      if (!formatFlag) throw new UsageError('push -: standard input needs --format csv|ndjson|json');
+      if (!cli.io.stdin) throw new UsageError('push -: no standard input');
+      if (inputs.some((i) => i.name === 'standard input')) throw new UsageError('push: - given twice');
+      const path = join(spool, 'stdin');
+      await pipeline(cli.io.stdin, createWriteStream(path, { mode: 0o600 }));
+      inputs.push({ name: 'standard input', path, format: formatFlag });
+      continue;
+    }
+    const info = await stat(name).catch(() => null);
+    if (info?.isDirectory()) {
+      const files = (await readdir(name, { withFileTypes: true }))
+        .filter((e) => e.isFile() && formatFromPath(e.name) !== null)
+        .map((e) => e.name)
+        .sort();
+      if (files.length === 0) throw new UsageError(`push: ${name} holds no .csv, .ndjson, .jsonl or .json file`);
+      for (const file of files) inputs.push({ name: join(name, file), path: join(name, file), format: formatFlag ?? formatFromPath(file)! });
+      continue;
+    }
+    // A file, or a path that is not there: opening it says so (exit 4) before anything is sent.
+    inputs.push({ name, path: name, format: formatOf(name) });
+  }
+  return inputs;
+}
+
+/** The exit code of a push of several inputs: each input's, combined. */
+function pushesExit(summaries: readonly PushSummary[], inputs: number): number {
+  const exits = summaries.map(pushExit);
+  if (exits.includes(EXIT.INTERRUPTED)) return EXIT.INTERRUPTED;
+  if (exits.length === inputs && exits.every((e) => e === EXIT.OK)) return EXIT.OK;
+  if (exits.length === 1 && inputs === 1) return exits[0]!;
+  return summaries.some((s) => s.packages_accepted > 0) ? EXIT.PARTIAL : exits.find((e) => e !== EXIT.OK) ?? EXIT.FAILED;
+}
+
 function refusedRowLines(f: PackageFailure): string[] {
   if (!f.errors || f.error_count === undefined) return [];
   const lines = [`    ${fmtInt(f.error_count)} ${f.error_count === 1 ? 'error' : 'errors'} in refused rows:`];
@@ -699,7 +778,7 @@ if (isMain()) {
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
     if (err.code === 'EPIPE') process.exit(EXIT.OK);
   });
-  main(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr, env: process.env, signal: controller.signal }).then(
+  main(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, env: process.env, signal: controller.signal }).then(
     (code) => {
       process.exitCode = code;
     },

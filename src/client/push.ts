@@ -30,6 +30,12 @@ export interface PushOptions {
   gzip?: boolean;
   /** Check every package (`?dry_run=true`): the answers are real, nothing is stored. */
   dryRun?: boolean;
+  /**
+   * Part of every package's `Idempotency-Key` (e.g. the input's place in a push of several):
+   * packages of two inputs that happen to be equal are two packages. Without it, keys are
+   * those of earlier versions, so a re-run of a one-file push still finds its stored packages.
+   */
+  keyScope?: string;
   keepGoing?: boolean;
   retry?: RetryPolicy;
   signal?: AbortSignal;
@@ -93,9 +99,10 @@ export interface PushSummary {
 }
 
 /** The `Idempotency-Key` of one package. */
-export function packageKey(uploadUuid: string, entity: string, index: number, body: Uint8Array): string {
+export function packageKey(uploadUuid: string, entity: string, index: number, body: Uint8Array, scope?: string): string {
   const bodyHash = createHash('sha256').update(body).digest('hex');
-  const key = createHash('sha256').update(JSON.stringify(['ingest-push/1', uploadUuid, entity, index, bodyHash])).digest('base64url');
+  const parts = ['ingest-push/1', uploadUuid, entity, index, bodyHash, ...(scope === undefined ? [] : [scope])];
+  const key = createHash('sha256').update(JSON.stringify(parts)).digest('base64url');
   return `push-${key.slice(0, 40)}`;
 }
 
@@ -136,7 +143,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
         opts.uploadUuid,
         opts.entity,
         pkg.body,
-        { idempotencyKey: packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body), gzip: opts.gzip ?? false, dryRun: opts.dryRun ?? false, signal: opts.signal },
+        { idempotencyKey: packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body, opts.keyScope), gzip: opts.gzip ?? false, dryRun: opts.dryRun ?? false, signal: opts.signal },
         {
           ...opts.retry,
           onRetry: (info) => {

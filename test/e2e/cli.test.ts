@@ -4,7 +4,7 @@
  * twice, start --wait to DONE, and 503 answers retried after their Retry-After without
  * duplicates. (The 100 MiB push is cli-large.test.ts.)
  */
-import { chmod, mkdir, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t from 'tap';
 import { cliRunner, rowObjects, storedPackages } from '../support/cli.js';
@@ -246,6 +246,49 @@ t.test('a re-run of the same push stores nothing twice; start --wait reaches DON
   const late = await cli.run(['push', file, '--entity', 'products', '--upload', uuid, '--json', '--quiet']);
   t.equal(late.code, 1, 'pushing into a DONE session');
   t.match(late.json, { error: { status: 409 } });
+});
+
+t.test('one push of standard input, several files and a folder; equal packages of two inputs stored as two; a re-run stores nothing twice', async (t) => {
+  const svc = await startService(t);
+  const cli = await cliRunner(t, svc);
+  const dir = await tempDir(t, 'cli-many-');
+  const folder = join(dir, 'daily');
+  await mkdir(folder);
+  const csv = (from: number, n: number) => `product_id,name,price\n${Array.from({ length: n }, (_, i) => `p${from + i},Name ${from + i},${i}`).join('\n')}\n`;
+  const same = csv(0, 20); // the same rows in two files: two packages, both stored
+  await writeFile(join(dir, 'a.csv'), same);
+  await writeFile(join(folder, 'b.csv'), same);
+  await writeFile(join(folder, 'c.ndjson'), Array.from({ length: 30 }, (_, i) => JSON.stringify({ product_id: `n${i}`, name: `N ${i}` })).join('\n') + '\n');
+  await writeFile(join(folder, 'notes.txt'), 'not an input');
+  const stdin = csv(100, 50);
+
+  const args = ['push', '-', join(dir, 'a.csv'), folder, '--entity', 'products', '--format', 'csv', '--json', '--quiet'];
+  const noFormat = await cli.run(['push', '-', '--entity', 'products'], { input: stdin });
+  t.equal(noFormat.code, 2, 'standard input needs --format');
+  t.match(noFormat.stderr, /standard input needs --format/);
+  // --format names every input's format: the folder's NDJSON file then needs its own push.
+  const mixed = await cli.run([...args], { input: stdin });
+  t.equal(mixed.code, 4, 'an NDJSON file read as CSV: a bad header, nothing sent');
+  t.equal((await cli.run(['status', '--json'])).code, 2, 'no session was made for it');
+
+  await rm(join(folder, 'c.ndjson'));
+  const first = await cli.run(args, { input: stdin });
+  t.equal(first.code, 0, 'exits 0', { stdout: first.stdout, stderr: first.stderr.slice(-3000) });
+  t.same(first.json.files.map((f: { file: string; rows_accepted: number }) => [f.file, f.rows_accepted]), [
+    ['standard input', 50],
+    [join(dir, 'a.csv'), 20],
+    [join(folder, 'b.csv'), 20],
+  ]);
+  const uuid: string = first.json.files[0].upload_uuid;
+  t.equal(rowObjects(await storedPackages(svc, uuid)).length, 90, 'every row stored, the equal files both');
+
+  const again = await cli.run(args, { input: stdin });
+  t.equal(again.code, 0);
+  t.same(again.json.files.map((f: { packages_replayed: number; packages_accepted: number }) => f.packages_replayed === f.packages_accepted), [true, true, true], 'a re-run: every package answered from its key');
+  t.equal(rowObjects(await storedPackages(svc, uuid)).length, 90, 'nothing stored twice');
+
+  const human = await cli.run(['push', join(dir, 'a.csv'), folder, '--entity', 'products']);
+  t.match(human.stdout, new RegExp(`^pushed 20 rows of products in 1 package .* into upload ${uuid} from ${join(dir, 'a.csv').replace(/[.]/g, '\\.')}$`, 'm'), 'each input named');
 });
 
 t.test('503 answers are retried after their Retry-After, with the same key, and nothing is stored twice', async (t) => {

@@ -25,7 +25,8 @@ interface Teardown {
 
 export interface CliRunner {
   home: string;
-  run(args: string[], opts?: { env?: Record<string, string | undefined>; timeoutMs?: number }): Promise<CliRun>;
+  /** `input`: written to the command's standard input (else it has none). */
+  run(args: string[], opts?: { env?: Record<string, string | undefined>; timeoutMs?: number; input?: string }): Promise<CliRun>;
 }
 
 /** A runner with its own HOME; the service's URL and the demo client's credentials in the environment. */
@@ -39,18 +40,19 @@ export async function cliRunner(t: Teardown, svc: { url: string }): Promise<CliR
         if (v === undefined) delete env[k];
         else env[k] = v;
       }
-      return runCli(args, env, opts.timeoutMs ?? 120_000);
+      return runCli(args, env, opts.timeoutMs ?? 120_000, opts.input);
     },
   };
 }
 
-export function runCli(args: string[], env: Record<string, string>, timeoutMs: number): Promise<CliRun> {
+export function runCli(args: string[], env: Record<string, string>, timeoutMs: number, input?: string): Promise<CliRun> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [CLI, ...args], { env, stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
+    if (input !== undefined) child.stdin!.end(input);
     let stdout = '';
     let stderr = '';
-    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d));
-    child.stderr.setEncoding('utf8').on('data', (d: string) => (stderr += d));
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => (stdout += d));
+    child.stderr!.setEncoding('utf8').on('data', (d: string) => (stderr += d));
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
       reject(new Error(`ingest ${args.join(' ')} did not end within ${timeoutMs} ms\nstdout: ${stdout}\nstderr: ${stderr}`));
