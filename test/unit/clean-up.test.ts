@@ -4,18 +4,12 @@
  * succeeded, taken up again by another process after a stop, and never run for a session
  * whose delete did not happen.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import type { Connector } from '../../src/connector/types.js';
 import { SessionService } from '../../src/session/service.js';
-import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
-import { SqliteLedger } from '../../src/store/embedded/ledger.js';
-import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { activeKey, cleanUpKey, idempotencyKey, objectKey, sessionKey, sessionObjectPrefix } from '../../src/store/keys.js';
 import { StoreError, type ObjectStore, type PackageLedger, type SessionStore } from '../../src/store/ports.js';
+import { embeddedStores } from '../support/embedded-stores.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = { start: async () => ({}), terminate: async () => {}, close: async () => {} };
@@ -45,18 +39,7 @@ function patched<T extends object>(target: T, patch: Partial<T>): T {
 }
 
 async function rig(t: Test) {
-  const dir = await mkdtemp(join(tmpdir(), 'clean-up-'));
-  t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const sessions = await SqliteSessionStore.open(join(dir, 'state.sqlite'));
-  const ledger = await SqliteLedger.open(join(dir, 'state.sqlite'));
-  const queue = await FileBatchQueue.open(join(dir, 'queue'));
-  const objects = await FileObjectStore.open(join(dir, 'objects'));
-  t.teardown(async () => {
-    await queue.close();
-    await ledger.close();
-    await objects.close();
-    await sessions.close();
-  });
+  const { sessions, ledger, queue, objects } = await embeddedStores(t, 'clean-up-');
   const faults = { deletePrefix: { n: 0, calls: 0 }, drop: { n: 0, calls: 0 }, createCleanUp: { n: 0, calls: 0 } };
   const faultyObjects = patched<ObjectStore>(objects, { deletePrefix: failing((prefix: string) => objects.deletePrefix(prefix), faults.deletePrefix) });
   const faultyLedger = patched<PackageLedger>(ledger, { drop: failing((uuid: string) => ledger.drop(uuid), faults.drop) });

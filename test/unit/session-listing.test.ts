@@ -3,35 +3,18 @@
  * embedded stores: its index, the sessions of a version that had none (indexed once by
  * housekeeping), and summaries that are gone or deleted.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import t from 'tap';
 import type { Connector } from '../../src/connector/types.js';
 import { SessionService } from '../../src/session/service.js';
 import { newSession } from '../../src/session/state.js';
-import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
-import { SqliteLedger } from '../../src/store/embedded/ledger.js';
-import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { clientSessionKey, sessionKey } from '../../src/store/keys.js';
+import { embeddedStores } from '../support/embedded-stores.js';
 
 const acme = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = { start: async () => ({}), terminate: async () => {}, close: async () => {} };
 
 t.test('sessions of an earlier version are indexed once; gone and deleted summaries are not listed', async (t) => {
-  const dir = await mkdtemp(join(tmpdir(), 'listing-'));
-  t.teardown(() => rm(dir, { recursive: true, force: true }));
-  const sessions = await SqliteSessionStore.open(join(dir, 'state.sqlite'));
-  const ledger = await SqliteLedger.open(join(dir, 'state.sqlite'));
-  const queue = await FileBatchQueue.open(join(dir, 'queue'));
-  const objects = await FileObjectStore.open(join(dir, 'objects'));
-  t.teardown(async () => {
-    await queue.close();
-    await ledger.close();
-    await objects.close();
-    await sessions.close();
-  });
+  const { sessions, ledger, queue, objects } = await embeddedStores(t, 'listing-');
   const service = new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'p', inFlightLeaseMs: 15_000, callbackUrl: 'http://x' });
   const ids = (page: { sessions: { upload_uuid: string }[] }) => page.sessions.map((s) => s.upload_uuid);
 
