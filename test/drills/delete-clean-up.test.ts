@@ -7,7 +7,7 @@
  * finishes it: nothing of the deleted session is left. Needs strace and ptrace (root, as CI
  * runs); without them it fails saying so.
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import t from 'tap';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
@@ -17,32 +17,12 @@ import { cleanUpKey, sessionObjectPrefix } from '../../src/store/keys.js';
 import { clientOf, DEMO, products, tempDir, waitForStatus } from '../support/harness.js';
 import { spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { eventually } from '../support/in-process.js';
+import { strace } from '../support/strace.js';
 
 if (spawnSync('strace', ['-V']).status !== 0) throw new Error('This drill needs strace (apt-get install strace) and permission to ptrace the gateway (root)');
 
 /** strace on the process: the syscalls fail with EMFILE until `stop`. Resolves once attached. */
-async function emfile(pid: number): Promise<{ stop(): Promise<void> }> {
-  const child = spawn('strace', ['-f', '-o', '/dev/null', '-e', 'trace=openat,unlinkat,rmdir', '-e', 'inject=openat,unlinkat,rmdir:error=EMFILE', '-p', String(pid)], { stdio: ['ignore', 'ignore', 'pipe'] });
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  t.teardown(async () => {
-    child.kill();
-    await exited;
-  });
-  await new Promise<void>((resolve, reject) => {
-    let err = '';
-    child.stderr.on('data', (c: Buffer) => {
-      err += c.toString();
-      if (/attached/.test(err)) resolve();
-    });
-    void exited.then(() => reject(new Error(`strace could not attach: ${err}`)));
-  });
-  return {
-    async stop() {
-      child.kill();
-      await exited;
-    },
-  };
-}
+const emfile = (pid: number) => strace(t, pid, ['-e', 'trace=openat,unlinkat,rmdir', '-e', 'inject=openat,unlinkat,rmdir:error=EMFILE']);
 
 /** Resolves when the gateway has logged `n` failed rounds of the clean-up. */
 function failedRounds(gw: GatewayProc, n: number): Promise<void> {

@@ -1,20 +1,21 @@
 /**
  * Storage faults that are not crashes, on a running embedded gateway: its DATA_DIR fills up
- * (a tmpfs), then space is freed; one fdatasync fails with EIO (strace's fault injection on
- * the running process). The checker, as in the kill drill: every 200 stored exactly once,
+ * (a tmpfs), then space is freed; the state database's fsync fails with EIO (strace's fault
+ * injection on the running process). The checker, as in the kill drill: every 200 stored exactly once,
  * nothing answered otherwise stored; while storage fails the answers are 503 `Storage
  * temporarily unavailable` (never 500) and `/readyz` says not ready naming `storage`; once
  * the fault clears the same process answers 200 again, without a restart.
  */
-import { spawn } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
-import { closeSync, openSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, openSync, realpathSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { manifestKey } from '../../src/store/keys.js';
+import { STATE_DB } from '../../src/store/engines.js';
 import { readText } from '../support/objects.js';
+import { strace } from '../support/strace.js';
 import { clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
 import { spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { checkStored, drillPackage, embeddedRecord, readObjects, writeClients, type DrillClient, type Outcome, type RecordedSession } from '../support/drills.js';
@@ -157,19 +158,21 @@ t.test('the service fills its own disk: every answer true, and 200 again once sp
   await settle(t, gw, sessions, dataDir, outcomes);
 });
 
-t.test('one fdatasync fails with EIO: the requests that needed it fail with 503, the next ones succeed', async (t) => {
+t.test('the state database fails to sync (EIO): the requests that needed it fail with 503, the next ones succeed', async (t) => {
   const dataDir = join(await tempDir(t, 'drill-eio-'), 'data');
   const { gw, sessions } = await setup(t, dataDir);
   const outcomes = new Map<string, Outcome>();
   await load(gw, sessions, 'before', outcomes, () => count(outcomes, (o) => o === 200) >= 200);
 
-  // From the 20th fdatasync after it attaches, 5 calls fail with EIO.
-  const strace = spawn('strace', ['-f', '-qq', '-o', '/dev/null', '-e', 'trace=fdatasync', '-e', 'inject=fdatasync:error=EIO:when=20..24', '-p', String(gw.child.pid)], { stdio: ['ignore', 'ignore', 'pipe'] });
-  t.teardown(() => strace.kill());
-  await new Promise((r) => setTimeout(r, 500)); // strace attaches to every thread
+  // From the 20th sync of the state database's write-ahead log after strace has attached to
+  // every thread (-P: only calls on that file count), 5 fail with EIO. SQLite syncs with fsync
+  // (fdatasync where built for it): a 200 waits for it.
+  const wal = realpathSync(join(dataDir, `${STATE_DB}-wal`));
+  const fault = await strace(t, gw.child.pid!, ['-P', wal, '-e', 'trace=fsync,fdatasync', '-e', 'inject=fsync,fdatasync:error=EIO:when=20..24']);
   const during = new Map<string, Outcome>();
-  await load(gw, sessions, 'eio', during, () => count(during, (o) => o === 200) >= 400);
-  strace.kill();
+  // Until the failures were answered and 400 packages stored; bounded should they never come.
+  await load(gw, sessions, 'eio', during, () => (count(during, (o) => o === 503) > 0 && count(during, (o) => o === 200) >= 400) || during.size >= 20_000);
+  await fault.stop();
   t.ok(count(during, (o) => o === 503) > 0, `the injected failures were answered 503 (${count(during, (o) => o === 503)})`);
   t.equal((await readyz(gw)).status, 200, 'ready');
   for (const [k, v] of during) outcomes.set(k, v);
