@@ -8,5 +8,5 @@ export { isRetryable, retryDelay, withRetry, type RetryInfo, type RetryPolicy } 
 export { Pacer } from './pacer.js';
 export { push, packageKey, type PackageFailure, type PushEvent, type PushOptions, type PushSummary } from './push.js';
 export { Packer, type Package } from './packer.js';
-export { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from './sources.js';
+export { formatFromPath, openSource, RESERVED_COLUMNS, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from './sources.js';
 export type * from './types.js';
