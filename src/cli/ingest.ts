@@ -21,6 +21,7 @@ import { push, type PackageFailure, type PushSummary } from '../client/push.js';
 import { withRetry, type RetryPolicy } from '../client/retry.js';
 import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from '../client/sources.js';
 import type { InitializeResult, StatusView } from '../client/types.js';
+import { ERROR_CHECKS_MAX, ErrorsFile, errorsFileFormat, writeRefused } from './errors-file.js';
 
 export const EXIT = {
   OK: 0,
@@ -59,6 +60,17 @@ Commands:
       [--keep-going]       send the remaining packages after one failed
       [--dry-run]          check every package without storing it: the service answers
                            what each would get (implies --keep-going); nothing is stored
+      [--errors FILE]      write every record not accepted to FILE with its problems, all of
+                           them (past the service's first 100 of a package, by dry runs):
+                           fix the values there and push FILE. CSV inputs: CSV (*.csv), their
+                           header plus _record and a last column _errors ("price: expected
+                           number >= 0, got -1; …"). NDJSON and JSON inputs: NDJSON (*.ndjson,
+                           *.jsonl), each record plus "_record" and "_errors": [{column,
+                           message}]. A refused package's other records too, without errors
+                           (a package is stored whole or not at all). Several inputs add
+                           _file; CSV and NDJSON/JSON do not mix. Renamed into place at the
+                           end; nothing refused: no FILE (an older one removed). Implies
+                           --keep-going; with --dry-run: what a real push would not accept
   status [UUID] [--watch [--until STATE]] [--interval ${CLI_DEFAULTS.watchIntervalSeconds}]
                            The session's status; --watch prints each change until the
                            session is DONE, or --until startable (can_start_upload),
@@ -93,6 +105,8 @@ Files:
   NDJSON  one object per line keyed by column name, or a first line with the column
           names as an array and one array of values per further line
   JSON    {"columns": [...], "data": [[...], ...]} or an array of objects
+  Reserved names: columns and keys named _errors, _record or _file (what --errors adds) are
+  dropped when a file is read, so a fixed errors file is pushed as it is.
   Re-running the same push of the same file into the same session sends the same
   Idempotency-Key per package, so packages already stored are not stored twice.
 
@@ -131,6 +145,7 @@ const COMMANDS: Record<string, { options: ParseArgsConfig['options']; positional
       gzip: { type: 'boolean' },
       'keep-going': { type: 'boolean' },
       'dry-run': { type: 'boolean' },
+      errors: { type: 'string' },
     },
   },
   status: {
@@ -385,11 +400,16 @@ async function pushCommand(cli: Cli): Promise<number> {
   const rate = number(v.rate, 'rate', CLI_DEFAULTS.rate, 0.1, MAX_RATE);
   const retries = integer(v.retries, 'retries', CLI_DEFAULTS.retries, 0, 100);
   const dryRun = v['dry-run'] === true;
-  const keepGoing = dryRun || v['keep-going'] === true;
+  const errorsPath = str(v.errors);
+  if (v.errors !== undefined && !errorsPath) throw new UsageError('--errors: which file?');
+  // The errors file is what the session lacks of the inputs only when every package was sent.
+  const keepGoing = dryRun || v['keep-going'] === true || errorsPath !== undefined;
 
   const spool = await mkdtemp(join(tmpdir(), 'ingest-stdin-'));
+  let errors: ErrorsFile | null = null;
   try {
     const inputs = await pushInputs(cli, formatFlag, spool);
+    const errorsFormat = errorsPath === undefined ? null : errorsFileFormat(errorsPath, inputs);
     // One socket per package in flight, and one for the session calls.
     const client = await cli.client({ connections: parallel + 1, requestsPerSecond: rate });
     const catalog = await cli.call(() => client.entities(callOpts(cli)));
@@ -397,14 +417,17 @@ async function pushCommand(cli: Cli): Promise<number> {
     if (!entity) throw new UsageError(`--entity: unknown entity ${JSON.stringify(entityName)} (known: ${catalog.entities.map((e) => e.name).join(', ')})`);
 
     // Every header is checked before a session is touched: a wrong file changes nothing.
-    const sources: RowSource[] = [];
+    const sources: Primed[] = [];
     for (const input of inputs) sources.push(await primed(await openSource(input.path, input.format, entity)));
+    if (errorsPath !== undefined) errors = await ErrorsFile.open(errorsPath, errorsFormat!, [...new Set(sources.flatMap((s) => s.columns ?? []))], inputs.length > 1);
     const uploadUuid = await pushSession(cli, client);
     await cli.remember(uploadUuid);
 
     const mode: ProgressMode = cli.quiet ? 'none' : cli.io.stderr.isTTY ? 'bar' : 'plain';
-    const summaries: PushSummary[] = [];
+    const summaries: (PushSummary & { error_records?: number })[] = [];
     const lines: string[] = [];
+    const checks = { max: ERROR_CHECKS_MAX, used: 0 };
+    let errorsFailed: string | null = null;
     for (const [i, source] of sources.entries()) {
       const name = inputs[i]!.name;
       const progress = new PushProgress(cli.io.stderr, mode, basename(name), source.totalBytes);
@@ -430,26 +453,75 @@ async function pushCommand(cli: Cli): Promise<number> {
       } finally {
         progress.finish();
       }
-      summaries.push({ ...summary, file: name });
-      lines.push(...summaryLines(summary, dryRun, sources.length > 1 || name !== source.path ? name : undefined));
+      let errorRecords = 0;
+      if (errors && errorsFailed === null && summary.failures.length > 0 && !summary.aborted) {
+        if (mode !== 'none') cli.io.stderr.write(`writing the records of ${name} not accepted to ${errorsPath}\n`);
+        try {
+          const retry = { retries, ...(cli.signal ? { signal: cli.signal } : {}) };
+          errorRecords = await writeRefused({ client, uploadUuid, entity, input: inputs[i]!, failures: summary.failures, file: errors, budget: checks, gzip: v.gzip === true, retry, ...(cli.signal ? { signal: cli.signal } : {}) });
+        } catch (err) {
+          if (isClientError(err) && err.code === 'ABORTED') summary.aborted = true;
+          else errorsFailed = (err as Error).message;
+        }
+      }
+      summaries.push({ ...summary, file: name, ...(errors ? { error_records: errorRecords } : {}) });
+      lines.push(...summaryLines(summary, dryRun, sources.length > 1 || name !== source.path ? name : undefined, errorsPath));
       if (summary.aborted || (pushExit(summary) !== EXIT.OK && !keepGoing)) break;
+    }
+    let errorsResult = {};
+    let written = false;
+    if (errors) {
+      const file = errors;
+      errors = null;
+      if (errorsFailed !== null || summaries.some((s) => s.aborted)) {
+        await file.discard();
+        lines.push(errorsFailed !== null ? `  ${file.path} not written: ${errorsFailed}` : `  interrupted: ${file.path} not written`);
+      } else {
+        try {
+          const outcome = await file.commit();
+          written = outcome === 'written';
+          lines.push(errorsFileLine(file, outcome, dryRun));
+        } catch (err) {
+          await file.discard();
+          lines.push(`  ${file.path} not written: ${(err as Error).message}`);
+        }
+      }
+      errorsResult = { errors_file: written ? file.path : null, error_records: written ? file.records : 0 };
     }
     const exit = pushesExit(summaries, sources.length);
     const ok = exit === EXIT.OK;
-    const result = summaries.length === 1 && sources.length === 1 ? { ...summaries[0]!, ok, ...(dryRun ? { dry_run: true } : {}) } : { ok, ...(dryRun ? { dry_run: true } : {}), files: summaries };
+    const result =
+      summaries.length === 1 && sources.length === 1
+        ? { ...summaries[0]!, ok, ...(dryRun ? { dry_run: true } : {}), ...errorsResult }
+        : { ok, ...(dryRun ? { dry_run: true } : {}), ...errorsResult, files: summaries };
     const them = sources.length > 1 ? ['the files', 'them'] : ['the file', 'it'];
-    if (exit === EXIT.PARTIAL && dryRun) lines.push(`  nothing was stored; fix the refused records and check ${them[0]} again, or push ${them[1]}`);
+    if (written) {
+      // errorsFileLine said what to do next.
+    } else if (exit === EXIT.PARTIAL && dryRun) lines.push(`  nothing was stored; fix the refused records and check ${them[0]} again, or push ${them[1]}`);
     else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
     if (summaries.length < sources.length) lines.push(`  stopped after ${inputs[summaries.length - 1]!.name}: ${sources.length - summaries.length} more not sent (--keep-going sends them)`);
     cli.print(result, lines.join('\n'));
     return exit;
   } finally {
+    await errors?.discard();
     await rm(spool, { recursive: true, force: true });
   }
 }
 
+/** What the push did with the errors file, and what to do next. */
+function errorsFileLine(file: ErrorsFile, outcome: 'written' | 'none' | 'removed', dryRun: boolean): string {
+  if (outcome !== 'written') return `  every record ${dryRun ? 'would be' : 'was'} accepted: no ${file.path} written${outcome === 'removed' ? ' (the older one removed)' : ''}`;
+  const alone = file.records - file.withProblems - file.unchecked;
+  const parts = [`${fmtInt(file.withProblems)} with errors`, ...(alone ? [`${fmtInt(alone)} refused only with their package`] : [])];
+  if (file.unchecked) parts.push(`${fmtInt(file.unchecked)} not checked (at most ${ERROR_CHECKS_MAX} dry runs per push: push the fixed file to find theirs)`);
+  const next = dryRun
+    ? 'nothing was stored: fix the inputs (_record is each record\'s number there), or push them and then the fixed file'
+    : 'fix the values there and push it (its _errors and _record are dropped when read)';
+  return `  wrote ${fmtCount(file.records, 'record')} ${dryRun ? 'that would not be accepted' : 'not accepted'} to ${file.path} (${parts.join(', ')}); ${next}`;
+}
+
 /** One pushed input as people read it (`from`: its name, when it needs one): its outcome, then every failed package and its refused rows. */
-function summaryLines(summary: PushSummary, dryRun: boolean, from?: string): string[] {
+function summaryLines(summary: PushSummary, dryRun: boolean, from?: string, errorsPath?: string): string[] {
   const exit = pushExit(summary);
   const seconds = summary.elapsed_ms / 1000;
   const outcome = dryRun ? `dry run, nothing stored: ${exit === EXIT.OK ? 'every package would be accepted:' : 'would accept'}` : exit === EXIT.OK ? 'pushed' : 'push incomplete:';
@@ -463,7 +535,7 @@ function summaryLines(summary: PushSummary, dryRun: boolean, from?: string): str
   ];
   for (const f of summary.failures) {
     lines.push(`  package ${f.package} (file records ${f.first_record}–${f.first_record + f.rows - 1}) failed: ${f.status ?? f.code} ${f.message}${f.record !== undefined ? ` (file record ${f.record})` : ''}`);
-    lines.push(...refusedRowLines(f));
+    lines.push(...refusedRowLines(f, errorsPath));
   }
   if (summary.input_error) lines.push(`  the file stopped being readable: ${summary.input_error}`);
   if (summary.aborted) lines.push('  interrupted');
@@ -517,12 +589,12 @@ function pushesExit(summaries: readonly PushSummary[], inputs: number): number {
   return summaries.some((s) => s.packages_accepted > 0) ? EXIT.PARTIAL : exits.find((e) => e !== EXIT.OK) ?? EXIT.FAILED;
 }
 
-function refusedRowLines(f: PackageFailure): string[] {
+function refusedRowLines(f: PackageFailure, errorsPath?: string): string[] {
   if (!f.errors || f.error_count === undefined) return [];
   const lines = [`    ${fmtInt(f.error_count)} ${f.error_count === 1 ? 'error' : 'errors'} in refused rows:`];
   for (const e of f.errors) lines.push(`      file record ${e.record}${e.column === null ? '' : `, column "${e.column}"`}: ${e.message}`);
   const more = f.error_count - f.errors.length;
-  if (more > 0) lines.push(`      … and ${fmtInt(more)} more (the service lists the first ${f.errors.length})`);
+  if (more > 0) lines.push(`      … and ${fmtInt(more)} more (the service lists the first ${f.errors.length}${errorsPath === undefined ? '' : `; ${errorsPath} holds them all`})`);
   return lines;
 }
 
@@ -534,14 +606,19 @@ function pushExit(s: PushSummary): number {
   return s.input_error !== null && s.packages_failed === 0 ? EXIT.INPUT : EXIT.FAILED;
 }
 
+/** A source whose first rows are read; `columns`: those of its first row when it is an array row (a CSV file's header). */
+type Primed = RowSource & { readonly columns: readonly string[] | null };
+
 /** Reads the first rows now, so that a file whose header is wrong fails before any call changes anything. */
-async function primed(source: RowSource): Promise<RowSource> {
+async function primed(source: RowSource): Promise<Primed> {
   const rows = source.rows();
   const first = await rows.next();
+  const head = first.done ? undefined : first.value[0];
   return {
     path: source.path,
     format: source.format,
     totalBytes: source.totalBytes,
+    columns: head?.kind === 'array' ? head.columns : null,
     get bytesRead() {
       return source.bytesRead;
     },

@@ -17,6 +17,10 @@
  * Objects' values are sent as they are (no typing: JSON already has types); missing keys are
  * sent as `null`. Header checks (empty, duplicate, unknown and missing required columns, and
  * unknown object keys) happen here, against the catalog, before anything is sent.
+ *
+ * The names of `RESERVED_COLUMNS` (what `ingest push --errors` adds to the records it writes)
+ * are dropped wherever they appear, CSV and array columns and object keys alike, so that an
+ * errors file can be sent as it is.
  */
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
@@ -30,12 +34,21 @@ export type SourceFormat = 'csv' | 'ndjson' | 'json';
 export const SOURCE_FORMATS: readonly SourceFormat[] = ['csv', 'ndjson', 'json'];
 
 /**
+ * Column names and object keys that are never sent: `ingest push --errors` writes them beside a
+ * refused record's values (its problems, its record number and input in the file pushed), and
+ * reading drops them, so that a fixed errors file goes back as it is. No entity has such a column.
+ */
+export const RESERVED_COLUMNS: readonly string[] = ['_errors', '_record', '_file'];
+const RESERVED = new Set(RESERVED_COLUMNS);
+
+/**
  * One row. `array` rows carry their columns (the same array object for every row of a
  * source) and the row's JSON text; `object` rows carry the parsed object.
  * `record` is the 1-based number of the data record in the file (the header not counted).
+ * A CSV row also carries its `fields` as written in the file (aligned with `columns`).
  */
 export type SourceRow =
-  | { kind: 'array'; columns: readonly string[]; json: string; record: number }
+  | { kind: 'array'; columns: readonly string[]; json: string; record: number; fields?: readonly string[] }
   | { kind: 'object'; value: Record<string, unknown>; record: number };
 
 export interface RowSource {
@@ -187,6 +200,8 @@ async function* csvRows(reader: FileReader, entity: CatalogEntity): AsyncGenerat
   const ended = new Promise<void>((resolve) => parser.once('end', resolve).once('close', resolve));
   let columns: string[] | null = null;
   let convert: ((field: string) => unknown)[] = [];
+  // The positions of the header's reserved columns, dropped from every record (null: none).
+  let drop: Set<number> | null = null;
   let record = 0;
   const take = (): SourceRow[] => {
     if (failure) {
@@ -194,18 +209,21 @@ async function* csvRows(reader: FileReader, entity: CatalogEntity): AsyncGenerat
       throw new InputError(`invalid CSV: ${failure.message}`, { where: typeof line === 'number' ? `line ${line}` : `record ${record + 1}`, cause: failure });
     }
     const batch: SourceRow[] = [];
-    for (const fields of records) {
+    for (const all of records) {
       if (columns === null) {
-        checkColumns(fields, entity, 'CSV header');
-        columns = fields;
+        const header = reservedAt(all);
+        drop = header.drop;
+        checkColumns(header.columns, entity, 'CSV header');
+        columns = header.columns;
         const byName = new Map(entity.columns.map((c) => [c.name, c]));
         convert = columns.map((name) => csvConverter(byName.get(name)!));
         continue;
       }
       record++;
+      const fields = drop === null ? all : all.filter((_, i) => !drop!.has(i));
       const values = new Array<unknown>(fields.length);
       for (let i = 0; i < fields.length; i++) values[i] = convert[i]!(fields[i]!);
-      batch.push({ kind: 'array', columns, json: JSON.stringify(values), record });
+      batch.push({ kind: 'array', columns, json: JSON.stringify(values), record, fields });
     }
     records = [];
     return batch;
@@ -271,6 +289,7 @@ async function* ndjsonRows(reader: FileReader, entity: CatalogEntity): AsyncGene
   let lineNo = 0;
   let record = 0;
   let columns: string[] | null = null;
+  let drop: Set<number> | null = null;
   let objects: boolean | null = null;
   const keys = knownKeys(entity);
   for await (const chunkLines of lines(reader)) {
@@ -282,8 +301,10 @@ async function* ndjsonRows(reader: FileReader, entity: CatalogEntity): AsyncGene
       const value = parseJson(line, where);
       if (objects === null) {
         if (Array.isArray(value)) {
-          checkColumns(value, entity, `${where} (header)`);
-          columns = value;
+          const header = reservedAt(value);
+          checkColumns(header.columns, entity, `${where} (header)`);
+          columns = header.columns;
+          drop = header.drop;
           objects = false;
           continue;
         }
@@ -295,7 +316,7 @@ async function* ndjsonRows(reader: FileReader, entity: CatalogEntity): AsyncGene
         if (!isRecord(value)) throw new InputError('expected an object (the first line was one)', { where });
         batch.push({ kind: 'object', value: checkObject(value, keys, entity, where), record });
       } else {
-        batch.push({ kind: 'array', columns: columns!, json: checkArray(value, line, columns!, where), record });
+        batch.push({ kind: 'array', columns: columns!, json: checkArray(value, line, columns!, where, drop), record });
       }
     }
     if (batch.length) yield batch;
@@ -307,6 +328,7 @@ async function* ndjsonRows(reader: FileReader, entity: CatalogEntity): AsyncGene
 async function* jsonRows(reader: FileReader, entity: CatalogEntity): AsyncGenerator<SourceRow[]> {
   const keys = knownKeys(entity);
   let columns: string[] | null = null;
+  let drop: Set<number> | null = null;
   let deferred = false;
   let record = 0;
   let shape: 'array' | 'object' | null = null;
@@ -319,8 +341,10 @@ async function* jsonRows(reader: FileReader, entity: CatalogEntity): AsyncGenera
         if (event.key === 'columns') {
           if (columns !== null) throw new InputError('"columns" appears twice');
           if (!Array.isArray(event.value)) throw new InputError('"columns" must be an array of column names');
-          checkColumns(event.value, entity, '"columns"');
-          columns = event.value;
+          const header = reservedAt(event.value);
+          checkColumns(header.columns, entity, '"columns"');
+          columns = header.columns;
+          drop = header.drop;
         } else if (event.key === 'data') {
           throw new InputError('"data" must be an array of rows');
         }
@@ -338,7 +362,7 @@ async function* jsonRows(reader: FileReader, entity: CatalogEntity): AsyncGenera
         deferred = true; // rows before "columns": taken in a second pass
         continue;
       }
-      batch.push({ kind: 'array', columns, json: checkArray(parseJson(event.text, where), event.text, columns, where), record });
+      batch.push({ kind: 'array', columns, json: checkArray(parseJson(event.text, where), event.text, columns, where, drop), record });
     }
     if (batch.length) yield batch;
   }
@@ -355,7 +379,7 @@ async function* jsonRows(reader: FileReader, entity: CatalogEntity): AsyncGenera
       if (event.type !== 'element') continue;
       record++;
       const where = `data row ${record - 1}`;
-      batch.push({ kind: 'array', columns: known, json: checkArray(parseJson(event.text, where), event.text, known, where), record });
+      batch.push({ kind: 'array', columns: known, json: checkArray(parseJson(event.text, where), event.text, known, where, drop), record });
     }
     if (batch.length) yield batch;
   }
@@ -376,14 +400,29 @@ function knownKeys(entity: CatalogEntity): Set<string> {
   return new Set(entity.columns.map((c) => c.name));
 }
 
-/** A row given as an array: its own text is sent (exactly as written), after a length check. */
-function checkArray(value: unknown, text: string, columns: readonly string[], where: string): string {
+/** A header without its reserved names (`RESERVED_COLUMNS`), and where they were (null: nowhere). */
+function reservedAt(names: readonly unknown[]): { columns: unknown[]; drop: Set<number> | null } {
+  if (!names.some((c) => typeof c === 'string' && RESERVED.has(c))) return { columns: [...names], drop: null };
+  const drop = new Set<number>();
+  names.forEach((c, i) => typeof c === 'string' && RESERVED.has(c) && drop.add(i));
+  return { columns: names.filter((_, i) => !drop.has(i)), drop };
+}
+
+/**
+ * A row given as an array: its own text is sent (exactly as written), after a length check;
+ * with reserved columns in the header (`drop`), its values without theirs, written anew.
+ */
+function checkArray(value: unknown, text: string, columns: readonly string[], where: string, drop: Set<number> | null = null): string {
   if (!Array.isArray(value)) throw new InputError('expected an array of values', { where });
-  if (value.length !== columns.length) throw new InputError(`expected ${columns.length} values, got ${value.length}`, { where });
-  return text.trim();
+  const width = columns.length + (drop?.size ?? 0);
+  if (value.length !== width) throw new InputError(`expected ${width} values, got ${value.length}`, { where });
+  if (drop === null) return text.trim();
+  for (const v of value) if (typeof v === 'number' && !Number.isFinite(v)) throw new InputError('number out of range', { where });
+  return JSON.stringify(value.filter((_, i) => !drop.has(i)));
 }
 
 function checkObject(value: Record<string, unknown>, keys: Set<string>, entity: CatalogEntity, where: string): Record<string, unknown> {
+  for (const key of RESERVED_COLUMNS) if (Object.hasOwn(value, key)) delete value[key];
   for (const key in value) {
     if (!keys.has(key)) throw new InputError(`unknown column of ${entity.name}: ${JSON.stringify(key)}`, { where });
     const v = value[key];

@@ -1,16 +1,21 @@
 /**
  * The `ingest` command line as a child process against a started service: CSV edge cases
  * stored as the right typed rows, JSON output and exit codes, a re-run that stores nothing
- * twice, start --wait to DONE, and 503 answers retried after their Retry-After without
- * duplicates. (The 100 MiB push is cli-large.test.ts.)
+ * twice, start --wait to DONE, 503 answers retried after their Retry-After without
+ * duplicates, and `push --errors` (every record not accepted, fixed and sent again).
+ * (The 100 MiB push is cli-large.test.ts.)
  */
-import { chmod, mkdir, rm, writeFile } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { parse as parseCsv } from 'csv-parse/sync';
 import t from 'tap';
 import { cliRunner, rowObjects, storedPackages } from '../support/cli.js';
 import { startService, tempDir } from '../support/harness.js';
 
 const byId = (key: string) => (a: Record<string, unknown>, b: Record<string, unknown>) => String(a[key]).localeCompare(String(b[key]));
+/** A CSV record: fields quoted when they need it. */
+const csvLine = (fields: readonly string[]) => fields.map((f) => (/[",\r\n]/.test(f) ? `"${f.replace(/"/g, '""')}"` : f)).join(',');
 
 t.test('CSV edge cases: BOM, CRLF, quotes, embedded newlines, empty optional values; stored typed and exact', async (t) => {
   const svc = await startService(t);
@@ -350,4 +355,217 @@ t.test('status without a remembered session names the real cause; --watch --unti
   t.equal(lines.at(-1)?.can_start_upload, true, 'the last line is the startable status');
   const bounded = await cli.run(['status', '--watch', '--interval', '0.2', '--wait-timeout', '0.5']);
   t.equal(bounded.code, 5, 'waiting for DONE before start ends at --wait-timeout');
+});
+
+t.test('push --errors (CSV): every record not accepted, past the first 100 errors, with its errors; fixed and sent again, the session holds every row', async (t) => {
+  const svc = await startService(t);
+  const cli = await cliRunner(t, svc);
+  const dir = await tempDir(t, 'cli-errors-csv-');
+  const n = 2000;
+  const per = 400;
+  // Package 1 (records 401–800): records 401–499 a bad price, record 500 a bad price and a bad
+  // is_active (the service's 100th error is its first: the list is cut inside the row), 501–720
+  // a bad is_active, 600 both; 721–800 good. Package 3 (1201–1600): record 1234 a bad price.
+  const badPrice = (r: number) => (r >= 401 && r <= 500) || r === 600 || r === 1234;
+  const badActive = (r: number) => r >= 500 && r <= 720;
+  // Bad values as wide as good ones in JSON (-1 and 10, "ab" and true): every package is `per` rows.
+  // Every name needs quotes in CSV.
+  const name = 'Say "hi",\nall';
+  const fields = (r: number) => [`p${String(r).padStart(5, '0')}`, name, badPrice(r) ? '-1' : '10', badActive(r) ? 'ab' : 'true'];
+  const columns = ['product_id', 'name', 'price', 'is_active'];
+  const file = join(dir, 'products.csv');
+  await writeFile(file, `${columns.join(',')}\n${Array.from({ length: n }, (_, i) => csvLine(fields(i + 1))).join('\n')}\n`);
+  const packageSize = String(Buffer.byteLength(JSON.stringify({ columns, data: Array.from({ length: per }, () => ['p00001', name, 10, true]) })));
+  const push = (args: string[]) => cli.run(['push', ...args, '--entity', 'products', '--package-size', packageSize, '--parallel', '2']);
+
+  const refused = [...Array.from({ length: per }, (_, i) => 401 + i), ...Array.from({ length: per }, (_, i) => 1201 + i)];
+  const problems = (r: number) =>
+    [...(badPrice(r) ? ['price: expected number >= 0, got -1'] : []), ...(badActive(r) ? ['is_active: expected boolean, got "ab"'] : [])].join('; ');
+  const expected = refused.map((r) => [...fields(r), String(r), problems(r)]);
+  const errorCount = refused.reduce((sum, r) => sum + (badPrice(r) ? 1 : 0) + (badActive(r) ? 1 : 0), 0);
+
+  // A dry run first: the same file a real push writes; nothing stored.
+  const dryFile = join(dir, 'dry-errors.csv');
+  const dry = await push([file, '--dry-run', '--errors', dryFile]);
+  t.equal(dry.code, 3, 'exits 3', { stdout: dry.stdout, stderr: dry.stderr.slice(-3000) });
+  t.match(dry.stdout, /\n {6}… and 2\d\d more \(the service lists the first 100; .*dry-errors\.csv holds them all\)\n/);
+  t.match(dry.stdout, new RegExp(`wrote 800 records that would not be accepted to .*dry-errors\\.csv \\(${refused.filter((r) => problems(r)).length} with errors, ${refused.filter((r) => !problems(r)).length} refused only with their package\\); nothing was stored`));
+  t.match((await cli.run(['status', '--json'])).json, { entities: [], totals: { rows: 0 } }, 'the dry run stored nothing');
+
+  const errorsFile = join(dir, 'errors.csv');
+  const run = await push([file, '--errors', errorsFile, '--json']);
+  t.equal(run.code, 3, 'exits 3: some packages accepted', { stdout: run.stdout, stderr: run.stderr.slice(-3000) });
+  t.match(run.json, { ok: false, packages_accepted: 3, packages_failed: 2, rows_accepted: 1200, errors_file: errorsFile, error_records: 800 });
+  t.same(
+    run.json.failures.map((f: { first_record: number; rows: number; error_count: number; errors: unknown[] }) => [f.first_record, f.rows, f.errors.length]).sort((a: number[], b: number[]) => a[0]! - b[0]!),
+    [
+      [401, per, 100],
+      [1201, per, 1],
+    ],
+    'packages of 400 rows: the refused ones as planned',
+  );
+  t.equal(run.json.failures.reduce((sum: number, f: { error_count: number }) => sum + f.error_count, 0), errorCount, `${errorCount} errors in all`);
+  const text = await readFile(errorsFile, 'utf8');
+  t.equal(text, await readFile(dryFile, 'utf8'), 'the dry run wrote the same file');
+  const [header, ...records] = parseCsv(text) as string[][];
+  t.same(header, [...columns, '_record', '_errors'], "the input's header, _record, _errors last");
+  t.same(records, expected, 'exactly the records of the refused packages: the bad ones with every error, the others with none');
+  t.same((await readdir(dir)).sort(), ['dry-errors.csv', 'errors.csv', 'products.csv'], 'no temp file left');
+
+  // Fix the bad values in the errors file and send it as it is (its _record and _errors are dropped).
+  const fixed = records.map((r) => csvLine([r[0]!, r[1]!, r[2] === '-1' ? '10' : r[2]!, r[3] === 'ab' ? 'TRUE' : r[3]!, r[4]!, r[5]!]));
+  await writeFile(errorsFile, `${header!.join(',')}\n${fixed.join('\n')}\n`);
+  const stale = join(dir, 'again.csv');
+  await writeFile(stale, 'an older errors file\n');
+  const again = await push([errorsFile, '--errors', stale, '--json']);
+  t.equal(again.code, 0, 'exits 0', { stdout: again.stdout, stderr: again.stderr.slice(-3000) });
+  t.match(again.json, { ok: true, rows_accepted: 800, packages_failed: 0, errors_file: null, error_records: 0 });
+  t.notOk(existsSync(stale), 'nothing refused: no errors file, the older one removed');
+  t.match((await cli.run(['status', '--json'])).json, { entities: ['products'], totals: { rows: n } }, 'the session counts every row of the file');
+  const rows = rowObjects(await storedPackages(svc, run.json.upload_uuid));
+  t.equal(new Set(rows.map((r) => r.product_id)).size, n, 'every record once');
+  t.ok(
+    rows.every((r) => r.name === name && r.price === 10 && r.is_active === true && Object.keys(r).length === 4),
+    'with the fixed values, and nothing of _record or _errors',
+  );
+  const start = await cli.run(['start', '--from', '2024-01-01', '--json']);
+  t.equal(start.code, 0, 'exits 0', { stdout: start.stdout, stderr: start.stderr.slice(-3000) });
+  t.match(start.json, { entities: [{ name: 'products', rows: n }] }, 'start-upload counts every row');
+});
+
+t.test('push --errors (NDJSON and JSON): one errors file of both with _file; the package columns kept past the first 100; usage errors', async (t) => {
+  const svc = await startService(t);
+  const cli = await cliRunner(t, svc);
+  const dir = await tempDir(t, 'cli-errors-ndjson-');
+  const catalog = await cli.run(['entities', '--json']);
+  t.equal(catalog.code, 0);
+  t.same(
+    catalog.json.entities.flatMap((e: { columns: { name: string }[] }) => e.columns.map((c) => c.name)).filter((c: string) => ['_errors', '_record', '_file'].includes(c)),
+    [],
+    'no entity has a column of a reserved name',
+  );
+
+  // Package 1 (records 101–200): records 101 and 102 a bad sold_at; 103–200 a bad sold_at and no
+  // "total" key at all (sent as null). The 100 errors listed end at record 151, and a body of the
+  // rows from there made of their own keys would have no "total" column (a 422 without errors).
+  const n = 300;
+  const per = 100;
+  const bad = (r: number) => r > 100 && r <= 200;
+  const receipt = (r: number): Record<string, unknown> => ({
+    receipt_id: `r${String(r).padStart(5, '0')}`,
+    store_id: 's1',
+    sold_at: bad(r) ? '2024-13-02T10:00:00Z' : '2024-01-02T10:00:00Z',
+    ...(r > 102 && bad(r) ? {} : { total: 1250 }),
+  });
+  const ndjson = join(dir, 'receipts.ndjson');
+  await writeFile(ndjson, Array.from({ length: n }, (_, i) => JSON.stringify(receipt(i + 1))).join('\n') + '\n');
+  const json = join(dir, 'more.json');
+  const more = [
+    { receipt_id: 'm1', store_id: 's1', sold_at: '2024-01-02T10:00:00Z', total: 'x1' },
+    { receipt_id: 'm2', store_id: 's1', sold_at: '2024-01-02T10:00:00Z', total: 3 },
+  ];
+  await writeFile(json, JSON.stringify(more));
+  // No row of this package has "total": the service refuses it as a whole (no rows listed).
+  const late = join(dir, 'late.ndjson');
+  const lateRows = [
+    { receipt_id: 'l1', store_id: 's1', sold_at: '2024-01-02T10:00:00Z' },
+    { receipt_id: 'l2', store_id: 's1', sold_at: '2024-01-02T10:00:00Z' },
+  ];
+  await writeFile(late, lateRows.map((r) => JSON.stringify(r)).join('\n'));
+  const packageSize = String(
+    Buffer.byteLength(JSON.stringify({ columns: ['receipt_id', 'store_id', 'sold_at', 'total'], data: Array.from({ length: per }, () => ['r00001', 's1', '2024-01-02T10:00:00Z', 1250]) })),
+  );
+
+  for (const [args, why] of [
+    [[ndjson, '--errors', join(dir, 'out.csv')], 'NDJSON input, a .csv errors file'],
+    [[json, '--errors', join(dir, 'out.json')], 'JSON input, a .json errors file (it is NDJSON)'],
+    [[ndjson, join(dir, 'x.csv'), '--errors', join(dir, 'out.ndjson')], 'CSV and NDJSON inputs together'],
+    [[ndjson, '--errors', ndjson], 'the errors file is an input'],
+    [[ndjson, '--errors', join(dir, 'absent', 'out.ndjson')], 'a folder that is not there'],
+  ] as const) {
+    const usage = await cli.run(['push', ...args, '--entity', 'receipts', '--json']);
+    t.equal(usage.code, 2, why, { stdout: usage.stdout });
+    t.match(usage.json, { error: { code: 'USAGE', message: /--errors/ } });
+  }
+  t.equal((await cli.run(['status'])).code, 2, 'no session was made for them');
+  t.same((await readdir(dir)).sort(), ['late.ndjson', 'more.json', 'receipts.ndjson'], 'and no file');
+
+  const errorsFile = join(dir, 'errors.ndjson');
+  const run = await cli.run(['push', ndjson, json, late, '--entity', 'receipts', '--package-size', packageSize, '--errors', errorsFile, '--json']);
+  t.equal(run.code, 3, 'exits 3', { stdout: run.stdout, stderr: run.stderr.slice(-3000) });
+  t.match(run.json, {
+    ok: false,
+    errors_file: errorsFile,
+    error_records: per + 4,
+    files: [
+      { rows_accepted: 200, error_records: per },
+      { rows_accepted: 0, error_records: 2 },
+      { rows_accepted: 0, error_records: 2, failures: [{ status: 422, message: 'Missing required columns: total' }] },
+    ],
+  });
+  t.match(run.json.files[0].failures, [{ first_record: 101, rows: per, error_count: 198 }]);
+  const lines = (await readFile(errorsFile, 'utf8')).trimEnd().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  const expected = [
+    ...Array.from({ length: per }, (_, i) => {
+      const r = 101 + i;
+      return {
+        ...receipt(r),
+        _file: ndjson,
+        _record: r,
+        _errors: [
+          { column: 'sold_at', message: 'expected datetime (RFC 3339), got "2024-13-02T10:00:00Z"' },
+          ...(r > 102 ? [{ column: 'total', message: 'expected number, got null' }] : []),
+        ],
+      };
+    }),
+    { ...more[0], _file: json, _record: 1, _errors: [{ column: 'total', message: 'expected number, got "x1"' }] },
+    { ...more[1], _file: json, _record: 2, _errors: [] },
+    ...lateRows.map((r, i) => ({ ...r, _file: late, _record: i + 1, _errors: [{ column: null, message: 'its package (file records 1–2) failed: 422 Missing required columns: total' }] })),
+  ];
+  t.same(lines, expected, 'each record as read, its input, its number there, every error');
+  t.same(lines.map((l) => Object.keys(l).slice(-3)), expected.map(() => ['_file', '_record', '_errors']), 'the reserved keys last');
+
+  // Fix and send the errors file into the same session: every row is there.
+  const fixed = lines.map((l) => ({ ...l, sold_at: '2024-01-03T10:00:00Z', total: typeof l.total === 'number' ? l.total : 7 }));
+  await writeFile(errorsFile, fixed.map((l) => JSON.stringify(l)).join('\n') + '\n');
+  const again = await cli.run(['push', errorsFile, '--entity', 'receipts', '--errors', join(dir, 'again.ndjson'), '--json', '--quiet']);
+  t.equal(again.code, 0, 'exits 0', { stdout: again.stdout, stderr: again.stderr.slice(-3000) });
+  t.match(again.json, { ok: true, rows_accepted: per + 4, errors_file: null, error_records: 0 });
+  t.notOk(existsSync(join(dir, 'again.ndjson')), 'nothing refused: no errors file');
+  const total = n + more.length + lateRows.length;
+  t.match((await cli.run(['status', '--json'])).json, { totals: { rows: total } }, 'the session counts every row of the inputs');
+  const rows = rowObjects(await storedPackages(svc, run.json.files[0].upload_uuid));
+  t.equal(new Set(rows.map((r) => r.receipt_id)).size, total);
+  t.same(Object.keys(rows.find((r) => r.receipt_id === 'm1')!).sort(), ['receipt_id', 'sold_at', 'store_id', 'total'], 'nothing of the reserved keys stored');
+});
+
+t.test('push --errors of several CSV inputs (standard input too): the union of their headers, _file, read back by name', async (t) => {
+  const svc = await startService(t);
+  const cli = await cliRunner(t, svc);
+  const dir = await tempDir(t, 'cli-errors-many-');
+  const stdin = 'product_id,name,price\na1,A,1\na2,B,-1\n';
+  const b = join(dir, 'b.csv');
+  await writeFile(b, 'name,product_id,is_active,price\nC,b1,ab,2\nD,b2,no,3\n');
+  const errorsFile = join(dir, 'errors.csv');
+  const run = await cli.run(['push', '-', b, '--entity', 'products', '--format', 'csv', '--errors', errorsFile, '--json', '--quiet'], { input: stdin });
+  t.equal(run.code, 1, 'exits 1: nothing accepted', { stdout: run.stdout, stderr: run.stderr.slice(-3000) });
+  t.match(run.json, { errors_file: errorsFile, error_records: 4, files: [{ error_records: 2 }, { error_records: 2 }] });
+  t.same(parseCsv(await readFile(errorsFile, 'utf8')), [
+    ['product_id', 'name', 'price', 'is_active', '_file', '_record', '_errors'],
+    ['a1', 'A', '1', '', 'standard input', '1', ''],
+    ['a2', 'B', '-1', '', 'standard input', '2', 'price: expected number >= 0, got -1'],
+    ['b1', 'C', '2', 'ab', b, '1', 'is_active: expected boolean, got "ab"'],
+    ['b2', 'D', '3', 'no', b, '2', ''],
+  ]);
+  const text = (await readFile(errorsFile, 'utf8')).replace(',-1,', ',1,').replace(',ab,', ',yes,');
+  await writeFile(errorsFile, text);
+  const again = await cli.run(['push', errorsFile, '--entity', 'products', '--json', '--quiet']);
+  t.equal(again.code, 0, 'exits 0', { stdout: again.stdout, stderr: again.stderr.slice(-3000) });
+  const rows = rowObjects(await storedPackages(svc, again.json.upload_uuid)).sort(byId('product_id'));
+  t.same(rows, [
+    { product_id: 'a1', name: 'A', price: 1, is_active: null },
+    { product_id: 'a2', name: 'B', price: 1, is_active: null },
+    { product_id: 'b1', name: 'C', price: 2, is_active: true },
+    { product_id: 'b2', name: 'D', price: 3, is_active: false },
+  ]);
 });

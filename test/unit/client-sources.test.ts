@@ -127,6 +127,22 @@ t.test('JSON: the ingest body layout (columns first or last) and an array of obj
   await t.rejects(readRows(t, '{"columns":["product_id","name"],"data":[["p1","a"]]} x', 'json'), /expected the end of the file/);
 });
 
+t.test('reserved names (_errors, _record, _file: what push --errors writes) are dropped in every layout; CSV rows carry their fields as written', async (t) => {
+  const csv = await readRows(t, 'product_id,_record,name,price,_errors\np1,7,"A, ""a""",1e3,"price: bad"\n', 'csv');
+  t.same(asBodies(csv), [{ columns: ['product_id', 'name', 'price'], values: ['p1', 'A, "a"', 1000] }]);
+  t.same(csv[0]?.kind === 'array' ? csv[0].fields : null, ['p1', 'A, "a"', '1e3'], 'the fields as written, without the reserved ones');
+  const objects = await readRows(t, '{"product_id":"p1","name":"A","_file":"x.csv","_record":3,"_errors":[{"column":"price","message":"m"}]}\n', 'ndjson');
+  t.same(asBodies(objects), [{ object: { product_id: 'p1', name: 'A' } }]);
+  const arrays = await readRows(t, '["_errors","product_id","name","_record"]\n[[],"p1","A",1]\n', 'ndjson');
+  t.same(asBodies(arrays), [{ columns: ['product_id', 'name'], values: ['p1', 'A'] }]);
+  await t.rejects(readRows(t, '["_errors","product_id","name"]\n["p1","A"]\n', 'ndjson'), /line 2: expected 3 values, got 2/, 'the width counts the reserved columns');
+  const body = await readRows(t, '{"data":[["p1",2,"A"]],"columns":["product_id","_record","name"]}', 'json');
+  t.same(asBodies(body), [{ columns: ['product_id', 'name'], values: ['p1', 'A'] }]);
+  const array = await readRows(t, '[{"_record":1,"product_id":"p1","name":"A","_errors":[]}]', 'json');
+  t.same(asBodies(array), [{ object: { product_id: 'p1', name: 'A' } }]);
+  await t.rejects(readRows(t, '_errors,name\nx,A\n', 'csv'), /missing required columns of products: product_id/, 'the header is checked without them');
+});
+
 t.test('JsonScanner: the same events whatever the chunking', async (t) => {
   const doc = Buffer.from(
     `\ufeff {"a": 1, "columns": ["x", "y\\"]"], "data": [ [1, "\\\\", {"k": "]}"}], [true,false,null], [-1.5e3, "é✓"] ], "z": "end" } `,
