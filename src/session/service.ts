@@ -12,11 +12,11 @@
 import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
 import { errors, isServiceError, isStorageUnavailable, type ServiceError, type ValidationIssue } from '../errors.js';
-import { activeKey, clientSessionKey, clientSessionsPrefix, manifestKey, storedCountKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
+import { activeKey, clientSessionKey, clientSessionsPrefix, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
 import type { ClientSessionEntry, SessionCounts, SessionStatus } from './state.js';
-import { storedPerEntity, type StoredCounts } from './stored-counts.js';
+import { storedCounter, type StoredCounter } from './stored-counts.js';
 import {
   decideDelete,
   decideFold,
@@ -144,10 +144,13 @@ export class SessionService {
 
   /** What deletes left to remove, durable and retried until done (clean-up.ts). */
   private readonly cleanUps: SessionCleanUps;
+  /** The uploader's count of stored packages, read by status and the listing. */
+  private readonly stored: StoredCounter;
 
   constructor(private readonly deps: SessionServiceDeps) {
     this.now = deps.clock ?? Date.now;
     const { sessions, ledger, queue, objects, objectPrefix, onBackgroundError } = deps;
+    this.stored = storedCounter({ sessions, ledger });
     this.cleanUps = new SessionCleanUps({
       sessions,
       ledger,
@@ -240,11 +243,11 @@ export class SessionService {
       this.read(uploadUuid),
       // The stored count is read once the queue answered: a package is counted before it is
       // acked, so when nothing is pending every package's count is already there to read.
-      this.deps.queue.hasPending(uploadUuid).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.deps.sessions.get<StoredCounts>(storedCountKey(uploadUuid)) : null] as const),
+      this.deps.queue.hasPending(uploadUuid).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.stored.perEntity(uploadUuid) : new Map<string, number>()] as const),
     ]);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
     // Only whether any package waits for the uploader matters, not how many.
-    return statusView(record.value, pending ? 1 : 0, this.now(), storedPerEntity(stored?.value ?? null));
+    return statusView(record.value, pending ? 1 : 0, this.now(), stored);
   }
 
   /**
@@ -269,9 +272,9 @@ export class SessionService {
           if (!UPLOAD_UUID.test(e.upload_uuid)) return null;
           const [summary, stored] = await Promise.all([
             this.deps.sessions.get<SessionRecord>(sessionKey(e.upload_uuid)),
-            this.deps.sessions.get<StoredCounts>(storedCountKey(e.upload_uuid)),
+            this.stored.perEntity(e.upload_uuid),
           ]);
-          return { e, summary: summary ? fromStored(summary.value) : null, stored: stored?.value ?? null };
+          return { e, summary: summary ? fromStored(summary.value) : null, stored };
         }),
       );
       for (const got of read) {
@@ -282,7 +285,7 @@ export class SessionService {
           upload_uuid: summary.upload_uuid,
           session_status: summary.status,
           created_at: summary.created_at,
-          totals: sessionCounts(summary, storedPerEntity(stored)).totals,
+          totals: sessionCounts(summary, stored).totals,
         });
         last = { created_at: e.created_at, upload_uuid: e.upload_uuid };
       }

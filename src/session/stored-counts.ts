@@ -1,8 +1,9 @@
 /**
  * How many of a session's packages are in object storage, kept as the uploader stores them,
- * so that status reads one small record instead of folding the ledger.
+ * so that status reads a few numbers instead of folding the ledger.
  *
- * The count lives in its own session-store key (`stored.<upload_uuid>`), apart from the
+ * A ledger that counts its own markers (`countStored`, the embedded one: marker and count in
+ * one transaction) does it all in one write. Otherwise (NATS) the count lives in its own session-store key (`stored.<upload_uuid>`), apart from the
  * summary: the uploader (another process on NATS) never contends with the gateway's writes
  * of the summary. A package is counted once however often it is delivered and stored (a put
  * is repeated on redelivery), by the same three steps that record a package (state.ts):
@@ -31,8 +32,28 @@ export interface StoredCounts {
   marking: Record<string, string>;
 }
 
+/** Counts the packages the uploader stored, each once, before it acks them; and reads the counts. */
+export interface StoredCounter {
+  /** Resolves once the package is counted, durably and once; rejects when the store failed (deliver it again). */
+  count(pkg: StoredPackage): Promise<void>;
+  /** Stored packages per entity: every package whose `count` resolved, perhaps some whose count is under way. */
+  perEntity(uploadUuid: string): Promise<Map<string, number>>;
+}
+
+/** The ledger's own count where it keeps one, else `StoredPackages`. */
+export function storedCounter(deps: { sessions: SessionStore; ledger: PackageLedger }): StoredCounter {
+  const { ledger } = deps;
+  if (!ledger.countStored || !ledger.storedCounts) return new StoredPackages(deps);
+  const countStored = ledger.countStored.bind(ledger);
+  const storedCounts = ledger.storedCounts.bind(ledger);
+  return {
+    count: (pkg) => countStored(pkg.upload_uuid, [{ package_id: pkg.package_id, entity: pkg.entity }], sessionKey(pkg.upload_uuid)),
+    perEntity: (uploadUuid) => storedCounts(uploadUuid),
+  };
+}
+
 /** Stored packages per entity, `marking` included. */
-export function storedPerEntity(c: StoredCounts | null): Map<string, number> {
+function storedPerEntity(c: StoredCounts | null): Map<string, number> {
   const out = new Map<string, number>(Object.entries(c?.entities ?? {}));
   for (const entity of Object.values(c?.marking ?? {})) out.set(entity, (out.get(entity) ?? 0) + 1);
   return out;
@@ -56,7 +77,7 @@ interface Waiting {
  * The uploader's side: `count` after each put, before the ack. The packages of one session
  * stored while a count is written go together (one compare-and-set per step for all of them).
  */
-export class StoredPackages {
+export class StoredPackages implements StoredCounter {
   readonly #sessions: SessionStore;
   readonly #ledger: PackageLedger;
   readonly #queues = new Map<string, { waiting: Waiting[]; running: boolean }>();
@@ -66,7 +87,6 @@ export class StoredPackages {
     this.#ledger = deps.ledger;
   }
 
-  /** Resolves once the package is counted, durably and once; rejects when the store failed (deliver it again). */
   count(pkg: StoredPackage): Promise<void> {
     return new Promise((resolve, reject) => {
       let q = this.#queues.get(pkg.upload_uuid);
@@ -77,6 +97,10 @@ export class StoredPackages {
       q.waiting.push({ pkg, resolve, reject });
       if (!q.running) void this.#run(pkg.upload_uuid, q);
     });
+  }
+
+  async perEntity(uploadUuid: string): Promise<Map<string, number>> {
+    return storedPerEntity((await this.#sessions.get<StoredCounts>(storedCountKey(uploadUuid)))?.value ?? null);
   }
 
   async #run(uploadUuid: string, q: { waiting: Waiting[]; running: boolean }): Promise<void> {

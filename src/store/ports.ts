@@ -153,6 +153,17 @@ export interface PackageLedger {
   markStored(uploadUuid: string, packageIds: readonly string[]): Promise<void>;
   /** Whether `markStored` wrote the package's marker (every marker whose write resolved is seen). */
   isStored(uploadUuid: string, packageId: string): Promise<boolean>;
+  /**
+   * A ledger that counts its markers per entity in the same durable step as it writes them
+   * has these two (the embedded one: one transaction); the others are counted apart
+   * (session/stored-counts.ts). `countStored` is `markStored` with each package's entity: a
+   * package whose marker is new counts once, one marked before never again; and it writes
+   * nothing unless the session store holds `summaryKey`, not marked `deleted` (a deleted
+   * session's clean-up may have dropped its markers already), checked in the same step.
+   */
+  countStored?(uploadUuid: string, packages: readonly { package_id: string; entity: string }[], summaryKey: string): Promise<void>;
+  /** The markers per entity that `countStored` counted; sees every call that resolved. */
+  storedCounts?(uploadUuid: string): Promise<Map<string, number>>;
   /** Removes every entry and marker of the session (after delete). */
   drop(uploadUuid: string): Promise<void>;
   close(): Promise<void>;

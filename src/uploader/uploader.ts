@@ -3,7 +3,7 @@ import type { Config } from '../config/config.js';
 import type { InternalErrorCode } from '../errors.js';
 import type { Logger } from '../log.js';
 import { packageVerdict } from '../session/recovery.js';
-import { StoredPackages } from '../session/stored-counts.js';
+import { storedCounter } from '../session/stored-counts.js';
 import type { Engines } from '../store/engines.js';
 import { objectKey } from '../store/keys.js';
 import type { BatchQueue, CommittedPackage, ObjectStore, PackageMeta, QueueConsumer } from '../store/ports.js';
@@ -80,7 +80,7 @@ export async function runUploader(
       reason: err instanceof Error ? `${err.name}: ${err.message}` : String(err),
     });
   }
-  const stored = new StoredPackages({ sessions: engines.sessions, ledger: engines.ledger });
+  const stored = storedCounter({ sessions: engines.sessions, ledger: engines.ledger });
   return startUploader({
     queue: engines.queue,
     objects: engines.objects,

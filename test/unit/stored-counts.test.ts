@@ -1,14 +1,18 @@
 /**
- * The uploader's count of stored packages (session/stored-counts.ts) on the embedded stores:
- * a package is counted once however often it is delivered, whatever step a crash or a
- * failure interrupted, and not at all for a session that is gone.
+ * The uploader's count of stored packages (session/stored-counts.ts): a package is counted
+ * once however often it is delivered, whatever step a crash or a failure interrupted, and not
+ * at all for a session that is gone. Both ways: `StoredPackages` (three steps on the session
+ * store and the ledger, as on NATS; run here on the embedded stores) and the embedded
+ * ledger's own count (marker and count in one transaction), and the move of version 1's
+ * counts into the latter.
  */
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { newSession } from '../../src/session/state.js';
-import { StoredPackages, storedPerEntity, type StoredCounts } from '../../src/session/stored-counts.js';
+import Database from 'better-sqlite3';
+import { StoredPackages, storedCounter, type StoredCounts } from '../../src/session/stored-counts.js';
 import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey, storedCountKey } from '../../src/store/keys.js';
@@ -41,14 +45,14 @@ t.test('each package once: repeated, concurrent, several entities', async (t) =>
   await Promise.all(ids.map((id) => stored.count(pkg(id, 'stock'))));
   await Promise.all(ids.map((id) => new StoredPackages({ sessions, ledger }).count(pkg(id, 'stock'))));
   t.same(await counts(), { entities: { products: 2, catalogs: 1, stock: 40 }, marking: {} }, 'marking empties once every marker is durable');
-  t.same([...storedPerEntity(await counts())], [['products', 2], ['catalogs', 1], ['stock', 40]]);
+  t.same([...(await stored.perEntity(U))], [['products', 2], ['catalogs', 1], ['stock', 40]]);
 });
 
 t.test('a delivery after a crash at any step counts the package once', async (t) => {
   const { sessions, ledger, counts } = await setup(t);
   // Crash after step 1: in marking, no marker.
   await sessions.create<StoredCounts>(storedCountKey(U), { entities: { products: 3 }, marking: { 'p-1': 'products' } });
-  t.same([...storedPerEntity(await counts())], [['products', 4]], 'already counted while marking');
+  t.same([...(await new StoredPackages({ sessions, ledger }).perEntity(U))], [['products', 4]], 'already counted while marking');
   await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
   t.same(await counts(), { entities: { products: 4 }, marking: {} });
 
@@ -92,4 +96,73 @@ t.test('a session that is gone (or deleted) gets no count', async (t) => {
   await sessions.update(sessionKey(U), { ...newSession(U, 'acme', Date.now()), deleted: true }, summary.revision);
   await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
   t.equal(await counts(), null);
+});
+
+t.test("the embedded ledger's own count: each package once, in the marker's transaction", async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  const stored = storedCounter({ sessions, ledger });
+  t.notOk(stored instanceof StoredPackages, 'the embedded ledger counts its markers itself');
+  await stored.count(pkg('p-1'));
+  await stored.count(pkg('p-1'));
+  const ids = Array.from({ length: 40 }, (_, i) => `q-${i}`);
+  await Promise.all([...ids, ...ids].map((id) => stored.count(pkg(id, 'stock'))));
+  await Promise.all([stored.count(pkg('p-2')), stored.count(pkg('p-2')), stored.count(pkg('c-1', 'catalogs'))]);
+  t.same(Object.fromEntries(await stored.perEntity(U)), { products: 2, stock: 40, catalogs: 1 });
+  t.equal(await ledger.isStored(U, 'q-7'), true, 'the marker is written with the count');
+  t.equal(await counts(), null, 'no session-store record');
+  // A marker written without a count (markStored) is a package counted already.
+  await ledger.markStored(U, ['p-3']);
+  await stored.count(pkg('p-3'));
+  t.same(Object.fromEntries(await stored.perEntity(U)), { products: 2, stock: 40, catalogs: 1 });
+  await ledger.drop(U);
+  t.same([...(await stored.perEntity(U))], [], 'dropped with the ledger');
+});
+
+t.test("the embedded ledger's own count: nothing for a session gone or deleted", async (t) => {
+  const { sessions, ledger } = await setup(t);
+  const stored = storedCounter({ sessions, ledger });
+  const gone = '22222222-2222-4222-8222-222222222222';
+  await stored.count({ upload_uuid: gone, package_id: 'p-1', entity: 'products' });
+  t.equal(await ledger.isStored(gone, 'p-1'), false);
+  t.same([...(await stored.perEntity(gone))], []);
+  await stored.count(pkg('p-1'));
+  const summary = (await sessions.get(sessionKey(U)))!;
+  await sessions.update(sessionKey(U), { ...newSession(U, 'acme', Date.now()), deleted: true }, summary.revision);
+  await stored.count(pkg('p-2'));
+  t.equal(await ledger.isStored(U, 'p-2'), false, 'no marker after the delete');
+  t.same(Object.fromEntries(await stored.perEntity(U)), { products: 1 }, 'the count before the delete stays until the clean-up drops it');
+});
+
+t.test('a database of version 1: its stored-count records become the ledger\'s counts, their packages in marking get markers', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'stored-counts-v1-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const path = join(dir, 'state.sqlite');
+  const V = '33333333-3333-4333-8333-333333333333';
+  {
+    // What version 1 wrote: the session and its count as session-store records.
+    const sessions = await SqliteSessionStore.open(path);
+    await sessions.create(sessionKey(U), newSession(U, 'acme', Date.now()));
+    await sessions.create(sessionKey(V), newSession(V, 'acme', Date.now()));
+    await sessions.create<StoredCounts>(storedCountKey(U), { entities: { products: 3, stock: 2 }, marking: { 'p-9': 'products', 's-9': 'stock', 'c-9': 'catalogs' } });
+    await sessions.create<StoredCounts>(storedCountKey(V), { entities: { products: 1 }, marking: {} });
+    await sessions.close();
+    const db = new Database(path);
+    db.exec('DROP TABLE stored_count');
+    db.pragma('user_version = 1');
+    db.close();
+  }
+  const sessions = await SqliteSessionStore.open(path);
+  const ledger = await SqliteLedger.open(path);
+  t.teardown(async () => {
+    await sessions.close();
+    await ledger.close();
+  });
+  const stored = storedCounter({ sessions, ledger });
+  t.same(Object.fromEntries(await stored.perEntity(U)), { products: 4, stock: 3, catalogs: 1 });
+  t.same(Object.fromEntries(await stored.perEntity(V)), { products: 1 });
+  t.equal(await sessions.get(storedCountKey(U)), null, 'the old records are gone');
+  // A package that was in marking is delivered again: counted already.
+  await stored.count(pkg('p-9'));
+  await stored.count(pkg('p-10'));
+  t.same(Object.fromEntries(await stored.perEntity(U)), { products: 5, stock: 3, catalogs: 1 });
 });

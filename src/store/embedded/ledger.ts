@@ -13,13 +13,15 @@ const COLUMNS = 'package_id, entity, rows, bytes, object_bytes';
  * `PackageLedger` on the embedded state database (state-db.ts): one row of `ledger` per
  * package. An append is one insert per entry that is not there yet (appending is
  * idempotent), committed with every other write that came meanwhile; readers see it once
- * the commit is durable.
+ * the commit is durable. Stored markers (`stored`) are counted per entity (`stored_count`)
+ * in the transaction that writes them.
  */
 export class SqliteLedger implements PackageLedger {
   readonly #db: StateDatabase;
   readonly #get;
   readonly #page;
   readonly #stored;
+  readonly #counts;
   /** Set when the store opened its database itself (`open`): closing the store closes it. */
   readonly #owned: boolean;
   #closed = false;
@@ -32,6 +34,7 @@ export class SqliteLedger implements PackageLedger {
       `SELECT ${COLUMNS} FROM ledger WHERE upload = ? AND package_id > ? ORDER BY package_id LIMIT ?`,
     );
     this.#stored = db.reader.prepare<[string, string], { one: number }>('SELECT 1 AS one FROM stored WHERE upload = ? AND package_id = ?');
+    this.#counts = db.reader.prepare<[string], { entity: string; n: number }>('SELECT entity, n FROM stored_count WHERE upload = ?');
   }
 
   /** The entries of one session in the database at `path`, without the ledger (tests, tools; the owner may be running). */
@@ -74,7 +77,18 @@ export class SqliteLedger implements PackageLedger {
 
   async isStored(uploadUuid: string, packageId: string): Promise<boolean> {
     this.#check(uploadUuid);
-    return this.#stored.get(uploadUuid, packageId) !== undefined;
+    return this.#db.read(() => this.#stored.get(uploadUuid, packageId)) !== undefined;
+  }
+
+  async countStored(uploadUuid: string, packages: readonly { package_id: string; entity: string }[], summaryKey: string): Promise<void> {
+    this.#check(uploadUuid);
+    if (packages.length === 0) return;
+    await this.#db.write({ t: 'ledger-stored', upload: uploadUuid, ids: packages.map((p) => p.package_id), entities: packages.map((p) => p.entity), guard: summaryKey });
+  }
+
+  async storedCounts(uploadUuid: string): Promise<Map<string, number>> {
+    this.#check(uploadUuid);
+    return new Map(this.#db.read(() => this.#counts.all(uploadUuid)).map((r) => [r.entity, r.n]));
   }
 
   async drop(uploadUuid: string): Promise<void> {

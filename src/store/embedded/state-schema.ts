@@ -7,6 +7,7 @@
  * kv      (key PRIMARY KEY, revision, value)   session records, idempotent answers, claims
  * ledger  (upload, package_id PRIMARY KEY, entity, rows, bytes, object_bytes)
  * stored  (upload, package_id PRIMARY KEY)   the uploader's markers: packages in object storage
+ * stored_count (upload, entity PRIMARY KEY, n)   markers per entity, kept in the markers' transaction
  * meta    ('revision': the last revision handed out; 'fence': see state-writer.ts)
  * ```
  * WAL with `synchronous=FULL`: a commit is in the log and fdatasync'ed before any reader sees
@@ -16,7 +17,7 @@ import Database from 'better-sqlite3';
 import type { LedgerEntry } from '../ports.js';
 
 /** `PRAGMA user_version` of the schema below. */
-const SCHEMA_VERSION = 1;
+const SCHEMA_VERSION = 2;
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, revision INTEGER NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
@@ -26,8 +27,27 @@ CREATE TABLE IF NOT EXISTS ledger (
   PRIMARY KEY (upload, package_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS stored (upload TEXT NOT NULL, package_id TEXT NOT NULL, PRIMARY KEY (upload, package_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stored_count (upload TEXT NOT NULL, entity TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (upload, entity)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 0), ('fence', 0);
+`;
+
+/**
+ * Version 1 counted stored packages in session-store records `stored.<upload_uuid>` (per
+ * entity, plus the packages whose marker was being written, already counted): they become
+ * rows of `stored_count`, and those packages get their markers, so that a redelivery of one
+ * finds it counted.
+ */
+const FROM_VERSION_1 = `
+INSERT OR IGNORE INTO stored (upload, package_id)
+  SELECT substr(kv.key, 8), m.key FROM kv, json_each(kv.value, '$.marking') AS m WHERE kv.key GLOB 'stored.*';
+INSERT INTO stored_count (upload, entity, n)
+  SELECT upload, entity, sum(n) FROM (
+    SELECT substr(kv.key, 8) AS upload, e.key AS entity, e.value AS n FROM kv, json_each(kv.value, '$.entities') AS e WHERE kv.key GLOB 'stored.*'
+    UNION ALL
+    SELECT substr(kv.key, 8), m.value, 1 FROM kv, json_each(kv.value, '$.marking') AS m WHERE kv.key GLOB 'stored.*'
+  ) GROUP BY upload, entity;
+DELETE FROM kv WHERE key GLOB 'stored.*';
 `;
 
 /** Opens (and on first use creates) the database at `path` for writing: WAL, synced commits, the schema in place. */
@@ -38,12 +58,15 @@ export function openStateDatabase(path: string): Database.Database {
     db.pragma('synchronous = FULL');
     // Another connection's checkpoint or recovery holds the lock only briefly.
     db.pragma('busy_timeout = 5000');
-    const version = db.pragma('user_version', { simple: true }) as number;
-    if (version > SCHEMA_VERSION) {
-      throw new Error(`${path} was written by a newer version of the service (schema ${version}; this one knows ${SCHEMA_VERSION})`);
-    }
-    db.exec(SCHEMA);
-    db.pragma(`user_version = ${SCHEMA_VERSION}`);
+    db.transaction(() => {
+      const version = db.pragma('user_version', { simple: true }) as number;
+      if (version > SCHEMA_VERSION) {
+        throw new Error(`${path} was written by a newer version of the service (schema ${version}; this one knows ${SCHEMA_VERSION})`);
+      }
+      db.exec(SCHEMA);
+      if (version === 1) db.exec(FROM_VERSION_1);
+      db.pragma(`user_version = ${SCHEMA_VERSION}`);
+    }).immediate();
     return db;
   } catch (err) {
     db.close();
@@ -64,7 +87,8 @@ export type WriteOp =
   | { t: 'update'; key: string; json: string; revision: number }
   | { t: 'delete'; key: string; revision?: number }
   | { t: 'ledger-append'; upload: string; entries: readonly LedgerEntry[] }
-  | { t: 'ledger-stored'; upload: string; ids: readonly string[] }
+  /** `entities`: count each new marker (`stored_count`); `guard`: only while that key is there and not marked `deleted`. */
+  | { t: 'ledger-stored'; upload: string; ids: readonly string[]; entities?: readonly string[]; guard?: string }
   | { t: 'ledger-drop'; upload: string };
 
 /** What one op did: its new revision (create, update), or a lost compare-and-set. */

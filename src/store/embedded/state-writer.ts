@@ -30,6 +30,9 @@ const stmt = {
   ledgerDrop: db.prepare<[string]>('DELETE FROM ledger WHERE upload = ?'),
   storedAdd: db.prepare<[string, string]>('INSERT OR IGNORE INTO stored (upload, package_id) VALUES (?, ?)'),
   storedDrop: db.prepare<[string]>('DELETE FROM stored WHERE upload = ?'),
+  countAdd: db.prepare<[string, string]>('INSERT INTO stored_count (upload, entity, n) VALUES (?, ?, 1) ON CONFLICT DO UPDATE SET n = n + 1'),
+  live: db.prepare<[string], { one: number }>("SELECT 1 AS one FROM kv WHERE key = ? AND coalesce(json_extract(value, '$.deleted'), 0) = 0"),
+  countDrop: db.prepare<[string]>('DELETE FROM stored_count WHERE upload = ?'),
   saveRevision: db.prepare<[number]>("UPDATE meta SET value = ? WHERE name = 'revision'"),
   fence: db.prepare("UPDATE meta SET value = value + 1 WHERE name = 'fence'"),
 };
@@ -81,11 +84,17 @@ function apply(op: WriteOp): WriteOutcome {
       for (const e of op.entries) stmt.ledgerAdd.run(op.upload, e.package_id, e.entity, e.rows, e.bytes, e.object_bytes);
       return {};
     case 'ledger-stored':
-      for (const id of op.ids) stmt.storedAdd.run(op.upload, id);
+      // Not for a session gone or deleted: its clean-up may have dropped its markers already.
+      if (op.guard !== undefined && stmt.live.get(op.guard) === undefined) return {};
+      // A marker counts once, in its own transaction: a package marked again is not counted again.
+      op.ids.forEach((id, i) => {
+        if (stmt.storedAdd.run(op.upload, id).changes === 1 && op.entities) stmt.countAdd.run(op.upload, op.entities[i]!);
+      });
       return {};
     case 'ledger-drop':
       stmt.ledgerDrop.run(op.upload);
       stmt.storedDrop.run(op.upload);
+      stmt.countDrop.run(op.upload);
       return {};
   }
 }
