@@ -37,19 +37,22 @@ try {
   const summary = newSession(uuid, 'demo', Date.now());
   summary.entities = entities;
   for (const e of entities) summary.totals[e] = { packages: perEntity, rows: perEntity * 20, bytes: perEntity * 7000 };
+  await sessions.create(sessionKey(uuid), summary);
   for (let i = 0; i < packages; i += 1000) {
     const chunk: LedgerEntry[] = [];
     for (let j = i; j < Math.min(packages, i + 1000); j++) {
       chunk.push({ package_id: `p-${j}`, entity: entities[j % entities.length]!, rows: 20, bytes: 7000, object_bytes: 7200 });
     }
     await ledger.append(uuid, chunk);
-    // The uploader's markers, where the build has them.
-    const marks = (ledger as Partial<{ markStored(u: string, ids: string[]): Promise<void> }>).markStored;
-    if (marks) await marks.call(ledger, uuid, chunk.map((e) => e.package_id));
+    // The uploader's markers and counts, as the build keeps them.
+    if (ledger.countStored) await ledger.countStored(uuid, chunk, sessionKey(uuid));
+    else {
+      const marks = (ledger as Partial<{ markStored(u: string, ids: string[]): Promise<void> }>).markStored;
+      if (marks) await marks.call(ledger, uuid, chunk.map((e) => e.package_id));
+    }
   }
-  await sessions.create(sessionKey(uuid), summary);
   await sessions.create(activeKey('demo'), { upload_uuid: uuid });
-  await sessions.create(`stored.${uuid}`, { entities: Object.fromEntries(entities.map((e) => [e, perEntity])), marking: {} });
+  if (!ledger.countStored) await sessions.create(`stored.${uuid}`, { entities: Object.fromEntries(entities.map((e) => [e, perEntity])), marking: {} });
   await ledger.close();
   await sessions.close();
 
