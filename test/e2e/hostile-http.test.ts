@@ -1,6 +1,6 @@
 /**
  * Hostile HTTP at the edge (issue 11's framing, header, path and proxy findings), over raw
- * TCP on loopback, run on each edge (`test/e2e-node-edge/` runs it on `node:http`):
+ * TCP on loopback, run on each edge (test/matrix.ts runs it on `node:http` too):
  * - ambiguous framing (RFC 9112 §6.3) answers 400 and closes the connection, so nothing
  *   smuggled behind the body is ever served;
  * - a head of 49+ fields answers 431, HTTP/1.0 is served, HTTP/1.1 without `Host` is 400;

@@ -1,7 +1,7 @@
 /**
  * `Idempotency-Key` on ingest over real HTTP: a retried package answers what the first
  * attempt answered and is stored once, also when the first attempt's gateway died after
- * the package was queued or recorded. Runs on NATS + S3 too (test/e2e-nats-s3/).
+ * the package was queued or recorded. Runs on NATS + S3 too (test/matrix.ts).
  */
 import { PassThrough } from 'node:stream';
 import t from 'tap';

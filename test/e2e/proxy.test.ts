@@ -1,7 +1,7 @@
 /**
  * The deployment as shipped: nginx on config/nginx/ (testbed/nginx.ts) in front of a gateway
  * process with `limits.perIpAtProxy` and the proxy as its trusted proxy, on the uWS edge
- * where it loads (the edge that needs the proxy most; `test/e2e-node-edge/` runs it on node). What the proxy answers itself (no
+ * where it loads (the edge that needs the proxy most; test/matrix.ts runs it on node too). What the proxy answers itself (no
  * `X-Request-Id`: the gateway sets one on every answer) comes in the service's JSON shape.
  */
 import { createHash } from 'node:crypto';
@@ -19,7 +19,7 @@ import { spawnGateway } from '../../testbed/processes.js';
 import { API, call, clientOf, products, tempDir, waitForStatus } from '../support/harness.js';
 import { auth, head, parseResponses, RawClient } from '../support/raw-http.js';
 
-/** `TEST_HTTP_ENGINE` (test/e2e-node-edge/ runs this file on node), else uWS where it loads. */
+/** `TEST_HTTP_ENGINE` (test/matrix.ts runs this file on node), else uWS where it loads. */
 const ENGINE = HTTP_ENGINE ?? (uwsLoads() ? 'uws' : 'node');
 const json = (text: string) => (text ? (JSON.parse(text) as unknown) : null);
 const MiB = 1024 * 1024;
