@@ -7,9 +7,8 @@
  */
 import { spawnSync } from 'node:child_process';
 import { join, resolve } from 'node:path';
-import { MATRIX } from '../test/matrix.js';
+import { MATRIX, TAP_FLAGS } from '../test/matrix.js';
 
-const TAP = ['--disable-coverage', '--timeout=300'];
 /** The package's root (this file runs from dist/scripts/). */
 const ROOT = resolve(import.meta.dirname, '../..');
 const tapBin = join(ROOT, 'node_modules/.bin/tap');
@@ -24,7 +23,7 @@ const failed: string[] = [];
 for (const run of runs) {
   const vars = Object.entries(run.env).map(([k, v]) => `${k}=${v} `).join('');
   console.log(`\n=== ${vars}${run.name} ===`);
-  const res = spawnSync(tapBin, [...TAP, ...extra, ...run.files], { cwd: ROOT, stdio: 'inherit', env: { ...process.env, ...run.env } });
+  const res = spawnSync(tapBin, [...TAP_FLAGS, ...extra, ...run.files], { cwd: ROOT, stdio: 'inherit', env: { ...process.env, ...run.env } });
   if (res.status !== 0) failed.push(`${run.name} (${res.signal ?? `exit ${res.status}`})`);
 }
 console.log(failed.length === 0 ? `\n=== every run passed (${runs.length}) ===` : `\n=== failed: ${failed.join('; ')} ===`);

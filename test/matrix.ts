@@ -4,6 +4,9 @@
  * test/e2e/ that run under it. `npm test` (scripts/test.ts) runs the whole suite on the
  * defaults, then each cell; `.ci/node-versions` runs the e2e suites on the node edge alone.
  */
+/** The flags of every `tap` run of `npm test`. */
+export const TAP_FLAGS: readonly string[] = ['--disable-coverage', '--timeout=300'];
+
 export interface MatrixCell {
   name: string;
   env: Record<string, string>;

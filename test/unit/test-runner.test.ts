@@ -16,6 +16,7 @@ import { readFile, symlink, writeFile } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import t from 'tap';
+import { TAP_FLAGS } from '../matrix.js';
 import { tempDir } from '../support/harness.js';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -29,15 +30,14 @@ interface Run {
   out: string;
 }
 
-/** `tap` with the options of `npm test` (its tap config and flags), on `files` in `cwd`. */
+/** `tap` with the options of `npm test` (its tap config and the flags of scripts/test.ts), on `files` in `cwd`. */
 async function runTap(cwd: string, files: string[]): Promise<Run> {
-  const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { tap: unknown; scripts: { test: string } };
-  const flags = pkg.scripts.test.split(/\s+/).filter((word) => word.startsWith('--'));
+  const pkg = JSON.parse(await readFile(join(ROOT, 'package.json'), 'utf8')) as { tap: unknown };
   await writeFile(join(cwd, 'package.json'), JSON.stringify({ name: 'runner-check', private: true, type: 'module', tap: pkg.tap }));
   await symlink(join(ROOT, 'node_modules'), join(cwd, 'node_modules')); // tap resolves itself from the project
   // The outer tap's variables would make the inner one report as its child.
   const env = Object.fromEntries(Object.entries(process.env).filter(([key]) => !key.startsWith('TAP') && !key.startsWith('_TAPJS')));
-  const child = spawn(process.execPath, [join(ROOT, 'node_modules/tap/dist/esm/run.mjs'), ...flags, ...files], {
+  const child = spawn(process.execPath, [join(ROOT, 'node_modules/tap/dist/esm/run.mjs'), ...TAP_FLAGS, ...files], {
     cwd,
     env: { ...env, NO_COLOR: '1' },
     stdio: ['ignore', 'pipe', 'pipe'],
