@@ -589,12 +589,16 @@ function pushesExit(summaries: readonly PushSummary[], inputs: number): number {
   return summaries.some((s) => s.packages_accepted > 0) ? EXIT.PARTIAL : exits.find((e) => e !== EXIT.OK) ?? EXIT.FAILED;
 }
 
+/** Errors a package lists on the terminal when the errors file holds every one of them. */
+const SHOWN_WITH_ERRORS_FILE = 10;
+
 function refusedRowLines(f: PackageFailure, errorsPath?: string): string[] {
   if (!f.errors || f.error_count === undefined) return [];
   const lines = [`    ${fmtInt(f.error_count)} ${f.error_count === 1 ? 'error' : 'errors'} in refused rows:`];
-  for (const e of f.errors) lines.push(`      file record ${e.record}${e.column === null ? '' : `, column "${e.column}"`}: ${e.message}`);
-  const more = f.error_count - f.errors.length;
-  if (more > 0) lines.push(`      … and ${fmtInt(more)} more (the service lists the first ${f.errors.length}${errorsPath === undefined ? '' : `; ${errorsPath} holds them all`})`);
+  const shown = errorsPath === undefined ? f.errors : f.errors.slice(0, SHOWN_WITH_ERRORS_FILE);
+  for (const e of shown) lines.push(`      file record ${e.record}${e.column === null ? '' : `, column "${e.column}"`}: ${e.message}`);
+  const more = f.error_count - shown.length;
+  if (more > 0) lines.push(errorsPath === undefined ? `      … and ${fmtInt(more)} more (the service lists the first ${f.errors.length})` : `      … and ${fmtInt(more)} more: ${errorsPath} holds every one`);
   return lines;
 }
 

@@ -388,7 +388,9 @@ t.test('push --errors (CSV): every record not accepted, past the first 100 error
   const dryFile = join(dir, 'dry-errors.csv');
   const dry = await push([file, '--dry-run', '--errors', dryFile]);
   t.equal(dry.code, 3, 'exits 3', { stdout: dry.stdout, stderr: dry.stderr.slice(-3000) });
-  t.match(dry.stdout, /\n {6}… and 2\d\d more \(the service lists the first 100; .*dry-errors\.csv holds them all\)\n/);
+  t.match(dry.stdout, /\n {6}… and [23]\d\d more: .*dry-errors\.csv holds every one\n/);
+  const listed = dry.stdout.split(' errors in refused rows:\n').slice(1).map((block) => /^(?: {6}file record [^\n]*\n)*/.exec(block)![0].split('\n').length - 1);
+  t.ok(listed.length > 0 && listed.every((n) => n <= 10) && listed.includes(10), `the terminal lists at most 10 errors a package, the file every one (${listed.join(', ')})`);
   t.match(dry.stdout, new RegExp(`wrote 800 records that would not be accepted to .*dry-errors\\.csv \\(${refused.filter((r) => problems(r)).length} with errors, ${refused.filter((r) => !problems(r)).length} refused only with their package\\); nothing was stored`));
   t.match((await cli.run(['status', '--json'])).json, { entities: [], totals: { rows: 0 } }, 'the dry run stored nothing');
 
