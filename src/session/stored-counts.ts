@@ -4,8 +4,8 @@
  *
  * A ledger that counts its own markers (`countStored`, the embedded one: marker and count in
  * one transaction) does it all in one write. Otherwise (NATS) the count lives in its own
- * session-store key (`stored.<upload_uuid>`), apart from the summary: the uploader (another process on NATS) never contends with the gateway's writes
- * of the summary. A package is counted once however often it is delivered and stored (a put
+ * session-store key (`stored.<upload_uuid>`), apart from the summary: the uploader (another
+ * process on NATS) never contends with the gateway's writes of the summary. A package is counted once however often it is delivered and stored (a put
  * is repeated on redelivery), by the same three steps that record a package (state.ts):
  * ```
  *  put ──> marking[id] = entity ──> ledger marker (idempotent) ──> entities[entity] += 1
