@@ -10,7 +10,7 @@
  * stored_count (upload, entity PRIMARY KEY, n)   markers per entity, kept in the markers' transaction
  * meta    ('revision': the last revision handed out; 'fence': see state-writer.ts)
  * ```
- * WAL with `synchronous=FULL`: a commit is in the log and fdatasync'ed before any reader sees
+ * WAL with `synchronous=FULL`: a commit is in the log and synced (fsync) before any reader sees
  * it, and readers never wait for the writer.
  */
 import Database from 'better-sqlite3';

@@ -1,7 +1,7 @@
 /**
  * The embedded state database's writer: a worker thread that owns the one write connection
  * (state-db.ts is the other side). Every write that arrives while a commit is under way joins
- * the next one, so a group of writes costs one transaction and one fdatasync, and the fsync
+ * the next one, so a group of writes costs one transaction and one fsync, and the fsync
  * never blocks the event loop.
  *
  * A commit that fails (ENOSPC, EIO) fails its group only. Its frames may still be in the
