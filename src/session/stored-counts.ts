@@ -5,24 +5,27 @@
  * A ledger that counts its own markers (`countStored`, the embedded one: marker and count in
  * one transaction) does it all in one write. Otherwise (NATS) the count lives in its own
  * session-store key (`stored.<upload_uuid>`), apart from the summary: the uploader (another
- * process on NATS) never contends with the gateway's writes of the summary. A package is counted once however often it is delivered and stored (a put
- * is repeated on redelivery), by the same three steps that record a package (state.ts):
+ * process on NATS) never contends with the gateway's writes of the summary. A package is
+ * counted once however often it is delivered and stored (a put is repeated on redelivery),
+ * by the same three steps that record a package (state.ts):
  * ```
  *  put ──> marking[id] = entity ──> ledger marker (idempotent) ──> entities[entity] += 1
- *        (compare-and-set; counted          │                      (compare-and-set; id leaves
- *         from here on)                     │                       marking once the marker is durable)
+ *        (compare-and-set; counted          │                      (id leaves marking once its marker
+ *         from here on)                     │                       is durable: in the session's next
+ *                                           │                       step 1, or alone when counts pause)
  * ```
  * A package is counted exactly when it is in `marking` or has its ledger marker; the record is
  * read first and the ledger second, so a delivery that finds neither really is the first (a
  * compare-and-set on the revision it read proves nobody counted it meanwhile). The package is
- * acked only after the last step, so a crash anywhere leaves it to a redelivery, which
- * completes the steps without counting it again; `marking` holds only packages in hand.
+ * acked only after step 2, so a crash before leaves it to a redelivery, which completes the
+ * steps without counting it again; `marking` holds packages in hand and marked ones waiting
+ * for step 3 (a crash may leave a few there for good: counted, as they should be).
  * Only packages the session recorded are stored (recovery.ts), so the count never exceeds
  * the recorded packages.
  */
 import { errors } from '../errors.js';
 import { sessionKey, storedCountKey } from '../store/keys.js';
-import { isStoreConflict, type PackageLedger, type SessionStore } from '../store/ports.js';
+import { isStoreConflict, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 
 /** The stored record `stored.<upload_uuid>`. */
 export interface StoredCounts {
@@ -38,6 +41,8 @@ export interface StoredCounter {
   count(pkg: StoredPackage): Promise<void>;
   /** Stored packages per entity: every package whose `count` resolved, perhaps some whose count is under way. */
   perEntity(uploadUuid: string): Promise<Map<string, number>>;
+  /** Resolves once the writes of every count are done (tidying included). */
+  flush(): Promise<void>;
 }
 
 /** The ledger's own count where it keeps one, else `StoredPackages`. */
@@ -49,6 +54,7 @@ export function storedCounter(deps: { sessions: SessionStore; ledger: PackageLed
   return {
     count: (pkg) => countStored(pkg.upload_uuid, [{ package_id: pkg.package_id, entity: pkg.entity }], sessionKey(pkg.upload_uuid)),
     perEntity: (uploadUuid) => storedCounts(uploadUuid),
+    flush: async () => {},
   };
 }
 
@@ -66,6 +72,10 @@ export interface StoredPackage {
 }
 
 const MAX_CAS_ATTEMPTS = 32;
+/** Sessions whose record `StoredPackages` remembers as it wrote it (the least recently written go first). */
+const REMEMBERED_SESSIONS = 1024;
+/** How long a session's marked packages wait for its next count to fold them before they get a write alone. */
+const FOLD_AFTER_MS = 1000;
 
 interface Waiting {
   pkg: StoredPackage;
@@ -73,14 +83,38 @@ interface Waiting {
   reject: (err: unknown) => void;
 }
 
+/** One session's counts in this instance: written one group at a time. */
+interface SessionQueue {
+  waiting: Waiting[];
+  /** The run writing this session's groups; null when none runs. */
+  run: Promise<void> | null;
+  /** Packages this instance put in `marking` and then marked in the ledger, not yet folded: id → entity. */
+  marked: Map<string, string>;
+  /** Ends the run's wait for another count: true, one came; false, fold now. */
+  wake: ((arrived: boolean) => void) | null;
+  /** `flush` was called: fold without waiting. */
+  hurry: boolean;
+}
+
 /**
  * The uploader's side: `count` after each put, before the ack. The packages of one session
- * stored while a count is written go together (one compare-and-set per step for all of them).
+ * stored while a count is written go together (one compare-and-set for all of them). Step 3
+ * is no write of its own while counts keep coming: the marked packages leave `marking` in the
+ * next group's compare-and-set; only once the session's counts pause for `FOLD_AFTER_MS` do
+ * they get a write alone. A count resolves after step 2, so a crash before the fold leaves
+ * them in `marking`, counted, as a crash after step 2 always could.
  */
 export class StoredPackages implements StoredCounter {
   readonly #sessions: SessionStore;
   readonly #ledger: PackageLedger;
-  readonly #queues = new Map<string, { waiting: Waiting[]; running: boolean }>();
+  readonly #queues = new Map<string, SessionQueue>();
+  /**
+   * The record as this instance last wrote it, per session: the next compare-and-set starts
+   * from it instead of reading the record first (on NATS a read from the stream leader). A
+   * record written since by someone else fails that compare-and-set, and the step reads it
+   * then; so the cache saves reads and never decides anything.
+   */
+  readonly #written = new Map<string, Versioned<StoredCounts>>();
 
   constructor(deps: { sessions: SessionStore; ledger: PackageLedger }) {
     this.#sessions = deps.sessions;
@@ -91,11 +125,12 @@ export class StoredPackages implements StoredCounter {
     return new Promise((resolve, reject) => {
       let q = this.#queues.get(pkg.upload_uuid);
       if (!q) {
-        q = { waiting: [], running: false };
+        q = { waiting: [], run: null, marked: new Map(), wake: null, hurry: false };
         this.#queues.set(pkg.upload_uuid, q);
       }
       q.waiting.push({ pkg, resolve, reject });
-      if (!q.running) void this.#run(pkg.upload_uuid, q);
+      if (q.run) q.wake?.(true);
+      else q.run = this.#run(pkg.upload_uuid, q);
     });
   }
 
@@ -103,33 +138,68 @@ export class StoredPackages implements StoredCounter {
     return storedPerEntity((await this.#sessions.get<StoredCounts>(storedCountKey(uploadUuid)))?.value ?? null);
   }
 
-  async #run(uploadUuid: string, q: { waiting: Waiting[]; running: boolean }): Promise<void> {
-    q.running = true;
+  /** Folds every marked package now and resolves once every session's writes are done. */
+  async flush(): Promise<void> {
+    const runs = [...this.#queues.values()].map((q) => {
+      q.hurry = true;
+      q.wake?.(false);
+      return q.run;
+    });
+    await Promise.all(runs);
+  }
+
+  async #run(uploadUuid: string, q: SessionQueue): Promise<void> {
     try {
-      while (q.waiting.length > 0) {
+      for (;;) {
+        if (q.waiting.length === 0) {
+          if (q.marked.size === 0 || !(await this.#wait(q))) break;
+          continue;
+        }
         const group = q.waiting.splice(0);
         const pkgs = new Map(group.map((w) => [w.pkg.package_id, w.pkg.entity]));
         try {
-          if (await this.#fence(uploadUuid, pkgs)) {
+          if (await this.#fence(uploadUuid, pkgs, q.marked)) {
             await this.#ledger.markStored(uploadUuid, [...pkgs.keys()]);
-            await this.#fold(uploadUuid, pkgs);
+            for (const [id, entity] of pkgs) q.marked.set(id, entity);
           }
           for (const w of group) w.resolve();
         } catch (err) {
           for (const w of group) w.reject(err);
         }
       }
+      // No count came: the marked packages leave `marking` in a write of their own. A failure
+      // leaves them there, counted; the next count of the session folds what it marks itself.
+      if (q.marked.size > 0) await this.#fold(uploadUuid, q.marked).catch(() => {});
     } finally {
-      q.running = false;
-      if (this.#queues.get(uploadUuid) === q) this.#queues.delete(uploadUuid);
+      q.run = null;
+      if (q.waiting.length > 0) q.run = this.#run(uploadUuid, q);
+      else if (this.#queues.get(uploadUuid) === q) this.#queues.delete(uploadUuid);
     }
   }
 
-  /** Step 1: every package neither in `marking` nor marked in the ledger joins `marking`. False: the session is gone. */
-  async #fence(uploadUuid: string, pkgs: Map<string, string>): Promise<boolean> {
+  /** Waits up to `FOLD_AFTER_MS` for another count of the session: true if one came. */
+  #wait(q: SessionQueue): Promise<boolean> {
+    if (q.hurry) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => q.wake?.(false), FOLD_AFTER_MS);
+      timer.unref(); // an exit meanwhile leaves them in `marking`, counted
+      q.wake = (arrived) => {
+        clearTimeout(timer);
+        q.wake = null;
+        resolve(arrived);
+      };
+    });
+  }
+
+  /**
+   * Step 1: every package neither in `marking` nor marked in the ledger joins `marking`, and
+   * the packages of `marked` leave it for the per-entity counts, in one compare-and-set.
+   * False: the session is gone.
+   */
+  async #fence(uploadUuid: string, pkgs: Map<string, string>, marked: Map<string, string>): Promise<boolean> {
     const key = storedCountKey(uploadUuid);
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-      const current = await this.#sessions.get<StoredCounts>(key);
+      const current = (attempt === 0 ? this.#written.get(uploadUuid) : undefined) ?? (await this.#read(uploadUuid));
       if (!current) {
         // The first count of the session: not for one that is gone (a delete's clean-up would not find it again).
         const summary = await this.#sessions.get<{ deleted?: true }>(sessionKey(uploadUuid));
@@ -138,45 +208,66 @@ export class StoredPackages implements StoredCounter {
       const value = current?.value ?? { entities: {}, marking: {} };
       const unseen = [...pkgs].filter(([id]) => !(id in value.marking));
       // Read after the record: a marker written before this revision's `marking` lost the id is seen here.
-      const marked = await Promise.all(unseen.map(([id]) => this.#ledger.isStored(uploadUuid, id)));
-      const fresh = unseen.filter((_, i) => !marked[i]);
+      const isMarked = await Promise.all(unseen.map(([id]) => this.#ledger.isStored(uploadUuid, id)));
+      const fresh = unseen.filter((_, i) => !isMarked[i]);
       if (fresh.length === 0) return true;
-      const next: StoredCounts = { entities: value.entities, marking: { ...value.marking, ...Object.fromEntries(fresh) } };
+      const folded = fold(value, marked);
+      const next: StoredCounts = { entities: folded.entities, marking: { ...folded.marking, ...Object.fromEntries(fresh) } };
       try {
-        if (current) await this.#sessions.update(key, next, current.revision);
-        else await this.#sessions.create(key, next);
+        const revision = current ? await this.#sessions.update(key, next, current.revision) : await this.#sessions.create(key, next);
+        this.#remember(uploadUuid, { value: next, revision });
+        marked.clear();
         return true;
       } catch (err) {
+        this.#written.delete(uploadUuid);
         if (!isStoreConflict(err)) throw err;
       }
     }
     throw errors.internal(new Error(`Stored count of ${uploadUuid}: too much contention`));
   }
 
-  /** Step 3: the marked packages leave `marking` for the per-entity counts. */
-  async #fold(uploadUuid: string, pkgs: Map<string, string>): Promise<void> {
+  /** Step 3 alone: the packages of `marked` leave `marking` for the per-entity counts. */
+  async #fold(uploadUuid: string, marked: Map<string, string>): Promise<void> {
     const key = storedCountKey(uploadUuid);
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
-      const current = await this.#sessions.get<StoredCounts>(key);
+      const current = (attempt === 0 ? this.#written.get(uploadUuid) : undefined) ?? (await this.#read(uploadUuid));
       if (!current) return; // the session was deleted meanwhile
-      const marking = { ...current.value.marking };
-      const entities = { ...current.value.entities };
-      let moved = 0;
-      for (const id of pkgs.keys()) {
-        const entity = marking[id];
-        if (entity === undefined) continue;
-        delete marking[id];
-        entities[entity] = (entities[entity] ?? 0) + 1;
-        moved++;
-      }
-      if (moved === 0) return;
+      const next = fold(current.value, marked);
+      if (next === current.value) return;
       try {
-        await this.#sessions.update(key, { entities, marking } satisfies StoredCounts, current.revision);
+        this.#remember(uploadUuid, { value: next, revision: await this.#sessions.update(key, next, current.revision) });
+        marked.clear();
         return;
       } catch (err) {
+        this.#written.delete(uploadUuid);
         if (!isStoreConflict(err)) throw err;
       }
     }
     throw errors.internal(new Error(`Stored count of ${uploadUuid}: too much contention`));
   }
+
+  async #read(uploadUuid: string): Promise<Versioned<StoredCounts> | null> {
+    this.#written.delete(uploadUuid);
+    return this.#sessions.get<StoredCounts>(storedCountKey(uploadUuid));
+  }
+
+  #remember(uploadUuid: string, record: Versioned<StoredCounts>): void {
+    this.#written.delete(uploadUuid);
+    this.#written.set(uploadUuid, record);
+    if (this.#written.size > REMEMBERED_SESSIONS) this.#written.delete(this.#written.keys().next().value!);
+  }
+}
+
+/** `value` with the packages of `marked` still in its `marking` moved to the per-entity counts; `value` itself when none is. */
+function fold(value: StoredCounts, marked: ReadonlyMap<string, string>): StoredCounts {
+  const moving = [...marked.keys()].filter((id) => id in value.marking);
+  if (moving.length === 0) return value;
+  const marking = { ...value.marking };
+  const entities = { ...value.entities };
+  for (const id of moving) {
+    const entity = marking[id]!;
+    delete marking[id];
+    entities[entity] = (entities[entity] ?? 0) + 1;
+  }
+  return { entities, marking };
 }

@@ -81,7 +81,7 @@ export async function runUploader(
     });
   }
   const stored = storedCounter({ sessions: engines.sessions, ledger: engines.ledger });
-  return startUploader({
+  const uploader = startUploader({
     queue: engines.queue,
     objects: engines.objects,
     prefix: config.storage.objectPrefix,
@@ -91,6 +91,12 @@ export async function runUploader(
     onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
     ...(observer ? { observer } : {}),
   });
+  return {
+    stop: async () => {
+      await uploader.stop();
+      await stored.flush();
+    },
+  };
 }
 
 /**

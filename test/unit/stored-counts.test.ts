@@ -21,6 +21,13 @@ import type { PackageLedger } from '../../src/store/ports.js';
 const U = '11111111-1111-4111-8111-111111111111';
 const pkg = (id: string, entity = 'products') => ({ upload_uuid: U, package_id: id, entity });
 
+/** One delivery counted by an instance of its own, its writes done. */
+async function countOnce(deps: ConstructorParameters<typeof StoredPackages>[0], p: ReturnType<typeof pkg>): Promise<void> {
+  const stored = new StoredPackages(deps);
+  await stored.count(p);
+  await stored.flush();
+}
+
 async function setup(t: Test) {
   const dir = await mkdtemp(join(tmpdir(), 'stored-counts-'));
   const sessions = await SqliteSessionStore.open(join(dir, 'state.sqlite'));
@@ -43,7 +50,8 @@ t.test('each package once: repeated, concurrent, several entities', async (t) =>
   await Promise.all([stored.count(pkg('p-2')), stored.count(pkg('p-2')), stored.count(pkg('c-1', 'catalogs'))]);
   const ids = Array.from({ length: 40 }, (_, i) => `q-${i}`);
   await Promise.all(ids.map((id) => stored.count(pkg(id, 'stock'))));
-  await Promise.all(ids.map((id) => new StoredPackages({ sessions, ledger }).count(pkg(id, 'stock'))));
+  await Promise.all(ids.map((id) => countOnce({ sessions, ledger }, pkg(id, 'stock'))));
+  await stored.flush();
   t.same(await counts(), { entities: { products: 2, catalogs: 1, stock: 40 }, marking: {} }, 'marking empties once every marker is durable');
   t.same([...(await stored.perEntity(U))], [['products', 2], ['catalogs', 1], ['stock', 40]]);
 });
@@ -53,19 +61,19 @@ t.test('a delivery after a crash at any step counts the package once', async (t)
   // Crash after step 1: in marking, no marker.
   await sessions.create<StoredCounts>(storedCountKey(U), { entities: { products: 3 }, marking: { 'p-1': 'products' } });
   t.same([...(await new StoredPackages({ sessions, ledger }).perEntity(U))], [['products', 4]], 'already counted while marking');
-  await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
+  await countOnce({ sessions, ledger }, pkg('p-1'));
   t.same(await counts(), { entities: { products: 4 }, marking: {} });
 
   // Crash after step 2: in marking and marked.
   const cur = (await sessions.get<StoredCounts>(storedCountKey(U)))!;
   await sessions.update<StoredCounts>(storedCountKey(U), { entities: { products: 4 }, marking: { 'p-2': 'products' } }, cur.revision);
   await ledger.markStored(U, ['p-2']);
-  await new StoredPackages({ sessions, ledger }).count(pkg('p-2'));
+  await countOnce({ sessions, ledger }, pkg('p-2'));
   t.same(await counts(), { entities: { products: 5 }, marking: {} });
 
   // Crash after step 3 (before the ack): folded and marked, delivered again.
-  await new StoredPackages({ sessions, ledger }).count(pkg('p-2'));
-  await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
+  await countOnce({ sessions, ledger }, pkg('p-2'));
+  await countOnce({ sessions, ledger }, pkg('p-1'));
   t.same(await counts(), { entities: { products: 5 }, marking: {} });
 });
 
@@ -83,18 +91,71 @@ t.test('a failed marker write rejects (the package is delivered again) and the r
   await t.rejects(stored.count(pkg('p-1')), { code: 'EIO' });
   t.same(await counts(), { entities: {}, marking: { 'p-1': 'products' } }, 'counted, its marker not yet written');
   await stored.count(pkg('p-1'));
+  await stored.flush();
   t.same(await counts(), { entities: { products: 1 }, marking: {} });
+});
+
+t.test('the record as this instance wrote it saves the reads; a write by another instance in between is read and kept', async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  let reads = 0;
+  const get = <T>(key: string) => {
+    if (key === storedCountKey(U)) reads++;
+    return sessions.get<T>(key);
+  };
+  const counted = new Proxy(sessions, {
+    get: (target, prop) => (prop === 'get' ? get : (Reflect.get(target, prop) as (...a: unknown[]) => unknown).bind(target)),
+  });
+  const stored = new StoredPackages({ sessions: counted, ledger });
+  await stored.count(pkg('p-1'));
+  t.equal(reads, 1, 'the first count reads the record once (it is not there yet)');
+  await stored.count(pkg('p-2'));
+  await stored.count(pkg('p-3', 'stock'));
+  t.equal(reads, 1, 'later counts start from the record as written');
+  await countOnce({ sessions, ledger }, pkg('p-4'));
+  await stored.count(pkg('p-5'));
+  t.equal(reads, 2, "another instance's write: the compare-and-set from the remembered record lost, the record was read");
+  await stored.count(pkg('p-4'));
+  await stored.flush();
+  t.same(await counts(), { entities: { products: 4, stock: 1 }, marking: {} }, 'each package once, the other instance\'s included');
+});
+
+t.test('counts that follow each other fold the earlier packages in their own write: one write per count, one more when they pause', async (t) => {
+  const { sessions, ledger, counts } = await setup(t);
+  const writes: StoredCounts[] = [];
+  const update = <T>(key: string, value: T, revision: number) => {
+    if (key === storedCountKey(U)) writes.push(value as StoredCounts);
+    return sessions.update(key, value, revision);
+  };
+  const create = <T>(key: string, value: T) => {
+    if (key === storedCountKey(U)) writes.push(value as StoredCounts);
+    return sessions.create(key, value);
+  };
+  const counted = new Proxy(sessions, {
+    get: (target, prop) =>
+      prop === 'update' ? update : prop === 'create' ? create : (Reflect.get(target, prop) as (...a: unknown[]) => unknown).bind(target),
+  });
+  const stored = new StoredPackages({ sessions: counted, ledger });
+  for (const id of ['p-1', 'p-2', 'p-3']) await stored.count(pkg(id));
+  t.same(writes, [
+    { entities: {}, marking: { 'p-1': 'products' } },
+    { entities: { products: 1 }, marking: { 'p-2': 'products' } },
+    { entities: { products: 2 }, marking: { 'p-3': 'products' } },
+  ], 'each count moves the packages counted before it out of marking');
+  t.same([...(await stored.perEntity(U))], [['products', 3]], 'a package in marking is counted');
+  await stored.flush();
+  t.equal(writes.length, 4, 'the pause: one write of its own');
+  t.same(await counts(), { entities: { products: 3 }, marking: {} });
 });
 
 t.test('a session that is gone (or deleted) gets no count', async (t) => {
   const { sessions, ledger, counts } = await setup(t);
   const gone = '22222222-2222-4222-8222-222222222222';
-  await new StoredPackages({ sessions, ledger }).count({ upload_uuid: gone, package_id: 'p-1', entity: 'products' });
+  await countOnce({ sessions, ledger }, { upload_uuid: gone, package_id: 'p-1', entity: 'products' });
   t.equal(await sessions.get(storedCountKey(gone)), null);
   t.equal(await ledger.isStored(gone, 'p-1'), false);
   const summary = (await sessions.get(sessionKey(U)))!;
   await sessions.update(sessionKey(U), { ...newSession(U, 'acme', Date.now()), deleted: true }, summary.revision);
-  await new StoredPackages({ sessions, ledger }).count(pkg('p-1'));
+  await countOnce({ sessions, ledger }, pkg('p-1'));
   t.equal(await counts(), null);
 });
 
