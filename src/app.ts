@@ -28,7 +28,8 @@ import { recoverLeftovers } from './session/recovery.js';
 import { PackageIngest } from './session/ingest.js';
 import { SessionService } from './session/service.js';
 import { openEngines } from './store/engines.js';
-import { countRows, runUploader } from './uploader/uploader.js';
+import { countRows } from './store/object-format.js';
+import { runUploader } from './uploader/uploader.js';
 
 /** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (the uWS build binds without SO_REUSEADDR). */
 const LISTEN_RETRY_MS = 90_000;
