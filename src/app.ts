@@ -62,7 +62,7 @@ export interface AppOptions {
   logger?: Logger;
   clock?: () => number;
   /**
-   * The validation worker module (path or file URL) instead of `workers/validate.js`: a
+   * The validation worker module (path or file URL) instead of the validation module's own (`src/validation/worker.ts`): a
    * module that wraps the real one, e.g. to instrument or fault-inject it.
    */
   validationWorker?: string;

@@ -26,7 +26,7 @@ import { errors, isServiceError } from '../../src/errors.js';
 import { ValidationPool } from '../../src/ingest/pool.js';
 import type { IngestSink } from '../../src/ingest/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
-import { validateBody } from '../../workers/validate.js';
+import { validateBody } from '../../src/validation/body.js';
 import { mulberry32 } from '../../testbed/random.js';
 
 const BATCH_BYTES = 200;

@@ -200,7 +200,7 @@ const VALID = '{"columns":["catalog_id","name"],"data":[["a","b"]]}';
  * second task while one runs is refused.
  */
 const wrapped = (() => {
-  const real = new URL('../../workers/validate.js', import.meta.url).href;
+  const real = new URL('../../src/validation/worker.js', import.meta.url).href;
   const channel = `hang-${process.pid}-${Math.random()}`;
   const dir = t.testdir({
     'worker.mjs': `
