@@ -18,7 +18,6 @@ import type { Connector } from './connector/types.js';
 import { addressList, ClientRegistry } from './http/auth.js';
 import { loadEdge } from './http/engine.js';
 import { listen, type EdgeName, type ResponseEvent, type Server } from './http/server.js';
-import { ValidationPool, type PoolLoad } from './ingest/pool.js';
 import { jsonLogger, type Logger } from './log.js';
 import { instrumentConnector, Metrics } from './observability/metrics.js';
 import { Readiness } from './observability/readiness.js';
@@ -30,6 +29,7 @@ import { SessionService } from './session/service.js';
 import { openEngines } from './store/engines.js';
 import { countRows } from './store/object-format.js';
 import { runUploader } from './uploader/uploader.js';
+import { ValidationPool, type PoolLoad } from './validation-pool/index.js';
 
 /** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (the uWS build binds without SO_REUSEADDR). */
 const LISTEN_RETRY_MS = 90_000;

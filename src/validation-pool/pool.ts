@@ -8,7 +8,7 @@
  * rest wait in the scheduler, in order, before any byte is transferred: `scheduler.ts`), and
  * at most `workers + maxQueue` sinks are open at a time (past that, `createIngest` refuses:
  * `admission.ts`). Piece buffers are reused (`buffers.ts`); every sink is counted into the
- * totals by a decorator (`metrics.ts`).
+ * totals by a decorator (`totals.ts`).
  */
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
@@ -17,7 +17,7 @@ import { Admission } from './admission.js';
 import { BufferPool } from './buffers.js';
 import { GunzipIngest } from './gzip.js';
 import { MemoryBudget } from './memory.js';
-import { CountedIngest, type IngestTotals } from './metrics.js';
+import { CountedIngest, type IngestTotals } from './totals.js';
 import { Scheduler } from './scheduler.js';
 import { StreamingIngest } from './stream.js';
 import type { Engine, IngestOptions, IngestSink, IngestStats } from './types.js';
