@@ -8,7 +8,7 @@
 import { loadEdge, type EngineChoice } from '../src/http/engine.js';
 import { listen } from '../src/http/server.js';
 import type { Route } from '../src/http/types.js';
-import type { IngestSink } from '../src/ingest/types.js';
+import type { IngestSink } from '../src/validation-pool/index.js';
 
 const engine = (process.argv[2] ?? 'node') as EngineChoice;
 const edge = await loadEdge(engine);

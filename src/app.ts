@@ -18,7 +18,6 @@ import type { Connector } from './connector/types.js';
 import { addressList, ClientRegistry } from './http/auth.js';
 import { loadEdge } from './http/engine.js';
 import { listen, type EdgeName, type ResponseEvent, type Server } from './http/server.js';
-import { ValidationPool, type PoolLoad } from './ingest/pool.js';
 import { jsonLogger, type Logger } from './log.js';
 import { instrumentConnector, Metrics } from './observability/metrics.js';
 import { Readiness } from './observability/readiness.js';
@@ -28,7 +27,9 @@ import { recoverLeftovers } from './session/recovery.js';
 import { PackageIngest } from './session/ingest.js';
 import { SessionService } from './session/service.js';
 import { openEngines } from './store/engines.js';
-import { countRows, runUploader } from './uploader/uploader.js';
+import { countRows } from './store/object-format.js';
+import { runUploader } from './uploader/uploader.js';
+import { ValidationPool, type PoolLoad } from './validation-pool/index.js';
 
 /** Outlasts Linux's 60 s TIME_WAIT, which holds the port after a restart (the uWS build binds without SO_REUSEADDR). */
 const LISTEN_RETRY_MS = 90_000;
@@ -61,7 +62,7 @@ export interface AppOptions {
   logger?: Logger;
   clock?: () => number;
   /**
-   * The validation worker module (path or file URL) instead of `workers/validate.js`: a
+   * The validation worker module (path or file URL) instead of the validation module's own (`src/validation/worker.ts`): a
    * module that wraps the real one, e.g. to instrument or fault-inject it.
    */
   validationWorker?: string;

@@ -16,9 +16,8 @@
 import { Buffer } from 'node:buffer';
 import { parseArgs } from 'node:util';
 import { findEntity } from '../../src/entities/catalog.js';
-import { DEFAULT_BATCH_BYTES, DEFAULT_PIECE_BYTES } from '../../src/ingest/pool.js';
-import { Mode, type RowsTask } from '../../src/ingest/tasks.js';
-import { processRows } from '../../workers/rows.js';
+import { DEFAULT_BATCH_BYTES, DEFAULT_PIECE_BYTES } from '../../src/validation-pool/pool.js';
+import { Mode, processRows, type RowsTask } from '../../src/validation/index.js';
 import { generateBody } from '../bodies.js';
 
 export interface RowScanFigure {

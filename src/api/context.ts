@@ -1,5 +1,5 @@
 /** What every handler gets from the composition root, and the authentication step they share. */
-import type { ValidationPool } from '../ingest/pool.js';
+import type { ValidationPool } from '../validation-pool/index.js';
 import type { Client, ClientRegistry } from '../http/auth.js';
 import type { Request } from '../http/server.js';
 import type { IdempotentIngests } from '../session/idempotency.js';

@@ -1,6 +1,6 @@
 import { errors, withHeaders } from '../errors.js';
 import type { BodyStream, Reply, Request, StreamingHandler } from '../http/types.js';
-import type { IngestSink } from '../ingest/types.js';
+import type { IngestSink } from '../validation-pool/index.js';
 import { parseIdempotencyKey } from '../session/idempotency.js';
 import { ClientGone, type IngestBody } from '../session/ingest.js';
 import { authenticate, type ApiDeps } from './context.js';

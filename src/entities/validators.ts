@@ -3,12 +3,13 @@
  * docs/api.md, Ingest payload (the first failing check answers):
  *
  * 1. not JSON: `Invalid JSON format.` (the caller parses; see `INVALID_JSON`)
- * 1b. a repeated top-level `columns` or `data` key: `repeatedKey`, `duplicateKeyMessage`
+ * 1b. a repeated top-level `columns` or `data` key: `duplicateKeyMessage` (the bytes are scanned
+ *     for it by `repeatedKey`, src/validation/repeated-key.ts)
  * 2. shape of `{columns: string[], data: unknown[][]}`: `bodyIssue`, one Pydantic v2 issue
  * 3–6. the column list: `columnsError`
  * 7. every row, in order: the checker returned by `compileRowProblem` (every bad value of
- *    every row is counted, see `ROW_ERRORS_MAX` in errors.ts); `cellRules` gives the byte-level scanner
- *    of the workers the same rules, from typia's schema of the same types
+ *    every row is counted, see `ROW_ERRORS_MAX` in errors.ts); `cellRules` gives the byte-level row scanner
+ *    (src/validation/row-scanner.ts) the same rules, from typia's schema of the same types
  *
  * Messages never echo more than 100 characters of one client string, and never a row.
  */
@@ -19,103 +20,17 @@ import { isCalendarDate } from './dates.js';
 
 export const INVALID_JSON = 'Invalid JSON format.';
 
-/** The 422 detail of a repeated top-level `columns` or `data` key (see `repeatedKey`). */
+/** The 422 detail of a repeated top-level `columns` or `data` key (see `repeatedKey` in validation/repeated-key.ts). */
 export function duplicateKeyMessage(key: RepeatedKey): string {
   return `Duplicate key in payload: ${key}`;
 }
 
 export type RepeatedKey = 'columns' | 'data';
 
-const QUOTE = 0x22;
-const BACKSLASH = 0x5c;
-/** `\uXXXX` for each of the 7 letters of `columns`: no longer spelling of a key we look for. */
-const KEY_TEXT_MAX = 42;
-const COLUMNS_TEXT = 'columns';
-const DATA_TEXT = 'data';
-
-/**
- * Step 1b, on text that passed step 1 (it is JSON): the first member of the top-level
- * object whose key, escapes decoded, is `columns` or `data` and was already a key of an
- * earlier member, in body order. `JSON.parse` would silently keep the last one; the
- * service refuses the body instead (docs/api.md, API decisions), so that an answer never
- * depends on which of two values a reader keeps. Other repeated keys are not reported;
- * keys of nested objects never count; a body that is not an object has none.
- *
- * Linear: strings are skipped with `indexOf`, a key is decoded only when it is short
- * enough to spell one of the two names. `from` skips a byte order mark.
- */
-export function repeatedKey(text: Uint8Array, from = 0): RepeatedKey | null {
-  const n = text.length;
-  let i = from;
-  while (i < n && isJsonSpace(text[i]!)) i++;
-  if (text[i] !== 0x7b) return null;
-  let columns = false;
-  let data = false;
-  let depth = 0;
-  let keyNext = false;
-  for (; i < n; i++) {
-    const b = text[i]!;
-    if (b === QUOTE) {
-      const start = i + 1;
-      let end = start;
-      for (;;) {
-        end = text.indexOf(QUOTE, end);
-        if (end < 0) return null; // not JSON after all: step 1 answers
-        let slashes = 0;
-        while (text[end - 1 - slashes] === BACKSLASH) slashes++;
-        if (slashes % 2 === 0) break;
-        end++;
-      }
-      if (keyNext) {
-        keyNext = false;
-        const key = keyName(text, start, end);
-        if (key === COLUMNS_TEXT) {
-          if (columns) return 'columns';
-          columns = true;
-        } else if (key === DATA_TEXT) {
-          if (data) return 'data';
-          data = true;
-        }
-      }
-      i = end;
-    } else if (b === 0x7b || b === 0x5b) {
-      depth++;
-      keyNext = depth === 1;
-    } else if (b === 0x7d || b === 0x5d) {
-      depth--;
-    } else if (b === 0x2c && depth === 1) {
-      keyNext = true;
-    }
-  }
-  return null;
-}
-
-/** The key `text[start, end)` (between its quotes) decoded, or null when it cannot be `columns` or `data`. */
-function keyName(text: Uint8Array, start: number, end: number): string | null {
-  const length = end - start;
-  if (length > KEY_TEXT_MAX || length < DATA_TEXT.length) return null;
-  let escaped = false;
-  let raw = '';
-  for (let k = start; k < end; k++) {
-    const c = text[k]!;
-    if (c === BACKSLASH) escaped = true;
-    raw += String.fromCharCode(c);
-  }
-  if (!escaped) return raw;
-  try {
-    // Only ASCII decodes to either name; any other byte makes the result something else.
-    return JSON.parse(`"${raw}"`) as string;
-  } catch {
-    return null;
-  }
-}
-
-const isJsonSpace = (b: number) => b === 0x20 || b === 0x0a || b === 0x0d || b === 0x09;
-
 // typia leaves `number` unchecked for Infinity (its `finite` option is off in our
 // tsconfig), so finiteness and integrality are tags that expand to the global checks. Their
 // `schema` is what `typia.json.schemas` says of them: the byte-level row scanner
-// (`workers/row-scanner.ts`) is generated from that output (see `CELL_RULES`).
+// (`validation/row-scanner.ts`) is generated from that output (see `CELL_RULES`).
 type Finite = tags.TagBase<{ target: 'number'; kind: 'finite'; value: undefined; validate: 'Number.isFinite($input)'; exclusive: false; schema: { 'x-finite': true } }>;
 /** docs/api.md, "API decisions": an `integer` is a whole number within ±(2^53 − 1); `9007199254740993` is refused, not rounded. */
 type SafeInteger = tags.TagBase<{
@@ -139,7 +54,7 @@ type DateTime = tags.TagBase<{ target: 'string'; kind: 'dateTime'; value: undefi
  * plain strings to typia and checked by `isCalendarDate`/`isDateTime` afterwards.
  *
  * Every check must give the same answer for a string parsed from Latin-1 text as from the
- * UTF-8 text of the same bytes (the reference path parses Latin-1 first, see `workers/rows.ts`):
+ * UTF-8 text of the same bytes (the reference path parses Latin-1 first, see `validation/rows.ts`):
  * types, emptiness and patterns of ASCII characters only; no lengths or patterns that count or
  * accept non-ASCII characters (`test/unit/latin1-checks.test.ts` holds them to it).
  */

@@ -7,7 +7,7 @@
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { asServiceError, errors, isServiceError, ServiceError } from '../errors.js';
-import type { IngestSink } from '../ingest/types.js';
+import type { IngestSink } from '../validation-pool/index.js';
 import { addressAllowed, clientAddress } from './auth.js';
 import { ClientLimiter, UNLIMITED, type ClientSlot } from './client-limiter.js';
 import { checkHead } from './request-head.js';

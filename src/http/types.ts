@@ -8,7 +8,7 @@
  */
 import type { BlockList } from 'node:net';
 import type { ServiceError } from '../errors.js';
-import type { IngestSink } from '../ingest/types.js';
+import type { IngestSink } from '../validation-pool/index.js';
 import type { ClientLimits } from './client-limiter.js';
 
 /** The adapters: `uws` (uWebSockets.js, where its native binary loads) and `node` (`node:http`, llhttp). */

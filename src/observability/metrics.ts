@@ -11,10 +11,9 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Connector } from '../connector/types.js';
-import type { IngestTotals } from '../ingest/metrics.js';
-import type { PoolLoad } from '../ingest/pool.js';
 import type { QueueBacklog } from '../store/ports.js';
 import type { UploaderObserver } from '../uploader/uploader.js';
+import type { IngestTotals, PoolLoad } from '../validation-pool/index.js';
 
 /** What the metrics read from the validation pool at scrape time. */
 export interface PoolSource {

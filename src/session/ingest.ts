@@ -17,10 +17,9 @@
  */
 import { findEntity } from '../entities/catalog.js';
 import { errors, isServiceError, isStorageUnavailable, type InternalErrorCode, type ServiceError } from '../errors.js';
-import type { ValidationPool } from '../ingest/pool.js';
-import type { IngestResult, IngestSink } from '../ingest/types.js';
+import { objectHeaderLine } from '../store/object-format.js';
 import type { BatchQueue, PackageMeta, PackageWriter } from '../store/ports.js';
-import { objectHeaderLine } from '../uploader/uploader.js';
+import type { IngestResult, IngestSink, ValidationPool } from '../validation-pool/index.js';
 import type { Attempt, IdempotentIngests, RequestFingerprint, StoredAnswer } from './idempotency.js';
 import type { SessionService } from './service.js';
 import type { ClientRef } from './state.js';

@@ -12,8 +12,8 @@ import { silentLogger } from '../../src/log.js';
 import type { SessionRecord } from '../../src/session/state.js';
 import { openEngines, type Engines } from '../../src/store/engines.js';
 import { idempotencyKey, sessionKey, sessionObjectPrefix } from '../../src/store/keys.js';
+import { countRows } from '../../src/store/object-format.js';
 import type { SessionStore } from '../../src/store/ports.js';
-import { countRows } from '../../src/uploader/uploader.js';
 import { API, call, clientOf, DEMO, products, type Service, startService, waitForStatus } from '../support/harness.js';
 
 const ingest = (svc: Service, uuid: string, entity: string, body: unknown, key?: string) =>

@@ -5,7 +5,7 @@
  * objects' sizes.
  */
 import t from 'tap';
-import { countRows } from '../../src/uploader/uploader.js';
+import { countRows } from '../../src/store/object-format.js';
 import { clientOf, fakeConnector, products, startService, waitForStatus, yesterday, type Service } from '../support/harness.js';
 
 const dates = { date_from: '2024-01-01', date_to: yesterday() };

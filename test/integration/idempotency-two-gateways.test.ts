@@ -7,7 +7,7 @@ import { PassThrough } from 'node:stream';
 import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
-import { countRows } from '../../src/uploader/uploader.js';
+import { countRows } from '../../src/store/object-format.js';
 import { API, call, clientOf, DEMO, products, waitForStatus } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';

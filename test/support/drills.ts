@@ -15,9 +15,9 @@ import { sessionKey } from '../../src/store/keys.js';
 import { connectNats } from '../../src/store/nats/connection.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
+import { countRows, type ObjectHeader } from '../../src/store/object-format.js';
 import type { ObjectStore } from '../../src/store/ports.js';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
-import { countRows, type ObjectHeader } from '../../src/uploader/uploader.js';
 import type { S3Endpoint } from '../../testbed/s3.js';
 import { clientOf } from './harness.js';
 

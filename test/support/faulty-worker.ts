@@ -1,5 +1,5 @@
 /**
- * A validation worker for the failure drills: the real one (`workers/validate.ts`), except
+ * A validation worker for the failure drills: the real one (`src/validation/worker.ts`), except
  * for tasks whose bytes hold a marker string (in a cell, so the marker rides inside a row):
  *
  * - `CRASH_MARKER`: the worker thread exits (code 3) in the middle of the package;
@@ -12,8 +12,8 @@
  * `startApp(config, { validationWorker })` (a general option of the app).
  */
 import { Buffer } from 'node:buffer';
-import validate from '../../workers/validate.js';
-import type { Task } from '../../src/ingest/tasks.js';
+import type { Task } from '../../src/validation/index.js';
+import validate from '../../src/validation/worker.js';
 
 export const CRASH_MARKER = '__drill_worker_crash__';
 export const HOLD_MARKER = '__drill_worker_hold__';

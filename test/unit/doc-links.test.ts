@@ -5,7 +5,7 @@
  * repository holds, and an anchor names a heading of the Markdown file it points into, by
  * GitHub's rules (lowercase; punctuation but `-` and `_` dropped; each space a `-`; a repeated
  * heading gets `-1`, `-2`, …). Code blocks and code spans are not read. And no Markdown file,
- * nor any TypeScript file of src/, workers/, scripts/, test/, testbed/ or bench/, names a
+ * nor any TypeScript file of src/, scripts/, test/, testbed/ or bench/, names a
  * file that lives outside the repository (the notes this project was once written from).
  */
 import { existsSync, statSync } from 'node:fs';
@@ -172,7 +172,7 @@ t.test('no file names notes that live outside the repository', async (t) => {
   const ts = (name: string) => name.endsWith('.ts');
   const files = [
     ...(await markdownFiles()),
-    ...(await Promise.all(['src', 'workers', 'scripts', 'test', 'testbed', 'bench'].map((f) => walk(f, ts)))).flat(),
+    ...(await Promise.all(['src', 'scripts', 'test', 'testbed', 'bench'].map((f) => walk(f, ts)))).flat(),
   ];
   t.ok(files.length > 100, `${files.length} files read`);
   for (const file of files) {

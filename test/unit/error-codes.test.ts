@@ -4,7 +4,7 @@
  * "Internal error codes") and reachable (an HTTP code through a factory some module calls,
  * an internal one through an error class some module throws). And the other way round: every
  * error class of the service carries a code of the table, and the docs name no code it lacks.
- * A static check over the sources (src/, workers/).
+ * A static check over the sources (src/).
  */
 import { readdir, readFile } from 'node:fs/promises';
 import { dirname, join, relative, resolve } from 'node:path';
@@ -67,7 +67,7 @@ const internalCodes = codes.filter((c): c is InternalErrorCode => ERROR_CODES[c]
 
 async function sources(): Promise<Map<string, string>> {
   const out = new Map<string, string>();
-  for (const dir of ['src', 'workers']) {
+  for (const dir of ['src']) {
     for (const name of await readdir(join(ROOT, dir), { recursive: true })) {
       if (!name.endsWith('.ts') || name.endsWith('.d.ts')) continue;
       const path = join(dir, name);

@@ -1,38 +1,13 @@
 /**
- * No module imports itself through others: the import graph of the service's code (src/,
- * workers/) and of what tests and bench share (testbed/) has no cycle, type-only imports
+ * No module imports itself through others: the import graph of the service's code (src/)
+ * and of what tests and bench share (testbed/) has no cycle, type-only imports
  * included (a cycle of types is still two modules that cannot be understood apart).
  * Read from the TypeScript sources, so it fails on a new cycle before anything runs.
  */
-import { readdir, readFile } from 'node:fs/promises';
-import { dirname, join, relative, resolve } from 'node:path';
 import t from 'tap';
+import { importGraph, SPECIFIER } from '../support/import-graph.js';
 
-const ROOT = resolve(import.meta.dirname, '../../..');
-const FOLDERS = ['src', 'workers', 'testbed'];
-
-/** Relative module specifiers of `import … from '…'`, `export … from '…'` and `import '…'`. */
-const SPECIFIER = /^\s*(?:import|export)\b[^'";]*?(?:\bfrom\s*)?['"](\.{1,2}\/[^'"]+)['"]/gm;
-
-async function sources(folder: string): Promise<string[]> {
-  const entries = await readdir(join(ROOT, folder), { recursive: true, withFileTypes: true });
-  return entries.filter((e) => e.isFile() && e.name.endsWith('.ts') && !e.name.endsWith('.d.ts')).map((e) => relative(ROOT, join(e.parentPath, e.name)));
-}
-
-/** file → the project files it imports (`.js` specifiers name their `.ts` source). */
-async function importGraph(): Promise<Map<string, string[]>> {
-  const files = (await Promise.all(FOLDERS.map(sources))).flat();
-  const known = new Set(files);
-  const graph = new Map<string, string[]>();
-  for (const file of files) {
-    const text = await readFile(join(ROOT, file), 'utf8');
-    const targets = [...text.matchAll(SPECIFIER)]
-      .map((m) => relative(ROOT, resolve(ROOT, dirname(file), m[1]!)).replace(/\.js$/, '.ts'))
-      .filter((target) => known.has(target));
-    graph.set(file, [...new Set(targets)]);
-  }
-  return graph;
-}
+const FOLDERS = ['src', 'testbed'];
 
 /** Strongly connected components of more than one file, or of one that imports itself (Tarjan). */
 function cycles(graph: Map<string, string[]>): string[][] {
@@ -90,8 +65,8 @@ t.test('the import reader sees the forms the code uses', async (t) => {
   t.same([...text.matchAll(SPECIFIER)].map((m) => m[1]), ['./a.js', '../b.js', './c.js', './d.js', './e.js']);
 });
 
-t.test('no import cycle in src/, workers/ and testbed/', async (t) => {
-  const graph = await importGraph();
+t.test('no import cycle in src/ and testbed/', async (t) => {
+  const graph = await importGraph(FOLDERS);
   t.ok(graph.size > 100, `${graph.size} files read`);
   t.ok([...graph.values()].reduce((n, targets) => n + targets.length, 0) > graph.size, 'their imports were read');
   t.same(cycles(graph), [], 'each cycle is listed with its files');

@@ -1,5 +1,5 @@
 import t from 'tap';
-import { BufferPool, SMALL_BUFFER_BYTES } from '../../src/ingest/buffers.js';
+import { BufferPool, SMALL_BUFFER_BYTES } from '../../src/validation-pool/buffers.js';
 
 t.test('buffers: the standard size, or a small one for what needs little; each kind reused', async (t) => {
   const pool = new BufferPool(1024 * 1024 + 64 * 1024, 2);

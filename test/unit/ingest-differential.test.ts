@@ -23,10 +23,10 @@ import { gunzipSync, gzipSync } from 'node:zlib';
 import t, { type Test } from 'tap';
 import { ENTITIES, type ColumnType, type EntitySpec } from '../../src/entities/catalog.js';
 import { errors, isServiceError } from '../../src/errors.js';
-import { ValidationPool } from '../../src/ingest/pool.js';
-import type { IngestSink } from '../../src/ingest/types.js';
+import { ValidationPool } from '../../src/validation-pool/pool.js';
+import type { IngestSink } from '../../src/validation-pool/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
-import { validateBody } from '../../workers/validate.js';
+import { validateBody } from '../../src/validation/body.js';
 import { mulberry32 } from '../../testbed/random.js';
 
 const BATCH_BYTES = 200;

@@ -4,8 +4,8 @@ import { pathToFileURL } from 'node:url';
 import t from 'tap';
 import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
 import { errors, type ServiceError } from '../../src/errors.js';
-import { ValidationPool } from '../../src/ingest/pool.js';
-import type { IngestResult, IngestSink } from '../../src/ingest/types.js';
+import { ValidationPool } from '../../src/validation-pool/pool.js';
+import type { IngestResult, IngestSink } from '../../src/validation-pool/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
 
 const entity = (name: string): EntitySpec => findEntity(name)!;
@@ -200,7 +200,7 @@ const VALID = '{"columns":["catalog_id","name"],"data":[["a","b"]]}';
  * second task while one runs is refused.
  */
 const wrapped = (() => {
-  const real = new URL('../../workers/validate.js', import.meta.url).href;
+  const real = new URL('../../src/validation/worker.js', import.meta.url).href;
   const channel = `hang-${process.pid}-${Math.random()}`;
   const dir = t.testdir({
     'worker.mjs': `

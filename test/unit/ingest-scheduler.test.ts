@@ -1,7 +1,7 @@
 /** The pool's seams on their own: the task queue and slots (scheduler.ts) and the admission of sinks (admission.ts). */
 import t from 'tap';
-import { Admission } from '../../src/ingest/admission.js';
-import { FifoQueue, Scheduler, type TaskQueue, type Waiter } from '../../src/ingest/scheduler.js';
+import { Admission } from '../../src/validation-pool/admission.js';
+import { FifoQueue, Scheduler, type TaskQueue, type Waiter } from '../../src/validation-pool/scheduler.js';
 
 const drain = <T>(q: TaskQueue<T>): T[] => {
   const out: T[] = [];

@@ -7,10 +7,10 @@ import { Buffer } from 'node:buffer';
 import { gzipSync } from 'node:zlib';
 import t from 'tap';
 import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
-import { DEFAULT_BATCH_BYTES, ValidationPool } from '../../src/ingest/pool.js';
-import type { IngestResult, IngestSink } from '../../src/ingest/types.js';
+import { DEFAULT_BATCH_BYTES, ValidationPool } from '../../src/validation-pool/pool.js';
+import type { IngestResult, IngestSink } from '../../src/validation-pool/types.js';
 import type { PackageWriter } from '../../src/store/ports.js';
-import { validateBody } from '../../workers/validate.js';
+import { validateBody } from '../../src/validation/body.js';
 
 const entity = (name: string): EntitySpec => findEntity(name)!;
 

@@ -1,5 +1,5 @@
 /**
- * The validation workers parse a piece's bytes as Latin-1 text first (`workers/rows.ts`).
+ * The validation workers parse a piece's bytes as Latin-1 text first (`src/validation/rows.ts`).
  * That is only right while every row check answers the same for the strings that gives as
  * for the strings of the UTF-8 parse, and while whatever shows or stores a value (an error
  * detail, `JSON.stringify` encoding) comes from the UTF-8 parse. These tests hold both.
@@ -8,8 +8,8 @@ import { Buffer } from 'node:buffer';
 import t from 'tap';
 import { ENTITIES, type EntitySpec } from '../../src/entities/catalog.js';
 import { compileRowProblem } from '../../src/entities/validators.js';
-import { Mode, type RowsResult, type RowsTask } from '../../src/ingest/tasks.js';
-import { processRows } from '../../workers/rows.js';
+import { processRows } from '../../src/validation/rows.js';
+import { Mode, type RowsResult, type RowsTask } from '../../src/validation/tasks.js';
 
 /** Strings whose UTF-8 bytes read as Latin-1 give other strings: lengths, shapes and digits differ. */
 const NON_ASCII = [

@@ -6,7 +6,7 @@
  */
 import t from 'tap';
 import { findEntity } from '../../src/entities/catalog.js';
-import { ValidationPool } from '../../src/ingest/pool.js';
+import { ValidationPool } from '../../src/validation-pool/pool.js';
 import type { PackageWriter } from '../../src/store/ports.js';
 import { FAULTY_WORKER, HOLD_MARKER, holdChannel } from '../support/faulty-worker.js';
 

@@ -8,8 +8,8 @@ import { Buffer } from 'node:buffer';
 import t from 'tap';
 import { findEntity, type EntitySpec } from '../../src/entities/catalog.js';
 import { compileRowErrorCount, compileRowProblem } from '../../src/entities/validators.js';
-import { Mode, type RowsTask } from '../../src/ingest/tasks.js';
-import { processRows } from '../../workers/rows.js';
+import { processRows } from '../../src/validation/rows.js';
+import { Mode, type RowsTask } from '../../src/validation/tasks.js';
 
 const entity = (name: string): EntitySpec => findEntity(name)!;
 

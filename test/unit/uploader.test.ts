@@ -6,7 +6,8 @@ import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore, PackageMeta, StoredObject } from '../../src/store/ports.js';
 import { objectKey } from '../../src/store/keys.js';
-import { countRows, startUploader } from '../../src/uploader/uploader.js';
+import { countRows } from '../../src/store/object-format.js';
+import { startUploader } from '../../src/uploader/uploader.js';
 
 const meta = (package_id: string, entity = 'stores'): PackageMeta => ({
   package_id,

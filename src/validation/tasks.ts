@@ -1,5 +1,5 @@
 /**
- * What the main thread and the validation workers (`workers/validate.ts`) send each other.
+ * What the main thread and the validation workers (`worker.ts`) send each other.
  * Buffers travel transferred, never copied: a task's byte parts go to the worker and come
  * back with the result, so the sink can reuse them or still owns them when a cut was wrong;
  * the buffer a task's NDJSON lines are written to goes out from the pool's free list and

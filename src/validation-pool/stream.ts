@@ -4,15 +4,15 @@
  * by the checks of `validators.ts` would give (the one-shot `validateBody` of the worker).
  *
  * How the pieces stay exact:
- * - The head (bytes before `data`'s elements) is scanned here (`head.ts`); a layout it does
+ * - The head (bytes before `data`'s elements) is scanned here (`validation/head.ts`); a layout it does
  *   not stream (`data` before `columns`, not an object, …) goes to the one-shot task whole.
- * - The elements are cut at guessed boundaries (`cutter.ts`) and parsed speculatively, each
+ * - The elements are cut at guessed boundaries (`validation/cutter.ts`) and parsed speculatively, each
  *   piece as if its cut were right. Results are taken in piece order; a piece counts only
  *   when the piece before it ended on a real boundary. A piece whose exact scan shows that
  *   its end was not a boundary hands its unfinished element on (a carry) and the next
  *   piece runs again after it, its first result dropped; a piece that shows where `data`
  *   ends turns every later byte into the tail.
- * - The tail is checked with the head as a skeleton (`skeleton.ts`): validity outside
+ * - The tail is checked with the head as a skeleton (`validation/skeleton.ts`): validity outside
  *   `data`, and a repeated top-level `columns` or `data` key (refused, as on the plain path;
  *   a repetition inside the head already turns the rows parse-only).
  * - The answer follows the plain path's order: body too large, not JSON (any piece or the
@@ -35,10 +35,21 @@ import { Buffer } from 'node:buffer';
 import { INVALID_JSON, bodyIssue, columnsError, duplicateKeyMessage, rowNotListIssue } from '../entities/validators.js';
 import { ROW_ERRORS_MAX, asServiceError, errors, type RowError, type ServiceError } from '../errors.js';
 import type { PackageWriter } from '../store/ports.js';
-import { PieceCutter } from './cutter.js';
-import { HeadScanner } from './head.js';
-import { SENTINEL, SENTINEL_JSON, checkSkeleton, type SkeletonFacts } from './skeleton.js';
-import { Mode, type BodyResult, type Lines, type RowsResult, type RowsTask, type ScanState, type Task } from './tasks.js';
+import {
+  HeadScanner,
+  Mode,
+  PieceCutter,
+  SENTINEL,
+  SENTINEL_JSON,
+  checkSkeleton,
+  type BodyResult,
+  type Lines,
+  type RowsResult,
+  type RowsTask,
+  type ScanState,
+  type SkeletonFacts,
+  type Task,
+} from '../validation/index.js';
 import type { Engine, IngestOptions, IngestResult, IngestSink } from './types.js';
 
 interface Part {

@@ -3,7 +3,7 @@
  * thread's cheap cut guess was wrong. It only tracks strings (quotes and backslash escapes)
  * and bracket depth: on valid JSON that places every element boundary and `data`'s closing
  * `]` exactly, and on invalid JSON the `JSON.parse` of the region it delimits fails, which
- * is all the caller needs (see `workers/rows.ts`). Linear, resumable across pieces.
+ * is all the caller needs (see `rows.ts`). Linear, resumable across pieces.
  */
 import type { ScanState } from './tasks.js';
 

@@ -26,11 +26,11 @@
  * with UTF-8 text: error details and stored bytes are exactly those of the UTF-8 parse.
  */
 import { Buffer, isUtf8 } from 'node:buffer';
-import { findEntity } from '../src/entities/catalog.js';
-import { cellRules, compileRowErrorCount, compileRowProblem, rowNotListInput, type RowErrorCount, type RowProblem } from '../src/entities/validators.js';
-import { ROW_ERRORS_MAX } from '../src/errors.js';
-import { FRESH, isClean, scanElements } from '../src/ingest/element-scan.js';
-import { Mode, type LocalRowError, type RowsResult, type RowsTask } from '../src/ingest/tasks.js';
+import { findEntity } from '../entities/catalog.js';
+import { cellRules, compileRowErrorCount, compileRowProblem, rowNotListInput, type RowErrorCount, type RowProblem } from '../entities/validators.js';
+import { ROW_ERRORS_MAX } from '../errors.js';
+import { FRESH, isClean, scanElements } from './element-scan.js';
+import { Mode, type LocalRowError, type RowsResult, type RowsTask } from './tasks.js';
 import { encode, encodeFrom, room } from './encode.js';
 import { compileRowFunction, cutBatches, newRowState, scanRegion, type RowFunction } from './row-scanner.js';
 

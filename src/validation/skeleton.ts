@@ -9,7 +9,8 @@
 import { randomBytes } from 'node:crypto';
 import { isUtf8 } from 'node:buffer';
 import type { ValidationIssue } from '../errors.js';
-import { bodyIssue, repeatedKey, type RepeatedKey } from '../entities/validators.js';
+import { bodyIssue, type RepeatedKey } from '../entities/validators.js';
+import { repeatedKey } from './repeated-key.js';
 
 /** The placeholder element's value: no client can guess it. */
 export const SENTINEL = `\u0000${randomBytes(16).toString('hex')}`;

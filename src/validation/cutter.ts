@@ -5,7 +5,7 @@
  * allowed between) with `indexOf`, and cuts at the comma, which neither piece keeps.
  *
  * The cut is a guess: the comma may sit inside a string or a nested array. The worker's
- * parse finds out (see `workers/rows.ts`). A piece that found no such pattern by twice the
+ * parse finds out (see `rows.ts`). A piece that found no such pattern by twice the
  * target is cut at the next comma of any kind. Cuts fall only on ASCII commas, so no piece
  * splits a UTF-8 sequence whatever the chunk boundaries were.
  */

@@ -8,7 +8,7 @@
  * rest wait in the scheduler, in order, before any byte is transferred: `scheduler.ts`), and
  * at most `workers + maxQueue` sinks are open at a time (past that, `createIngest` refuses:
  * `admission.ts`). Piece buffers are reused (`buffers.ts`); every sink is counted into the
- * totals by a decorator (`metrics.ts`).
+ * totals by a decorator (`totals.ts`).
  */
 import { availableParallelism } from 'node:os';
 import { Piscina } from 'piscina';
@@ -17,12 +17,11 @@ import { Admission } from './admission.js';
 import { BufferPool } from './buffers.js';
 import { GunzipIngest } from './gzip.js';
 import { MemoryBudget } from './memory.js';
-import { CountedIngest, type IngestTotals } from './metrics.js';
-import { processRows } from '../../workers/rows.js';
+import { CountedIngest, type IngestTotals } from './totals.js';
 import { Scheduler } from './scheduler.js';
 import { StreamingIngest } from './stream.js';
-import type { RowsTask, Task, WorkerData } from './tasks.js';
 import type { Engine, IngestOptions, IngestSink, IngestStats } from './types.js';
+import { WORKER_FILE, processRows, type RowsTask, type Task, type WorkerData } from '../validation/index.js';
 
 /** The service's defaults (config/default.json): an option left out takes the value the service runs with. */
 const DEFAULTS = defaultConfig();
@@ -95,7 +94,7 @@ export interface ValidationPoolOptions {
    * (at least one request). Default `ingest.clientShare`.
    */
   clientShare?: number;
-  /** Worker module, as a path or file URL; defaults to `workers/validate.js`. Tests wrap it. */
+  /** Worker module, as a path or file URL; defaults to the validation module's (`WORKER_FILE`). Tests wrap it. */
   filename?: string;
   /**
    * Worker failures that belong to no task (piscina's pool `error` event). Failures of a
@@ -103,8 +102,6 @@ export interface ValidationPoolOptions {
    */
   onError?: (err: unknown) => void;
 }
-
-const WORKER = new URL('../../workers/validate.js', import.meta.url).href;
 
 export class ValidationPool {
   readonly #pool: Piscina<Task, unknown>;
@@ -142,7 +139,7 @@ export class ValidationPool {
       rowScanner = DEFAULTS.ingest.rowScanner,
       inlineBytes = DEFAULTS.ingest.inlineBytes,
       clientShare = DEFAULTS.ingest.clientShare,
-      filename = WORKER,
+      filename = WORKER_FILE,
       onError = () => {},
     } = options;
     requireInteger('workers', workers, 0);

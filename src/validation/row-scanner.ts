@@ -27,7 +27,7 @@
  * - A date or datetime string with escapes is left to the reference for its row.
  */
 import { Buffer } from 'node:buffer';
-import type { CellRule } from '../src/entities/validators.js';
+import type { CellRule } from '../entities/validators.js';
 
 /** What a generated row function leaves behind, besides the index it returns. */
 export interface RowState {

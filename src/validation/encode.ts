@@ -5,7 +5,7 @@
  */
 import { transcodeRows } from './ndjson.js';
 import { cutBatches } from './row-scanner.js';
-import type { Lines } from '../src/ingest/tasks.js';
+import type { Lines } from './tasks.js';
 
 const encoder = new TextEncoder();
 

@@ -5,7 +5,7 @@
  * its lines go to); at most `maxFree` idle standard ones and `SMALL_FREE` small ones are kept.
  */
 import { Buffer } from 'node:buffer';
-import type { Buffers } from './cutter.js';
+import type { Buffers } from '../validation/index.js';
 
 /** Bytes of a small buffer. */
 export const SMALL_BUFFER_BYTES = 64 * 1024;

@@ -6,9 +6,8 @@
  */
 import type { EntitySpec } from '../entities/catalog.js';
 import type { PackageWriter } from '../store/ports.js';
-import type { Buffers } from './cutter.js';
+import type { Buffers, Task } from '../validation/index.js';
 import type { MemoryAccount } from './memory.js';
-import type { Task } from './tasks.js';
 
 export interface IngestResult {
   rows: number;

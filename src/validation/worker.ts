@@ -1,0 +1,52 @@
+/**
+ * The piscina worker entry of the validation pool: one entry for the three task kinds of
+ * `tasks.ts`, loaded by path (`WORKER_FILE` in `index.ts`). Bad input is answered with data,
+ * never thrown; a throw here is a bug and reaches the main thread as a failed task.
+ */
+import { readlinkSync } from 'node:fs';
+import { getPriority, setPriority } from 'node:os';
+import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
+import { validateBody } from './body.js';
+import { checkSkeleton, type SkeletonFacts } from './skeleton.js';
+import type { BodyResult, RowsResult, Task, WorkerData } from './tasks.js';
+import { processRows } from './rows.js';
+
+const { nice = 0, rowScanner = true, tids } = (workerData ?? {}) as Partial<WorkerData>;
+if (tids) {
+  try {
+    // `/proc/thread-self` links to `<pid>/task/<tid>`: this thread's kernel id.
+    const tid = Number(readlinkSync('/proc/thread-self').split('/').pop());
+    const slot = 1 + (Atomics.add(tids, 0, 1) % (tids.length - 1));
+    Atomics.store(tids, slot, tid);
+  } catch {
+    // Not Linux: no per-thread figures.
+  }
+}
+if (nice > 0) {
+  try {
+    // Linux applies a process-wide call to the calling thread only: this worker's thread.
+    setPriority(0, Math.min(19, getPriority(0) + nice));
+  } catch {
+    // Not permitted here (a sandbox): the thread keeps the main thread's priority.
+  }
+}
+
+export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts {
+  switch (task.kind) {
+    case 'rows': {
+      const result = processRows(task, rowScanner);
+      return transfer(result, result.out ? [...new Set([...result.parts, result.out])] : [...new Set(result.parts)]);
+    }
+    case 'skeleton':
+      return checkSkeleton(new Uint8Array(task.text), task.sentinel, task.headColumns);
+    default: {
+      const result = validateBody(task.body, task.entity, task.batchBytes);
+      return result.ok ? transfer(result, [result.buffer]) : result;
+    }
+  }
+}
+
+/** piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`. */
+function transfer<T>(value: T, buffers: ArrayBuffer[]): T {
+  return move({ [transferableSymbol]: buffers, [valueSymbol]: value } as never) as unknown as T;
+}
