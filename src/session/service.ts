@@ -13,7 +13,7 @@ import { randomUUID } from 'node:crypto';
 import type { Connector, WorkflowStart } from '../connector/types.js';
 import { errors, isServiceError, isStorageUnavailable, type ServiceError, type ValidationIssue } from '../errors.js';
 import { activeKey, clientSessionKey, clientSessionsPrefix, manifestKey, objectKey, sessionKey, sessionObjectPrefix } from '../store/keys.js';
-import { isStoreConflict, isStoreError, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
+import { isStoreConflict, isStoreError, readForAnswer, type BatchQueue, type LedgerEntry, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
 import type { ClientSessionEntry, SessionCounts, SessionStatus } from './state.js';
 import { storedCounter, type StoredCounter } from './stored-counts.js';
@@ -240,10 +240,10 @@ export class SessionService {
 
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
     const [record, [pending, stored]] = await Promise.all([
-      this.read(uploadUuid),
+      this.read(uploadUuid, true),
       // The stored count is read once the queue answered: a package is counted before it is
       // acked, so when nothing is pending every package's count is already there to read.
-      this.deps.queue.hasPending(uploadUuid).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.stored.perEntity(uploadUuid) : new Map<string, number>()] as const),
+      this.deps.queue.hasPending(uploadUuid, { forAnswer: true }).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.stored.perEntity(uploadUuid) : new Map<string, number>()] as const),
     ]);
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
     // Only whether any package waits for the uploader matters, not how many.
@@ -271,7 +271,7 @@ export class SessionService {
         chunk.map(async (e) => {
           if (!UPLOAD_UUID.test(e.upload_uuid)) return null;
           const [summary, stored] = await Promise.all([
-            this.deps.sessions.get<SessionRecord>(sessionKey(e.upload_uuid)),
+            readForAnswer<SessionRecord>(this.deps.sessions, sessionKey(e.upload_uuid)),
             this.stored.perEntity(e.upload_uuid),
           ]);
           return { e, summary: summary ? fromStored(summary.value) : null, stored };
@@ -559,11 +559,14 @@ export class SessionService {
     for (const q of [...this.ledgerQueues.values()]) await q.run;
   }
 
-  private async read(uploadUuid: string): Promise<Versioned<SessionRecord> | null> {
+  /** The session's summary; `recent`: as `SessionStore.getRecent` reads it (for answers, never for a decision). */
+  private async read(uploadUuid: string, recent = false): Promise<Versioned<SessionRecord> | null> {
     // Only `randomUUID()` names a session: anything else (a path segment with a space, 5,000
     // characters, `../x`) names none, and is no store key either (the stores refuse it).
     if (!UPLOAD_UUID.test(uploadUuid)) return null;
-    const stored = await this.deps.sessions.get<SessionRecord>(sessionKey(uploadUuid));
+    const { sessions } = this.deps;
+    const key = sessionKey(uploadUuid);
+    const stored = await (recent ? readForAnswer<SessionRecord>(sessions, key) : sessions.get<SessionRecord>(key));
     if (!stored) {
       this.cache.delete(uploadUuid);
       return null;

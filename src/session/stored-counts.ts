@@ -25,7 +25,7 @@
  */
 import { errors } from '../errors.js';
 import { sessionKey, storedCountKey } from '../store/keys.js';
-import { isStoreConflict, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
+import { isStoreConflict, readForAnswer, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 
 /** The stored record `stored.<upload_uuid>`. */
 export interface StoredCounts {
@@ -135,7 +135,7 @@ export class StoredPackages implements StoredCounter {
   }
 
   async perEntity(uploadUuid: string): Promise<Map<string, number>> {
-    return storedPerEntity((await this.#sessions.get<StoredCounts>(storedCountKey(uploadUuid)))?.value ?? null);
+    return storedPerEntity((await readForAnswer<StoredCounts>(this.#sessions, storedCountKey(uploadUuid)))?.value ?? null);
   }
 
   /** Folds every marked package now and resolves once every session's writes are done. */

@@ -73,6 +73,11 @@ export function isStoreConflict(err: unknown): boolean {
   return isStoreError(err, STORE_CONFLICT);
 }
 
+/** `key` read for an answer, never for a decision: `getRecent` where the store has it, else `get`. */
+export function readForAnswer<T>(store: SessionStore, key: string): Promise<Versioned<T> | null> {
+  return store.getRecent ? store.getRecent<T>(key) : store.get<T>(key);
+}
+
 /**
  * Session state: a key-value store of JSON documents with compare-and-set.
  * Keys are `[A-Za-z0-9_.=-]+` (callers encode anything else); values are JSON-serialisable.
@@ -81,6 +86,13 @@ export function isStoreConflict(err: unknown): boolean {
 export interface SessionStore {
   readonly capabilities: SessionStoreCapabilities;
   get<T>(key: string): Promise<Versioned<T> | null>;
+  /**
+   * A read for answers that may be a moment behind (status, the sessions listing), never for
+   * a decision: any replica may answer it as long as it holds everything this instance has
+   * read or written of the store, so it keeps answering while a leader is being elected, and
+   * it never goes back behind what this instance saw. Without it, `get` serves.
+   */
+  getRecent?<T>(key: string): Promise<Versioned<T> | null>;
   /** Writes only if the key holds no value (never written, or deleted). Throws STORE_CONFLICT otherwise. */
   create<T>(key: string, value: T): Promise<number>;
   /** Writes only if the key's current revision is `revision`. Throws STORE_CONFLICT otherwise. */
@@ -223,9 +235,11 @@ export interface BatchQueue {
   pending(uploadUuid: string): Promise<number>;
   /**
    * Whether any is (`pending(uploadUuid) > 0`), without counting them: status and
-   * start-upload ask on every call, however many packages the session holds.
+   * start-upload ask on every call, however many packages the session holds. `forAnswer`
+   * (status): the answer may be a moment behind other processes' writes and acks, as
+   * `SessionStore.getRecent` is, and keeps coming while a leader is elected; never for a decision.
    */
-  hasPending(uploadUuid: string): Promise<boolean>;
+  hasPending(uploadUuid: string, opts?: { forAnswer?: boolean }): Promise<boolean>;
   /**
    * Committed packages of every session not yet acked (the one in a handler included), and
    * the age of the oldest of them in ms (null when there is none): the uploader's lag. One

@@ -252,8 +252,47 @@ t.test('NatsSessionStore: 20 concurrent creates from two connections, exactly on
   t.ok(results.every((r) => r.status === 'fulfilled' || isStoreConflict(r.reason)), 'the rest STORE_CONFLICT');
   t.same(await stores[1]!.get('active.6163'), { value: { i: won[0]?.i }, revision: won[0]?.rev }, 'the other connection reads the winner');
   const { config } = await a.jsm.streams.info(`KV_${bucket}`);
-  t.match(config, { max_msgs_per_subject: 1, storage: 'file', allow_direct: false }, 'history 1, file storage, reads from the leader');
+  t.match(config, { max_msgs_per_subject: 1, storage: 'file', allow_direct: true }, 'history 1, file storage, direct get allowed (for getRecent)');
+  const leaderReads: string[] = [];
+  const request = b.nc.request.bind(b.nc);
+  b.nc.request = ((subject: string, ...rest: never[]) => {
+    leaderReads.push(subject);
+    return request(subject, ...rest);
+  }) as typeof b.nc.request;
+  await stores[1]!.get('active.6163');
+  t.same(leaderReads, [`$JS.API.STREAM.MSG.GET.KV_${bucket}`], 'get asks the leader, not any replica');
   await a.jsm.streams.delete(`KV_${bucket}`);
+});
+
+t.test('NatsSessionStore.getRecent: a direct get any replica may answer, never older than what this instance saw', async (t) => {
+  const h = await connection(t);
+  const bucket = unique('recent');
+  const store = await NatsSessionStore.open(h, { bucket, replicas: 1 });
+  t.teardown(() => h.jsm.streams.delete(`KV_${bucket}`).catch(() => {}));
+  t.equal((await h.jsm.streams.info(`KV_${bucket}`)).config.allow_direct, true, 'the bucket allows direct get');
+  t.equal(await store.getRecent('session.a'), null, 'a key never written');
+  const r1 = await store.create('session.a', { v: 1 });
+  t.same(await store.getRecent('session.a'), { value: { v: 1 }, revision: r1 });
+  const r2 = await store.update('session.a', { v: 2 }, r1);
+  t.same(await store.getRecent('session.a'), { value: { v: 2 }, revision: r2 }, 'its own update at once');
+  await store.delete('session.a');
+  t.equal(await store.getRecent('session.a'), null, 'a deleted key');
+  const other = await NatsSessionStore.open(await connection(t), { bucket, replicas: 1 });
+  const r3 = await other.create('session.a', { v: 3 });
+  t.same(await store.getRecent('session.a'), { value: { v: 3 }, revision: r3 }, "another instance's write");
+
+  // A replica behind what this instance saw: its answer loses to the newer one this instance holds.
+  let behind = false;
+  const request = h.nc.request.bind(h.nc);
+  h.nc.request = (async (subject: string, data?: Uint8Array, opts?: never) => {
+    if (!behind || !subject.startsWith('$JS.API.DIRECT.GET.')) return request(subject, data, opts);
+    const direct = JSON.parse(Buffer.from(data!).toString()) as { last_by_subj: string };
+    t.equal(direct.last_by_subj, `$KV.${bucket}.session.a`);
+    return request(subject, Buffer.from(JSON.stringify({ seq: r1 })), opts); // the answer a lagging follower would give
+  }) as typeof h.nc.request;
+  behind = true;
+  t.same(await store.getRecent('session.a'), { value: { v: 3 }, revision: r3 }, 'an older answer does not go back in time');
+  behind = false;
 });
 
 t.test('NatsSessionStore: keys that are not NATS subjects as they are', async (t) => {

@@ -25,9 +25,14 @@ export const SERVER_FLOOR = [2, 10, 0] as const;
 
 /** `version` (`2.10.27`, `2.15.1-beta.2`) is at least `SERVER_FLOOR`. */
 export function supportedServer(version: string | undefined): boolean {
+  return serverAtLeast(version, SERVER_FLOOR);
+}
+
+/** `version` (`2.10.27`, `2.15.1-beta.2`) is at least `floor`; false for a version it cannot read. */
+export function serverAtLeast(version: string | undefined, floor: readonly [number, number, number]): boolean {
   const parts = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version ?? '')?.slice(1).map(Number);
   if (!parts) return false;
-  for (let i = 0; i < SERVER_FLOOR.length; i++) if (parts[i] !== SERVER_FLOOR[i]) return parts[i]! > SERVER_FLOOR[i]!;
+  for (let i = 0; i < floor.length; i++) if (parts[i] !== floor[i]) return parts[i]! > floor[i]!;
   return true;
 }
 
@@ -226,6 +231,36 @@ export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: 
       await new Promise((resolve) => setTimeout(resolve, wait));
     }
   }
+}
+
+/**
+ * One attempt of a direct get: a replica that does not answer by then (cut off, paused, a
+ * lost leader) is passed over for another one, within the caller's retry budget.
+ */
+const DIRECT_ATTEMPT_MS = 250;
+
+/**
+ * `$JS.API.DIRECT.GET` (the stream must allow direct get): answered by any replica, so it
+ * keeps answering while a leader is elected; attempts of `DIRECT_ATTEMPT_MS` within
+ * `budgetMs`. Null when no message matches. On a replicated stream a follower may answer a
+ * moment behind the leader (nats-server has no read-after-write for it): for answers, never
+ * for decisions.
+ */
+export async function directGet(
+  ctx: NatsContext,
+  stream: string,
+  query: { last_by_subj: string } | { seq: number; next_by_subj: string },
+  budgetMs: number,
+): Promise<{ seq: number; data: Uint8Array; headers: MsgHdrs | undefined } | null> {
+  const request = Buffer.from(JSON.stringify(query));
+  return withRetry(ctx, budgetMs, async (timeoutMs) => {
+    const msg = await ctx.nc.request(`$JS.API.DIRECT.GET.${stream}`, request, { timeout: Math.min(timeoutMs, DIRECT_ATTEMPT_MS) });
+    const code = msg.headers?.code ?? 0;
+    if (code === 404) return null;
+    // 408 and the like: ask again (another replica, perhaps).
+    if (code !== 0 && code !== 200) throw Object.assign(new Error(`direct get from ${stream}: ${code} ${msg.headers?.description ?? ''}`), { code: 'TIMEOUT' });
+    return { seq: Number(msg.headers?.get('Nats-Sequence')), data: msg.data, headers: msg.headers };
+  });
 }
 
 /**

@@ -1,6 +1,6 @@
 import { headers, nuid, StorageType, type KV, type MsgHdrs } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { isWrongLastSequence, withRetry, type NatsContext } from './connection.js';
+import { directGet, isWrongLastSequence, withRetry, type NatsContext } from './connection.js';
 import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -18,6 +18,8 @@ const SUBJECT_SAFE = /^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$/;
 const OPERATION = 'KV-Operation';
 /** Keys a listing reads at once. */
 const LIST_READS = 32;
+/** Keys whose last message seen `getRecent` remembers (status of this many sessions never goes back in time). */
+const SEEN_KEYS = 4096;
 
 /**
  * `SessionStore` on a JetStream KV bucket (history 1, file storage). Revisions are stream
@@ -25,8 +27,11 @@ const LIST_READS = 32;
  * after a delete), `update` and conditional `delete` with the caller's revision, and the
  * server's "wrong last sequence" becomes STORE_CONFLICT; on nats-server 2.10 and
  * later (the floor, connection.ts) that check is serialised on clustered streams too. Reads
- * are nats.js's `kv.get`, answered by the stream leader (the bucket is made without direct
- * get), so a write acknowledged anywhere is read back everywhere.
+ * are nats.js's `kv.get`, answered by the stream leader (nats.js is told the bucket has no
+ * direct get), so a write acknowledged anywhere is read back everywhere. `getRecent` is a
+ * direct get (the stream allows it, on servers that take `min_last_seq`): any replica that
+ * holds the stream up to the highest sequence this instance has seen answers, so status keeps
+ * answering through a leader election, never behind this instance's own writes.
  *
  * Writes are publishes of the KV's own message shape rather than nats.js's `kv.create` /
  * `kv.update`: those set no message id, and a write is re-sent on timeouts within `retryMs`
@@ -47,15 +52,20 @@ export class NatsSessionStore implements SessionStore {
   readonly #kv: KV;
   /** Writes of every session ready at one moment go out together (group-publisher.ts). */
   readonly #writes: GroupPublisher;
+  /** Whether `getRecent` may ask any replica (the stream allows direct get); else it reads as `get`. */
+  readonly #direct: boolean;
+  /** What this instance last wrote or read of each key (the most recent `SEEN_KEYS`): `getRecent` never answers older. */
+  readonly #seen = new Map<string, Last>();
   #closed = false;
 
-  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean) {
+  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean, direct: boolean) {
     this.#ctx = ctx;
     this.#kv = kv;
     this.#bucket = bucket;
     this.#stream = `KV_${bucket}`;
     this.#retryMs = retryMs;
     this.#writes = new GroupPublisher(ctx, this.#stream, { atomic, budgetMs: retryMs });
+    this.#direct = direct;
   }
 
   /** How the writes went out: atomic batches and the writes in them, single publishes. */
@@ -67,17 +77,28 @@ export class NatsSessionStore implements SessionStore {
     if (!/^[A-Za-z0-9_-]+$/.test(opts.bucket)) throw new StoreError('STORE_MISCONFIGURED', `Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
     if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for bucket ${opts.bucket}`);
     const retryMs = opts.retryMs ?? 10_000;
-    // Without direct get, reads are answered by the leader only: no stale read from a lagging replica.
+    // nats.js told "no direct get" keeps `kv.get` on the leader, whatever the stream allows:
+    // no stale read from a lagging replica where a decision rests on it.
     const kv = await withRetry(ctx, retryMs, () =>
       ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
     );
-    return new NatsSessionStore(ctx, kv, opts.bucket, retryMs, await enableAtomicPublish(ctx, `KV_${opts.bucket}`, retryMs));
+    const stream = `KV_${opts.bucket}`;
+    const direct = await enableDirectGet(ctx, stream, retryMs);
+    return new NatsSessionStore(ctx, kv, opts.bucket, retryMs, await enableAtomicPublish(ctx, stream, retryMs), direct);
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
-    const last = await this.#last(key);
-    if (!last || last.deleted) return null;
-    return { value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
+    return value<T>(await this.#last(key));
+  }
+
+  async getRecent<T>(key: string): Promise<Versioned<T> | null> {
+    if (!this.#direct) return this.get<T>(key);
+    this.#check();
+    const msg = await directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs);
+    const operation = msg?.headers?.get(OPERATION);
+    const seen = this.#seen.get(key);
+    if (msg && (!seen || msg.seq >= seen.seq)) return value<T>(this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' }));
+    return value<T>(seen ?? null);
   }
 
   async create<T>(key: string, value: T): Promise<number> {
@@ -146,13 +167,15 @@ export class NatsSessionStore implements SessionStore {
   async #write(key: string, data: Uint8Array, expected: number | undefined, hdrs?: () => MsgHdrs): Promise<number> {
     this.#check();
     try {
-      return await this.#writes.publish({
+      const seq = await this.#writes.publish({
         subject: this.#subject(key),
         data,
         msgID: nuid.next(),
         ...(hdrs ? { headers: hdrs } : {}),
         ...(expected === undefined ? {} : { lastSubjectSequence: expected }),
       });
+      this.#saw(key, { seq, data, deleted: hdrs !== undefined });
+      return seq;
     } catch (err) {
       if (isWrongLastSequence(err)) throw new StoreConflictError(key, { cause: err });
       throw err;
@@ -160,11 +183,22 @@ export class NatsSessionStore implements SessionStore {
   }
 
   /** The key's last message: its value, or a tombstone; null if the subject holds nothing. */
-  async #last(key: string): Promise<{ seq: number; data: Uint8Array; deleted: boolean } | null> {
+  async #last(key: string): Promise<Last | null> {
     this.#check();
     const entry = await withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(this.#token(key)));
     if (!entry) return null;
-    return { seq: entry.revision, data: entry.value, deleted: entry.operation !== 'PUT' };
+    return this.#saw(key, { seq: entry.revision, data: entry.value, deleted: entry.operation !== 'PUT' });
+  }
+
+  /** Remembers `last` as what this instance saw of `key`, unless it saw a later message. */
+  #saw(key: string, last: Last): Last {
+    if (!this.#direct) return last;
+    const seen = this.#seen.get(key);
+    if (seen && seen.seq > last.seq) return last;
+    this.#seen.delete(key);
+    this.#seen.set(key, last);
+    if (this.#seen.size > SEEN_KEYS) this.#seen.delete(this.#seen.keys().next().value!);
+    return last;
   }
 
   #subject(key: string): string {
@@ -177,6 +211,30 @@ export class NatsSessionStore implements SessionStore {
 
   #check(): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
+  }
+}
+
+/** A key's last message: its value, or a tombstone. */
+interface Last {
+  seq: number;
+  data: Uint8Array;
+  deleted: boolean;
+}
+
+/** A key's last message as the port answers it: null for none or a tombstone. */
+function value<T>(last: Last | null): Versioned<T> | null {
+  if (!last || last.deleted) return null;
+  return { value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
+}
+
+/** Turns on direct get for `stream` (every replica answers `$JS.API.DIRECT.GET`), and tells whether it is on. */
+async function enableDirectGet(ctx: NatsContext, stream: string, budgetMs: number): Promise<boolean> {
+  const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
+  if (config.allow_direct) return true;
+  try {
+    return (await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, allow_direct: true }))).config.allow_direct === true;
+  } catch {
+    return false;
   }
 }
 

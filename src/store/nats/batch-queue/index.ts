@@ -54,6 +54,8 @@ const PULL_EXPIRES_MS = 10_000;
 const READ_AHEAD = 3;
 /** How long `hasPending` reuses the consumer's ack floor it read. */
 const ACK_FLOOR_REUSE_MS = 1000;
+/** How long an answer waits for a fresh ack floor before the last one read serves. */
+const FLOOR_WAIT_MS = 250;
 
 const JS_CONSUMER_NOT_FOUND = 10014;
 const JS_STREAM_NAME_IN_USE = 10058;
@@ -102,6 +104,8 @@ export class NatsBatchQueue implements BatchQueue {
   #sweeper: NodeJS.Timeout | undefined;
   /** The consumer's ack floor as last read (`#ackFloor`). */
   #floor: { at: number; seq: Promise<number> } | null = null;
+  /** The ack floor as last read; null before the first read. */
+  #knownFloor: number | null = null;
   /** Removes acked commits in bulk; null on a work-queue stream, where each ack removes its commit. */
   #remover: AckedRemover | null = null;
   #retention: RetentionPolicy.Limits | RetentionPolicy.Workqueue = RetentionPolicy.Limits;
@@ -229,13 +233,31 @@ export class NatsBatchQueue implements BatchQueue {
    * this process acked and has not removed yet are skipped; another process's are removed
    * within a round or two of their ack.
    */
-  async hasPending(uploadUuid: string): Promise<boolean> {
+  async hasPending(uploadUuid: string, opts: { forAnswer?: boolean } = {}): Promise<boolean> {
     this.#check();
     const filter = this.#subjects.sessionCommits(uploadUuid);
-    for (let sm = await this.#messages.get({ seq: (await this.#ackFloor()) + 1, next_by_subj: filter }); sm; sm = await this.#messages.get({ seq: sm.seq + 1, next_by_subj: filter })) {
+    const messages = this.#messages;
+    const get = opts.forAnswer ? messages.getForAnswer.bind(messages) : messages.get.bind(messages);
+    const floor = opts.forAnswer ? await this.#lastFloor() : await this.#ackFloor();
+    for (let sm = await get({ seq: floor + 1, next_by_subj: filter }); sm; sm = await get({ seq: sm.seq + 1, next_by_subj: filter })) {
       if (!this.#remover?.has(sm.seq)) return true;
     }
     return false;
+  }
+
+  /**
+   * The ack floor for an answer: as `#ackFloor`, but when a fresh read takes longer than
+   * `FLOOR_WAIT_MS` (a consumer leader being elected) the last floor read serves. Lower than
+   * the real one, it only counts as pending what was acknowledged meanwhile.
+   */
+  async #lastFloor(): Promise<number> {
+    const known = this.#knownFloor;
+    if (known === null) return this.#ackFloor();
+    let timer: NodeJS.Timeout | undefined;
+    const fresh = this.#ackFloor().catch(() => known);
+    const floor = await Promise.race([fresh, new Promise<number>((resolve) => (timer = setTimeout(() => resolve(known), FLOOR_WAIT_MS)))]);
+    clearTimeout(timer);
+    return floor;
   }
 
   /**
@@ -254,7 +276,7 @@ export class NatsBatchQueue implements BatchQueue {
   #readFloor(retryMs: number): Promise<number> {
     const at = performance.now();
     const seq = withRetry(this.#ctx, retryMs, () => this.#ctx.jsm.consumers.info(this.#stream, this.#durable)).then(
-      (info) => info.ack_floor.stream_seq,
+      (info) => (this.#knownFloor = info.ack_floor.stream_seq),
       (err: unknown) => {
         if (this.#floor?.seq === seq) this.#floor = null;
         if (jsErrorCode(err) === JS_CONSUMER_NOT_FOUND) return 0;

@@ -1,6 +1,6 @@
 /** Message-level operations on the queue's stream, shared by the writer, the consumer and the sweeper. */
 import type { MsgHdrs, MsgRequest, StoredMsg } from 'nats';
-import { JS_NO_MESSAGE_FOUND, jsErrorCode, publishOnce, withRetry, type NatsContext } from '../connection.js';
+import { directGet, JS_NO_MESSAGE_FOUND, jsErrorCode, publishOnce, withRetry, type NatsContext } from '../connection.js';
 
 /** "no message found" of a message delete. */
 const JS_DELETE_FAILED = 10057;
@@ -49,6 +49,11 @@ export class StreamMessages {
       if (jsErrorCode(err) === JS_NO_MESSAGE_FOUND) return null;
       throw err;
     }
+  }
+
+  /** As `get`, for answers only (status): any replica answers it (connection.ts `directGet`). */
+  getForAnswer(query: { seq: number; next_by_subj: string }): Promise<{ seq: number } | null> {
+    return directGet(this.ctx, this.stream, query, this.retryMs);
   }
 
   /** Message count per subject matching `filter`, from the stream's own state. */
