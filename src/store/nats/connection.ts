@@ -235,9 +235,11 @@ export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: 
 
 /**
  * One attempt of a direct get: a replica that does not answer by then (cut off, paused, a
- * lost leader) is passed over for another one, within the caller's retry budget.
+ * lost leader) is passed over for another one, within the caller's retry budget, after
+ * `DIRECT_PAUSE_MS` (not the growing pause of `withRetry`: another replica is likely there).
  */
 const DIRECT_ATTEMPT_MS = 250;
+const DIRECT_PAUSE_MS = 50;
 
 /**
  * `$JS.API.DIRECT.GET` (the stream must allow direct get): answered by any replica, so it
@@ -253,14 +255,43 @@ export async function directGet(
   budgetMs: number,
 ): Promise<{ seq: number; data: Uint8Array; headers: MsgHdrs | undefined } | null> {
   const request = Buffer.from(JSON.stringify(query));
-  return withRetry(ctx, budgetMs, async (timeoutMs) => {
-    const msg = await ctx.nc.request(`$JS.API.DIRECT.GET.${stream}`, request, { timeout: Math.min(timeoutMs, DIRECT_ATTEMPT_MS) });
-    const code = msg.headers?.code ?? 0;
-    if (code === 404) return null;
-    // 408 and the like: ask again (another replica, perhaps).
-    if (code !== 0 && code !== 200) throw Object.assign(new Error(`direct get from ${stream}: ${code} ${msg.headers?.description ?? ''}`), { code: 'TIMEOUT' });
-    return { seq: Number(msg.headers?.get('Nats-Sequence')), data: msg.data, headers: msg.headers };
-  });
+  const deadline = Date.now() + budgetMs;
+  for (;;) {
+    try {
+      const msg = await ctx.nc.request(`$JS.API.DIRECT.GET.${stream}`, request, { timeout: Math.max(1, Math.min(DIRECT_ATTEMPT_MS, deadline - Date.now())) });
+      const code = msg.headers?.code ?? 0;
+      if (code === 404) return null;
+      // 408 and the like: ask again (another replica, perhaps).
+      if (code !== 0 && code !== 200) throw Object.assign(new Error(`direct get from ${stream}: ${code} ${msg.headers?.description ?? ''}`), { code: 'TIMEOUT' });
+      return { seq: Number(msg.headers?.get('Nats-Sequence')), data: msg.data, headers: msg.headers };
+    } catch (err) {
+      if (!isTransient(err) || ctx.nc.isClosed() || Date.now() + DIRECT_PAUSE_MS >= deadline) throw unavailable(err);
+      await new Promise((resolve) => setTimeout(resolve, DIRECT_PAUSE_MS));
+    }
+  }
+}
+
+/**
+ * How long an answer waits for a read before the last value read serves: in a leader election
+ * no replica of a stream answers reads until a new leader is up (2–10 s).
+ */
+const ANSWER_WAIT_MS = 300;
+
+/**
+ * `fresh`, or, when it has not settled within `ANSWER_WAIT_MS`, what `last()` gives (the value
+ * last read, a moment old) if it gives anything; `fresh` then goes on and updates that value.
+ * For answers, never for decisions.
+ */
+export async function answerSoon<T>(fresh: Promise<T>, last: () => T | undefined): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = Symbol('late');
+  const first = await Promise.race([fresh, new Promise<typeof late>((resolve) => (timer = setTimeout(() => resolve(late), ANSWER_WAIT_MS)))]);
+  clearTimeout(timer);
+  if (first !== late) return first;
+  const known = last();
+  if (known === undefined) return fresh;
+  fresh.catch(() => {}); // it only updates the value last read now
+  return known;
 }
 
 /**

@@ -12,7 +12,7 @@
  * holds no message at all although its sequence moved (the session bucket never purges: a
  * delete writes a marker), means lost data: `STORE_UNAVAILABLE`, never "absent".
  */
-import { StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
+import { readForAnswer, StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from './connection.js';
 import { kvKey } from './session-store.js';
 
@@ -40,10 +40,12 @@ export class LostKeysGuard implements SessionStore {
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
-    const found = await this.#inner.get<T>(key);
-    if (found !== null) return found;
-    // Written meanwhile (the stream counts it now): read again; still nothing then, it is lost.
-    return (await this.#absent(key)) ? null : ((await this.#inner.get<T>(key)) ?? this.#lost(key));
+    return (await this.#inner.get<T>(key)) ?? this.#checkNothing<T>(key);
+  }
+
+  /** Nothing found is checked as `get` checks it (on the leader: a found value needs no check). */
+  async getRecent<T>(key: string): Promise<Versioned<T> | null> {
+    return (await readForAnswer<T>(this.#inner, key)) ?? this.#checkNothing<T>(key);
   }
 
   create<T>(key: string, value: T): Promise<number> {
@@ -65,6 +67,11 @@ export class LostKeysGuard implements SessionStore {
 
   close(): Promise<void> {
     return this.#inner.close();
+  }
+
+  /** Written meanwhile (the stream counts it now): read again; still nothing then, it is lost. */
+  async #checkNothing<T>(key: string): Promise<Versioned<T> | null> {
+    return (await this.#absent(key)) ? null : ((await this.#inner.get<T>(key)) ?? this.#lost(key));
   }
 
   /** True when the key holds nothing (never written, or its last message is a delete marker); false when it holds a message again; throws when its message is lost. */

@@ -1,6 +1,6 @@
 import { headers, nuid, StorageType, type KV, type MsgHdrs } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { directGet, isWrongLastSequence, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, directGet, isWrongLastSequence, withRetry, type NatsContext } from './connection.js';
 import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -94,11 +94,13 @@ export class NatsSessionStore implements SessionStore {
   async getRecent<T>(key: string): Promise<Versioned<T> | null> {
     if (!this.#direct) return this.get<T>(key);
     this.#check();
-    const msg = await directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs);
-    const operation = msg?.headers?.get(OPERATION);
-    const seen = this.#seen.get(key);
-    if (msg && (!seen || msg.seq >= seen.seq)) return value<T>(this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' }));
-    return value<T>(seen ?? null);
+    const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then((msg) => {
+      const operation = msg?.headers?.get(OPERATION);
+      const seen = this.#seen.get(key);
+      if (msg && (!seen || msg.seq >= seen.seq)) return this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' });
+      return seen ?? null;
+    });
+    return value<T>(await answerSoon(fresh, () => this.#seen.get(key)));
   }
 
   async create<T>(key: string, value: T): Promise<number> {

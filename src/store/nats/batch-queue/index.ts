@@ -13,7 +13,7 @@ import {
   type StreamConfig,
 } from 'nats';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
-import { JS_NO_MESSAGE_FOUND, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
+import { answerSoon, JS_NO_MESSAGE_FOUND, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
@@ -56,6 +56,8 @@ const READ_AHEAD = 3;
 const ACK_FLOOR_REUSE_MS = 1000;
 /** How long an answer waits for a fresh ack floor before the last one read serves. */
 const FLOOR_WAIT_MS = 250;
+/** Sessions whose last `hasPending` answer is kept. */
+const REMEMBERED_ANSWERS = 4096;
 
 const JS_CONSUMER_NOT_FOUND = 10014;
 const JS_STREAM_NAME_IN_USE = 10058;
@@ -106,6 +108,8 @@ export class NatsBatchQueue implements BatchQueue {
   #floor: { at: number; seq: Promise<number> } | null = null;
   /** The ack floor as last read; null before the first read. */
   #knownFloor: number | null = null;
+  /** `hasPending` for an answer, as last found per session (the most recent `REMEMBERED_ANSWERS`). */
+  readonly #lastPending = new Map<string, boolean>();
   /** Removes acked commits in bulk; null on a work-queue stream, where each ack removes its commit. */
   #remover: AckedRemover | null = null;
   #retention: RetentionPolicy.Limits | RetentionPolicy.Workqueue = RetentionPolicy.Limits;
@@ -235,10 +239,22 @@ export class NatsBatchQueue implements BatchQueue {
    */
   async hasPending(uploadUuid: string, opts: { forAnswer?: boolean } = {}): Promise<boolean> {
     this.#check();
+    if (!opts.forAnswer) return this.#hasPending(uploadUuid, false);
+    // For an answer: while no replica answers (a leader being elected) the last answer serves.
+    const fresh = this.#hasPending(uploadUuid, true).then((pending) => {
+      this.#lastPending.delete(uploadUuid);
+      this.#lastPending.set(uploadUuid, pending);
+      if (this.#lastPending.size > REMEMBERED_ANSWERS) this.#lastPending.delete(this.#lastPending.keys().next().value!);
+      return pending;
+    });
+    return answerSoon(fresh, () => this.#lastPending.get(uploadUuid));
+  }
+
+  async #hasPending(uploadUuid: string, forAnswer: boolean): Promise<boolean> {
     const filter = this.#subjects.sessionCommits(uploadUuid);
     const messages = this.#messages;
-    const get = opts.forAnswer ? messages.getForAnswer.bind(messages) : messages.get.bind(messages);
-    const floor = opts.forAnswer ? await this.#lastFloor() : await this.#ackFloor();
+    const get = forAnswer ? messages.getForAnswer.bind(messages) : messages.get.bind(messages);
+    const floor = forAnswer ? await this.#lastFloor() : await this.#ackFloor();
     for (let sm = await get({ seq: floor + 1, next_by_subj: filter }); sm; sm = await get({ seq: sm.seq + 1, next_by_subj: filter })) {
       if (!this.#remover?.has(sm.seq)) return true;
     }
