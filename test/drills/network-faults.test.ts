@@ -14,12 +14,10 @@
  * - every answer is a 200 or a 503 with `Retry-After`: `Storage temporarily unavailable` where
  *   the gateway cannot reach a quorum (or `Rate limit exceeded`), never a 500, never a hang
  *   past the gateway's request timeout;
- * - status on a gateway on the majority side answers (200 or 503) within the request bound.
- *   The target is 200 within 1 s; the drill reports, per fault, how many probes missed it,
- *   but does not hold the service to it: whenever a NATS leader moves (a node cut, paused or
- *   killed, and again when it rejoins, which in a 10 s schedule overlaps the next fault) the
- *   session bucket's reads wait for the election, 5–15 s. Meeting it needs reads that do
- *   not wait for the leader; open (docs/reliability.md, "Network faults on NATS");
+ * - status on a gateway on the majority side answers 200 within 1 s (all but 2 % of the
+ *   probes, for a busy machine), also while a NATS leader is elected: its reads are direct
+ *   gets any replica answers, and the value last read serves while none does
+ *   (docs/reliability.md, "Network faults on NATS"); the drill reports the misses per fault;
  * - start-upload hands the Connector exactly the recorded rows, and the sessions reach DONE.
  * CI: one round of seven faults of 10 s each; DRILL_LONG=1: two rounds of 30 s faults, 30 s apart.
  * The figures go to docs/reliability.md ("Network faults on NATS").
@@ -53,6 +51,11 @@ const CLIENTS = 2;
 const REQUEST_TIMEOUT_MS = 30_000;
 const HANG_MS = REQUEST_TIMEOUT_MS + 5_000;
 const STATUS_WITHIN_MS = 1_000;
+/**
+ * Probes that may miss it: the drill shares two cores with the rest of the suite, where a
+ * probe can wait on a busy CPU; the code it holds missed it in about a third of the probes.
+ */
+const STATUS_MISSES_ALLOWED = 0.02;
 const UNAVAILABLE = 'Storage temporarily unavailable';
 /** `NETWORK_DRILL_FAULTS=<text>`: only the faults whose name holds it (to look closer at one). */
 const ONLY = process.env.NETWORK_DRILL_FAULTS ?? '';
@@ -464,8 +467,12 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   t.same(summary(minorityUnanswered), {}, 'status on a gateway without a quorum answers (200 or 503), no hang');
   t.ok(probes.some((l) => !onMinority(l)), 'status was probed on the majority side');
   t.same(summary(majorityUnanswered), {}, `status on the majority side answers (200 or 503), none hangs past ${HANG_MS} ms`);
-  const slowMajority = probes.filter((l) => !onMinority(l) && (l.status !== 200 || l.ms > STATUS_WITHIN_MS));
-  t.comment(`status on the majority side not 200 within ${STATUS_WITHIN_MS} ms (the target, not held: see the header): ${slowMajority.length} of ${probes.filter((l) => !onMinority(l)).length} probes`);
+  const majorityProbes = probes.filter((l) => !onMinority(l));
+  const slowMajority = majorityProbes.filter((l) => l.status !== 200 || l.ms > STATUS_WITHIN_MS);
+  t.ok(
+    slowMajority.length <= Math.floor(majorityProbes.length * STATUS_MISSES_ALLOWED),
+    `status on the majority side: 200 within ${STATUS_WITHIN_MS} ms, but for at most ${STATUS_MISSES_ALLOWED * 100} % of probes (${slowMajority.length} of ${majorityProbes.length} missed)`,
+  );
 });
 
 function count(keys: string[]): Map<string, number> {

@@ -276,16 +276,46 @@ export async function directGet(
  * no replica of a stream answers reads until a new leader is up (2–10 s).
  */
 const ANSWER_WAIT_MS = 300;
+/** The oldest last-read value an answer may give: past it, the answer waits for the read (and its 503). */
+export const ANSWER_STALE_MS = 30_000;
+
+/**
+ * Values as last read (or written), per key, for `answerSoon`: the `size` most recently set.
+ * `peek` gives one whatever its age; `recent` only one set within `ANSWER_STALE_MS`.
+ */
+export class LastRead<V> {
+  readonly #values = new Map<string, { value: V; at: number }>();
+
+  constructor(
+    private readonly size: number,
+    private readonly now: () => number = () => performance.now(),
+  ) {}
+
+  set(key: string, value: V): void {
+    this.#values.delete(key);
+    this.#values.set(key, { value, at: this.now() });
+    if (this.#values.size > this.size) this.#values.delete(this.#values.keys().next().value!);
+  }
+
+  peek(key: string): V | undefined {
+    return this.#values.get(key)?.value;
+  }
+
+  recent(key: string): V | undefined {
+    const got = this.#values.get(key);
+    return got && this.now() - got.at <= ANSWER_STALE_MS ? got.value : undefined;
+  }
+}
 
 /**
  * `fresh`, or, when it has not settled within `ANSWER_WAIT_MS`, what `last()` gives (the value
  * last read, a moment old) if it gives anything; `fresh` then goes on and updates that value.
  * For answers, never for decisions.
  */
-export async function answerSoon<T>(fresh: Promise<T>, last: () => T | undefined): Promise<T> {
+export async function answerSoon<T>(fresh: Promise<T>, last: () => T | undefined, waitMs = ANSWER_WAIT_MS): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const late = Symbol('late');
-  const first = await Promise.race([fresh, new Promise<typeof late>((resolve) => (timer = setTimeout(() => resolve(late), ANSWER_WAIT_MS)))]);
+  const first = await Promise.race([fresh, new Promise<typeof late>((resolve) => (timer = setTimeout(() => resolve(late), waitMs)))]);
   clearTimeout(timer);
   if (first !== late) return first;
   const known = last();

@@ -1,6 +1,6 @@
 import { headers, nuid, StorageType, type KV, type MsgHdrs } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { answerSoon, directGet, isWrongLastSequence, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, directGet, isWrongLastSequence, LastRead, withRetry, type NatsContext } from './connection.js';
 import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -55,7 +55,7 @@ export class NatsSessionStore implements SessionStore {
   /** Whether `getRecent` may ask any replica (the stream allows direct get); else it reads as `get`. */
   readonly #direct: boolean;
   /** What this instance last wrote or read of each key (the most recent `SEEN_KEYS`): `getRecent` never answers older. */
-  readonly #seen = new Map<string, Last>();
+  readonly #seen = new LastRead<Last>(SEEN_KEYS);
   #closed = false;
 
   private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean, direct: boolean) {
@@ -96,11 +96,11 @@ export class NatsSessionStore implements SessionStore {
     this.#check();
     const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then((msg) => {
       const operation = msg?.headers?.get(OPERATION);
-      const seen = this.#seen.get(key);
+      const seen = this.#seen.peek(key);
       if (msg && (!seen || msg.seq >= seen.seq)) return this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' });
       return seen ?? null;
     });
-    return value<T>(await answerSoon(fresh, () => this.#seen.get(key)));
+    return value<T>(await answerSoon(fresh, () => this.#seen.recent(key)));
   }
 
   async create<T>(key: string, value: T): Promise<number> {
@@ -195,11 +195,9 @@ export class NatsSessionStore implements SessionStore {
   /** Remembers `last` as what this instance saw of `key`, unless it saw a later message. */
   #saw(key: string, last: Last): Last {
     if (!this.#direct) return last;
-    const seen = this.#seen.get(key);
+    const seen = this.#seen.peek(key);
     if (seen && seen.seq > last.seq) return last;
-    this.#seen.delete(key);
     this.#seen.set(key, last);
-    if (this.#seen.size > SEEN_KEYS) this.#seen.delete(this.#seen.keys().next().value!);
     return last;
   }
 

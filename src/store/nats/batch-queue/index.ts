@@ -13,7 +13,7 @@ import {
   type StreamConfig,
 } from 'nats';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
-import { answerSoon, JS_NO_MESSAGE_FOUND, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
+import { answerSoon, JS_NO_MESSAGE_FOUND, LastRead, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
@@ -109,7 +109,7 @@ export class NatsBatchQueue implements BatchQueue {
   /** The ack floor as last read; null before the first read. */
   #knownFloor: number | null = null;
   /** `hasPending` for an answer, as last found per session (the most recent `REMEMBERED_ANSWERS`). */
-  readonly #lastPending = new Map<string, boolean>();
+  readonly #lastPending = new LastRead<boolean>(REMEMBERED_ANSWERS);
   /** Removes acked commits in bulk; null on a work-queue stream, where each ack removes its commit. */
   #remover: AckedRemover | null = null;
   #retention: RetentionPolicy.Limits | RetentionPolicy.Workqueue = RetentionPolicy.Limits;
@@ -242,12 +242,10 @@ export class NatsBatchQueue implements BatchQueue {
     if (!opts.forAnswer) return this.#hasPending(uploadUuid, false);
     // For an answer: while no replica answers (a leader being elected) the last answer serves.
     const fresh = this.#hasPending(uploadUuid, true).then((pending) => {
-      this.#lastPending.delete(uploadUuid);
       this.#lastPending.set(uploadUuid, pending);
-      if (this.#lastPending.size > REMEMBERED_ANSWERS) this.#lastPending.delete(this.#lastPending.keys().next().value!);
       return pending;
     });
-    return answerSoon(fresh, () => this.#lastPending.get(uploadUuid));
+    return answerSoon(fresh, () => this.#lastPending.recent(uploadUuid));
   }
 
   async #hasPending(uploadUuid: string, forAnswer: boolean): Promise<boolean> {
