@@ -10,6 +10,9 @@
  * Caching: the page links every file as `/docs/<name>?v=<content hash>`; such a URL never
  * changes content, so it is `immutable` for a year. The page itself, and a file asked for
  * without the current hash, are `no-cache`.
+ *
+ * The declarations of the service's own routes (route.ts) end the file: `/openapi.json`,
+ * `/docs` and `/docs/:asset`.
  */
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -18,6 +21,8 @@ import { dirname, join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { errors } from '../errors.js';
 import type { BufferedHandler, Reply } from '../http/server.js';
+import { error, jsonResponse, NO_CACHE, q, schema, shared } from './openapi-shared.js';
+import type { RouteDeclaration } from './route.js';
 
 /** The files of `swagger-ui-dist` the page loads, by the name served under `/docs/`. */
 const PACKAGE_FILES: Readonly<Record<string, string>> = {
@@ -211,3 +216,93 @@ export function docsHandlers(): { page: BufferedHandler; asset: BufferedHandler 
     },
   };
 }
+
+/** What the service's own routes need: the document `/openapi.json` serves (JSON, built once the table is). */
+export interface ServiceDeps {
+  document: () => string;
+}
+
+export const openApiRoute: RouteDeclaration<ServiceDeps> = {
+  method: 'GET',
+  pattern: OPENAPI_PATH,
+  body: 'buffered',
+  handler: (deps) => async () => ({ status: 200, body: deps.document(), raw: { contentType: 'application/json' }, headers: { 'Cache-Control': 'no-cache' } }),
+  schema: {
+    operationId: 'getOpenApi',
+    tags: ['service'],
+    summary: 'This document',
+    description: 'Not authenticated and not rate-limited (the per-client limit of requests in flight applies).',
+    security: [],
+    responses: {
+      '200': { ...jsonResponse('The OpenAPI 3.1 description of the service.', schema('OpenApiDocument')), headers: { 'Cache-Control': NO_CACHE } },
+      '503': shared('RateLimited'),
+    },
+  },
+};
+
+export const docsPageRoute: RouteDeclaration<ServiceDeps> = {
+  method: 'GET',
+  pattern: '/docs',
+  body: 'buffered',
+  handler: () => docsHandlers().page,
+  schema: {
+    operationId: 'getDocsPage',
+    tags: ['service'],
+    summary: 'Interactive API documentation',
+    description:
+      'Swagger UI showing this document, served by the service itself (no CDN). Not authenticated and not ' +
+      'rate-limited (the per-client limit of requests in flight applies).',
+    security: [],
+    responses: {
+      '200': {
+        description: 'The HTML page; it loads its files from `/docs/{asset}` and the document from `/openapi.json`.',
+        headers: { 'Cache-Control': NO_CACHE },
+        content: { 'text/html': { schema: { type: 'string' } } },
+      },
+      '503': shared('RateLimited'),
+    },
+  },
+};
+
+export const docsAssetRoute: RouteDeclaration<ServiceDeps> = {
+  method: 'GET',
+  pattern: '/docs/:asset',
+  body: 'buffered',
+  handler: () => docsHandlers().asset,
+  schema: {
+    operationId: 'getDocsAsset',
+    tags: ['service'],
+    summary: 'A file of the documentation page',
+    description: 'Only the files the page links to; any other name answers 404.',
+    security: [],
+    parameters: [
+      { name: 'asset', in: 'path', required: true, description: 'File name.', schema: { type: 'string', enum: [...DOCS_ASSETS] } },
+      {
+        name: 'v',
+        in: 'query',
+        required: false,
+        description: 'Content version, as the page links it: with the current one the file is cacheable for a year.',
+        schema: { type: 'string' },
+      },
+    ],
+    responses: {
+      '200': {
+        description: 'The file; gzip-compressed when the client accepts it (text files).',
+        headers: {
+          'Cache-Control': {
+            description: '`public, max-age=31536000, immutable` with the current `v`, else `no-cache`.',
+            schema: { type: 'string' },
+          },
+        },
+        content: Object.fromEntries(
+          [...new Set(Object.values(DOCS_ASSET_TYPES).map((t) => t.split(';')[0]!))].map((type) => [
+            type,
+            { schema: type.startsWith('text/') ? { type: 'string' } : { type: 'string', contentMediaType: type } },
+          ]),
+        ),
+      },
+      '404': error([`${q('ROUTE_NOT_FOUND')}: not a file of the page`], 'ErrorDetail'),
+      '503': shared('RateLimited'),
+    },
+  },
+};

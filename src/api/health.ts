@@ -7,21 +7,66 @@ import type { EdgeName, Route } from '../http/server.js';
 import { errors } from '../errors.js';
 import { HEALTHY_BODY, readyBody, type Readiness } from '../observability/readiness.js';
 import { json } from './context.js';
+import { jsonResponse, q, RETRY_AFTER, schema, shared } from './openapi-shared.js';
+import { bind, type RouteDeclaration } from './route.js';
 
 /** `edge`: which HTTP edge serves, named in the readiness body (`http_engine`). */
-export function healthRoutes(readiness: Readiness, edge: EdgeName): Route[] {
-  return [
-    { method: 'GET', pattern: '/healthz', body: 'buffered', handler: async () => json(HEALTHY_BODY) },
-    {
-      method: 'GET',
-      pattern: '/readyz',
-      body: 'buffered',
-      handler: async () => {
-        const { ready, checks } = await readiness.run();
-        if (ready) return json(readyBody(checks, { http_engine: edge }));
-        const notReady = errors.notReady(checks, { http_engine: edge });
-        return json(notReady.body, notReady.statusCode);
+export interface HealthDeps {
+  readiness: Readiness;
+  edge: EdgeName;
+}
+
+export const healthzRoute: RouteDeclaration<HealthDeps> = {
+  method: 'GET',
+  pattern: '/healthz',
+  body: 'buffered',
+  handler: () => async () => json(HEALTHY_BODY),
+  schema: {
+    operationId: 'getHealth',
+    tags: ['operations'],
+    summary: 'Liveness',
+    description: 'The process answers. Not authenticated.',
+    security: [],
+    responses: { '200': jsonResponse('Alive.', schema('Healthy')), '503': shared('RateLimited') },
+  },
+};
+
+export const readyzRoute: RouteDeclaration<HealthDeps> = {
+  method: 'GET',
+  pattern: '/readyz',
+  body: 'buffered',
+  handler:
+    ({ readiness, edge }) =>
+    async () => {
+      const { ready, checks } = await readiness.run();
+      if (ready) return json(readyBody(checks, { http_engine: edge }));
+      const notReady = errors.notReady(checks, { http_engine: edge });
+      return json(notReady.body, notReady.statusCode);
+    },
+  schema: {
+    operationId: 'getReadiness',
+    tags: ['operations'],
+    summary: 'Readiness',
+    description:
+      'The service can do its work: a validation worker thread is alive and every back end of the configuration ' +
+      'answers (NATS, S3) within `health.readyTimeoutMs`. Concurrent probes share one round of checks. Not authenticated.',
+    security: [],
+    responses: {
+      '200': jsonResponse('Ready; every check `ok`.', schema('Ready')),
+      '503': {
+        ...jsonResponse(
+          [
+            `- ${q('NOT_READY')}: a check \`failed\` or answered with \`timeout\` (body \`NotReady\`, no \`Retry-After\`)`,
+            `- ${q('RATE_LIMITED')}: the in-flight limit of the client IP (body \`ErrorDetail\`, with \`Retry-After\`)`,
+          ].join('\n'),
+          { anyOf: [schema('NotReady'), schema('ErrorDetail')] },
+        ),
+        headers: { 'Retry-After': { ...RETRY_AFTER, required: false, description: `Only with ${q('RATE_LIMITED')}.` } },
       },
     },
-  ];
+  },
+};
+
+export function healthRoutes(readiness: Readiness, edge: EdgeName): Route[] {
+  return [healthzRoute, readyzRoute].map((route) => bind(route, { readiness, edge }));
 }

@@ -6,16 +6,43 @@
 import { errors } from '../errors.js';
 import type { Route } from '../http/server.js';
 import { metricsAccess, type Metrics } from '../observability/metrics.js';
+import { error, q, shared } from './openapi-shared.js';
+import { bind, type RouteDeclaration } from './route.js';
 
-export function metricsRoute(metrics: Metrics, token: string | null): Route {
-  const allowed = metricsAccess(token);
-  return {
-    method: 'GET',
-    pattern: '/metrics',
-    body: 'buffered',
-    handler: async (req) => {
+export interface MetricsDeps {
+  metrics: Metrics;
+  /** `metrics.token`: when set, the route wants it as a bearer token. */
+  token: string | null;
+}
+
+export const metricsRouteDeclaration: RouteDeclaration<MetricsDeps> = {
+  method: 'GET',
+  pattern: '/metrics',
+  body: 'buffered',
+  handler: ({ metrics, token }) => {
+    const allowed = metricsAccess(token);
+    return async (req) => {
       if (!allowed(req.headers.get('authorization'))) throw errors.authRequired();
       return { status: 200, body: await metrics.render(), raw: { contentType: metrics.contentType } };
+    };
+  },
+  schema: {
+    operationId: 'getMetrics',
+    tags: ['operations'],
+    summary: 'Prometheus metrics',
+    description:
+      'The Prometheus text exposition of the service: requests by route and status, rows and bytes validated, ' +
+      'worker pool, batches pending, uploader, Connector calls. Routed only while metrics are enabled ' +
+      '(`metrics.enabled`). Unauthenticated unless `metrics.token` is set; keep it off the public listener.',
+    security: [{}, { MetricsToken: [] }],
+    responses: {
+      '200': { description: 'The exposition.', content: { 'text/plain': { schema: { type: 'string' } } } },
+      '401': error([`${q('AUTH_REQUIRED')}: \`metrics.token\` is set and \`Authorization\` is not \`Bearer <token>\``]),
+      '503': shared('RateLimited'),
     },
-  };
+  },
+};
+
+export function metricsRoute(metrics: Metrics, token: string | null): Route {
+  return bind(metricsRouteDeclaration, { metrics, token });
 }

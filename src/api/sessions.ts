@@ -2,6 +2,8 @@ import { errors, type ValidationIssue } from '../errors.js';
 import type { BufferedHandler } from '../http/server.js';
 import type { SessionPosition } from '../session/service.js';
 import { authenticate, json, type ApiDeps } from './context.js';
+import { BAD_CONTENT_LENGTH, CLIENT_ID_MISSING, clientResponses, error, IP_NOT_ALLOWED, jsonResponse, schema } from './openapi-shared.js';
+import { API_BASE, type RouteDeclaration } from './route.js';
 
 /** `limit` of `GET /sessions` (docs/api.md, A client's sessions). */
 export const SESSIONS_LIMIT = { min: 1, max: 200, default: 50 } as const;
@@ -65,3 +67,48 @@ export function decodeCursor(cursor: string): SessionPosition | null {
     return null;
   }
 }
+
+export const sessionsRoute: RouteDeclaration<ApiDeps> = {
+  method: 'GET',
+  pattern: `${API_BASE}/sessions`,
+  body: 'buffered',
+  handler: listSessions,
+  schema: {
+    operationId: 'listSessions',
+    tags: ['uploading'],
+    summary: "List the client's sessions",
+    description:
+      'The calling client\'s own sessions (never another client\'s), newest first, each with its state, `created_at` ' +
+      'and `totals` (the counts of the status). Deleted sessions are not listed. Page with `limit` and the opaque ' +
+      '`next_cursor` of the previous page. Cost: every page reads the client\'s index of sessions (one key per session ' +
+      'it holds), then two keys per session on the page.',
+    parameters: [
+      {
+        name: 'limit',
+        in: 'query',
+        required: false,
+        description: `Sessions per page, ${SESSIONS_LIMIT.min} to ${SESSIONS_LIMIT.max} (default ${SESSIONS_LIMIT.default}).`,
+        schema: { type: 'integer', minimum: SESSIONS_LIMIT.min, maximum: SESSIONS_LIMIT.max, default: SESSIONS_LIMIT.default },
+      },
+      {
+        name: 'cursor',
+        in: 'query',
+        required: false,
+        description: 'The `next_cursor` of the previous page (opaque); absent for the first page.',
+        schema: { type: 'string' },
+      },
+    ],
+    responses: clientResponses({
+      '200': jsonResponse('A page of sessions.', schema('SessionList')),
+      '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
+      '403': error([IP_NOT_ALLOWED]),
+      '422': error(
+        [
+          '`limit` not an integer (`int_parsing`), below 1 (`greater_than_equal`) or above 200 (`less_than_equal`), at `["query","limit"]`',
+          '`cursor` not one this endpoint gave (`value_error`, `Value error, Invalid cursor`), at `["query","cursor"]`',
+        ],
+        'ValidationError',
+      ),
+    }),
+  },
+};

@@ -1,6 +1,9 @@
+import { errors } from '../errors.js';
 import type { BufferedHandler } from '../http/server.js';
 import { authenticate, json, type ApiDeps } from './context.js';
 import { parseStartBody, utcToday } from './start-body.js';
+import { clientResponses, error, jsonResponse, NOT_UPLOADING, parameter, q, qe, schema, sessionAccess, UNREACHABLE } from './openapi-shared.js';
+import { API_BASE, type RouteDeclaration } from './route.js';
 
 /** `POST /{upload_uuid}/start-upload`: the Connector's 2xx JSON goes back unchanged. */
 export const startUpload =
@@ -10,3 +13,43 @@ export const startUpload =
     const dates = parseStartBody(body, utcToday(deps.clock()));
     return json(await deps.service.start(client, req.params.upload_uuid!, dates));
   };
+
+export const startUploadRoute: RouteDeclaration<ApiDeps> = {
+  method: 'POST',
+  pattern: `${API_BASE}/:upload_uuid/start-upload`,
+  body: 'buffered',
+  handler: startUpload,
+  schema: {
+    operationId: 'startUpload',
+    tags: ['uploading'],
+    summary: 'Start the Connector',
+    description:
+      'Hands the session\'s stored data to the Connector for the date range; the session becomes `STARTED`. ' +
+      'Checks, first failing one answers: session state 409; body 422 (also `date_from` after `date_to`, or ' +
+      '`date_to` not before today, UTC: `value_error` at `["body","date_to"]`); `date_from` before the client\'s ' +
+      'minimum 400; no entities 400; storage writes pending 409; then the Connector.',
+    parameters: [parameter('UploadUuid')],
+    requestBody: {
+      required: true,
+      content: {
+        'application/json': { schema: schema('StartUploadRequest'), example: { date_from: '2024-01-01', date_to: '2024-01-31' } },
+      },
+    },
+    responses: clientResponses({
+      '200': jsonResponse('The Connector\'s JSON answer, unchanged.', schema('ConnectorStartResponse')),
+      ...sessionAccess([`${qe(errors.dateBeforeMinimum('YYYY-MM-DD'))} (the configured minimum)`, q('NO_ENTITIES')]),
+      '409': jsonResponse(
+        [
+          `- ${NOT_UPLOADING}: structured \`detail\``,
+          `- ${q('UPLOAD_TASKS_IN_PROGRESS')}: retry once \`upload_tasks_finished\` is \`true\``,
+          `- The Connector rejected the start: its text, or ${q('CONNECTOR_REJECTED')}`,
+        ].join('\n'),
+        { anyOf: [schema('InvalidSessionStatusError'), schema('UploadTasksInProgressError'), schema('ErrorDetail')] },
+      ),
+      '422': error(['Invalid `date_from` or `date_to`'], 'ValidationError'),
+      '500': error(['The Connector answered 500 (its text is forwarded), or an internal error']),
+      '502': error([UNREACHABLE, q('CONNECTOR_ERROR')]),
+      default: error(['Any other Connector error status (400–599) is forwarded with a string `detail`']),
+    }),
+  },
+};

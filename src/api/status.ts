@@ -1,5 +1,7 @@
 import type { BufferedHandler } from '../http/server.js';
 import { authenticate, json, type ApiDeps } from './context.js';
+import { BAD_CONTENT_LENGTH, CLIENT_ID_MISSING, clientResponses, error, IP_NOT_ALLOWED, jsonResponse, parameter, q, schema } from './openapi-shared.js';
+import { API_BASE, type RouteDeclaration } from './route.js';
 
 /** `GET /{upload_uuid}/status`: any session stored for this client, active or not. */
 export const sessionStatus =
@@ -8,3 +10,26 @@ export const sessionStatus =
     const client = authenticate(deps, req);
     return json(await deps.service.status(client, req.params.upload_uuid!));
   };
+
+export const statusRoute: RouteDeclaration<ApiDeps> = {
+  method: 'GET',
+  pattern: `${API_BASE}/:upload_uuid/status`,
+  body: 'buffered',
+  handler: sessionStatus,
+  schema: {
+    operationId: 'getSessionStatus',
+    tags: ['uploading'],
+    summary: 'Get session status',
+    description:
+      'Any session stored for this client, active or not (no session-access checks). Poll periodically: after ingest ' +
+      'until `can_start_upload`, after start-upload until `DONE`, after terminate until `UPLOADING`. ' +
+      '`last_workflow` appears once a workflow has ended.',
+    parameters: [parameter('UploadUuid')],
+    responses: clientResponses({
+      '200': jsonResponse('The session.', schema('StatusView')),
+      '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
+      '403': error([IP_NOT_ALLOWED]),
+      '404': error([q('SESSION_NOT_FOUND')]),
+    }),
+  },
+};

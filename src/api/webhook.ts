@@ -3,6 +3,8 @@ import { parseWebhookPayload, verifyWebhook } from '../connector/webhook.js';
 import { errors } from '../errors.js';
 import type { BufferedHandler } from '../http/server.js';
 import { json, type ApiDeps } from './context.js';
+import { error, jsonResponse, parameter, q, schema, shared } from './openapi-shared.js';
+import { API_BASE, type RouteDeclaration } from './route.js';
 
 /**
  * `POST /webhooks/upload-finished`: the Connector's signed completion call. A repeat or a
@@ -30,3 +32,32 @@ export const uploadFinished =
     const outcome = await deps.service.applyWebhook(parsed.value.upload_uuid, { ...parsed.value, replay: { id, until } });
     return json({ status: outcome });
   };
+
+export const uploadFinishedRoute: RouteDeclaration<ApiDeps> = {
+  method: 'POST',
+  pattern: `${API_BASE}/webhooks/upload-finished`,
+  body: 'buffered',
+  handler: uploadFinished,
+  schema: {
+    operationId: 'uploadFinished',
+    tags: ['connector'],
+    summary: 'Connector completion webhook',
+    description:
+      'Called by the Connector when a workflow ends. `is_terminated: true` (or `status` `terminated` or `failed`) ' +
+      'returns a `STARTED` session to `UPLOADING`, keeping its data; otherwise it becomes `DONE`. ' +
+      'Authenticated by its signature, not by client headers.',
+    security: [],
+    parameters: [parameter('ConnectorTimestamp'), parameter('ConnectorSignature')],
+    requestBody: { required: true, content: { 'application/json': { schema: schema('UploadFinishedPayload') } } },
+    responses: {
+      '200': jsonResponse('`ok`: applied. `ignored`: the session was not `STARTED` (a repeat or a late call); nothing changed.', schema('WebhookResult')),
+      '401': error([`${q('WEBHOOK_UNAUTHORIZED')}: signature wrong or missing, or timestamp too far from now`]),
+      '404': error([`${q('SESSION_NOT_FOUND')}: unknown \`upload_uuid\``]),
+      '408': shared('RequestTimeout'),
+      '413': shared('PayloadTooLarge'),
+      '422': error(['The body is not a valid payload'], 'ValidationError'),
+      '500': shared('InternalError'),
+      '503': shared('Unavailable'),
+    },
+  },
+};

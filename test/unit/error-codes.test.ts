@@ -171,9 +171,11 @@ t.test('every internal code is reachable: an error class carries it, and some mo
   }
 });
 
-t.test('health and the operator server take their error bodies from errors.ts', async (t) => {
+t.test('health, the operator server and the API (handlers and route declarations) take their messages from errors.ts', async (t) => {
   const files = await sources();
-  for (const path of ['src/api/health.ts', 'src/observability/operator-server.ts', 'src/api/openapi.ts']) {
+  const api = [...files.keys()].filter((path) => dirname(path) === join('src', 'api')).map((path) => path.split(/[\\/]/).join('/'));
+  t.ok(api.includes('src/api/openapi-shared.ts') && api.includes('src/api/ingest.ts'), 'the route declarations are checked');
+  for (const path of ['src/observability/operator-server.ts', ...api]) {
     const text = files.get(join(...path.split('/')));
     if (!t.ok(text, path) || !text) continue;
     for (const message of Object.values(MESSAGES)) {

@@ -3,7 +3,9 @@ import t from 'tap';
 import { DOCS_ASSETS } from '../../src/api/docs.js';
 import { healthRoutes } from '../../src/api/health.js';
 import { metricsRoute } from '../../src/api/metrics.js';
-import { openApiDocument, openApiPath } from '../../src/api/openapi.js';
+import { openApiDocument } from '../../src/api/openapi.js';
+import { openApiPath } from '../../src/api/route.js';
+import { DOCUMENTED_ROUTES, OPERATOR_ROUTES } from '../../src/api/route-list.js';
 import { routes } from '../../src/api/routes.js';
 import { ENTITIES } from '../../src/entities/catalog.js';
 
@@ -90,17 +92,41 @@ t.test('every route of the router is documented, and nothing else', async (t) =>
   t.same(
     table.filter((r) => !documented.includes(r)),
     [],
-    'routed (src/api/routes.ts, or app.ts operator routes) but without an operation in src/api/openapi.ts',
+    'routed (src/api/routes.ts, or app.ts operator routes) but without an operation in the document',
   );
   t.same(
     documented.filter((d) => !table.includes(d)),
     [],
-    'documented in src/api/openapi.ts but not routed',
+    'documented (src/api/openapi.ts) but not routed',
   );
   t.equal(new Set(documented).size, documented.length, 'each operation once');
   const ids = operations.map((o) => o.op.operationId);
   t.equal(new Set(ids).size, ids.length, 'operationIds are unique');
   t.same(openApiDocument(served), doc, 'the document of the whole table is the whole document');
+});
+
+t.test('one declaration per route: the table and the document are made from the same declarations', async (t) => {
+  const key = (r: { method: string; pattern: string }) => `${r.method.toLowerCase()} ${openApiPath(r.pattern)}`;
+  const declared = DOCUMENTED_ROUTES.map(key);
+  t.equal(new Set(declared).size, declared.length, 'each route declared once');
+  const table = routes({} as any, operatorRoutes(true));
+  t.same([...routeKeys(table)].sort(), [...declared].sort(), 'the whole table is the declared routes');
+  t.same(
+    operatorRoutes(true).map((r) => `${r.method} ${r.pattern} ${r.body}`),
+    OPERATOR_ROUTES.map((r) => `${r.method} ${r.pattern} ${r.body}`),
+    'the operator routes app.ts adds are the declared ones',
+  );
+  for (const route of DOCUMENTED_ROUTES) {
+    t.same(doc.paths[openApiPath(route.pattern)]?.[route.method.toLowerCase()], route.schema, `${key(route)}: its operation is its declared schema`);
+    const routed = table.find((r) => key(r) === key(route));
+    t.equal(routed?.body, route.body, `${key(route)}: routed with its declared body kind`);
+    t.equal(typeof routed?.handler, 'function', `${key(route)}: routed with a handler`);
+  }
+  t.same(
+    table.filter((r) => r.body === 'streaming').map(key),
+    ['post /api/v1/uploading/{upload_uuid}/{entity_name}'],
+    'only ingest streams its body',
+  );
 });
 
 t.test('the served document describes what is routed: no /metrics while metrics are disabled', async (t) => {
