@@ -61,6 +61,11 @@ interface Pack {
  * (deletePrefix). Files of the one-file-per-object layout of earlier versions (`<name>~`)
  * are still read, listed and deleted; a put of the same key shadows them. One process
  * writes a store; others may read it (each read takes what the index holds at that moment).
+ *
+ * Its parts, in `object-store/`: `record.ts` (the header lines), `reader.ts` (a pack's records
+ * read and checked in order), `indexes.ts` (what the packs hold, kept in memory, cut back and
+ * damage reported), `held-bytes.ts` (a small object held whole), `names.ts` (keys as file
+ * names, and the files of the one-file-per-object layout).
  */
 export class FileObjectStore implements ObjectStore {
   /** `put` writes each chunk out (or copies it) before it asks for the next. */
