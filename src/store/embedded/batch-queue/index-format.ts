@@ -1,11 +1,10 @@
-import { crc32 } from 'node:zlib';
-import type { PackageMeta } from '../../ports.js';
-
 /**
  * The queue's index file, as lines (see `FileBatchQueue`): one per commit, ack and purge,
  * each the CRC-32 of its JSON, a space and the JSON. Written by `indexLine`, read back by
  * `readIndex`.
  */
+import { crc32 } from 'node:zlib';
+import type { PackageMeta } from '../../ports.js';
 
 /** Where one batch lies: segment number, offset, length, CRC-32 of its bytes (none in indexes of earlier versions). */
 export type Location = [segment: number, offset: number, length: number, crc?: number];

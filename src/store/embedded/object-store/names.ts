@@ -1,10 +1,9 @@
-import type { Dirent } from 'node:fs';
-import { join } from 'node:path';
-
 /**
  * Object keys as file names (see `FileObjectStore`): every segment escaped to `[a-z0-9._-]`
  * plus `%xx`; and the files of the one-file-per-object layout of earlier versions, `<name>~`.
  */
+import type { Dirent } from 'node:fs';
+import { join } from 'node:path';
 
 export function escapeSegment(segment: string): string {
   if (PLAIN_SEGMENT.test(segment)) return segment;

@@ -1,9 +1,8 @@
-import { crc32 } from 'node:zlib';
-
 /**
  * The record format of a pack file (see `FileObjectStore`): each record a header line and, for
  * an object, its bytes. Headers are written here and parsed here; `reader.ts` reads records.
  */
+import { crc32 } from 'node:zlib';
 
 /**
  * A record's header line: an object `k` of `n` bytes whose CRC-32 is `c` (its bytes follow the
