@@ -5,7 +5,8 @@
  *
  * Its parts: summaries.ts (the group-committed compare-and-set of a session's summary, and
  * the cache of it), listing.ts (a client's sessions), ledger-writer.ts (recorded packages to
- * the ledger, in the background), workflow-start.ts (the Connector's start body).
+ * the ledger, in the background), leases.ts (the ingest leases held here, renewed on a
+ * heartbeat), workflow-start.ts (the Connector's start body).
  */
 import { randomUUID } from 'node:crypto';
 import type { Connector } from '../connector/types.js';
@@ -13,6 +14,7 @@ import { errors, isServiceError, isStorageUnavailable, type ValidationIssue } fr
 import { activeKey, clientSessionKey, sessionKey } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
+import { HeldLeases } from './leases.js';
 import { fromLedger, LedgerWriter, retryInBackground } from './ledger-writer.js';
 import { SessionListing, type SessionListItem, type SessionPosition } from './listing.js';
 import type { ClientSessionEntry } from './state.js';
@@ -87,10 +89,8 @@ export class SessionService {
   private readonly ledgerWriter: LedgerWriter;
   /** What `start` builds the Connector's start body with. */
   private readonly starts: WorkflowStartDeps;
-  /** Per session: the leases of the ingests running in this process, renewed by `renewLeases`. */
-  private readonly held = new Map<string, { client: ClientRef; ids: Set<string> }>();
-  /** Runs `renewLeases` every third of the lease while this process holds any. */
-  private heartbeat: NodeJS.Timeout | undefined;
+  /** The leases of the ingests running in this process, renewed by `renewLeases`. */
+  private readonly leases: HeldLeases;
 
   /** What deletes left to remove, durable and retried until done (clean-up.ts). */
   private readonly cleanUps: SessionCleanUps;
@@ -102,6 +102,7 @@ export class SessionService {
     const { sessions, ledger, queue, objects, objectPrefix, onBackgroundError } = deps;
     this.stored = storedCounter({ sessions, ledger });
     this.summaries = new Summaries(sessions);
+    this.leases = new HeldLeases(deps.inFlightLeaseMs, () => void this.renewLeases());
     this.listing = new SessionListing({ sessions, stored: this.stored, now: this.now });
     const fold = (uploadUuid: string, entries: readonly { id: string }[]) => this.fold(uploadUuid, entries);
     const onError = (err: unknown, what: string) => this.deps.onBackgroundError?.(err, what);
@@ -239,7 +240,7 @@ export class SessionService {
       if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);
       throw err;
     }
-    this.hold(client, uploadUuid, packageId);
+    this.leases.hold(client, uploadUuid, packageId);
     return packageId;
   }
 
@@ -252,7 +253,7 @@ export class SessionService {
    */
   async renewLeases(): Promise<void> {
     await Promise.all(
-      [...this.held].map(async ([uploadUuid, { client, ids }]) => {
+      this.leases.sessions().map(async ([uploadUuid, { client, ids }]) => {
         try {
           await this.summaries.mutate(client, uploadUuid, 'any', (r) => decideIngestRenew(r, ids, this.now(), this.deps.inFlightLeaseMs));
         } catch (err) {
@@ -262,30 +263,6 @@ export class SessionService {
         }
       }),
     );
-  }
-
-  private hold(client: ClientRef, uploadUuid: string, packageId: string): void {
-    let session = this.held.get(uploadUuid);
-    if (!session) {
-      session = { client, ids: new Set() };
-      this.held.set(uploadUuid, session);
-    }
-    session.ids.add(packageId);
-    if (!this.heartbeat) {
-      this.heartbeat = setInterval(() => void this.renewLeases(), Math.max(1, Math.floor(this.deps.inFlightLeaseMs / 3)));
-      this.heartbeat.unref();
-    }
-  }
-
-  /** The ingest ended (recorded, failed, abandoned): its lease is no longer renewed here. */
-  private unhold(uploadUuid: string, packageId: string): void {
-    const session = this.held.get(uploadUuid);
-    if (!session?.ids.delete(packageId)) return;
-    if (session.ids.size === 0) this.held.delete(uploadUuid);
-    if (this.held.size === 0) {
-      clearInterval(this.heartbeat);
-      this.heartbeat = undefined;
-    }
   }
 
   /**
@@ -303,7 +280,7 @@ export class SessionService {
       if ((await this.resolveRecord(client, uploadUuid, pkg.id, err)) === 'fenced') throw errors.storageUnavailable(err);
     } finally {
       // Recorded (the lease became the record), or failed: no more renewals.
-      this.unhold(uploadUuid, pkg.id);
+      this.leases.unhold(uploadUuid, pkg.id);
     }
     this.ledgerWriter.write(uploadUuid, [pkg]);
   }
@@ -357,7 +334,7 @@ export class SessionService {
    * lease would otherwise hold `upload_tasks_finished` false until it expires.
    */
   async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
-    this.unhold(uploadUuid, packageId);
+    this.leases.unhold(uploadUuid, packageId);
     const release = () => this.summaries.mutate(client, uploadUuid, 'any', (r) => decideIngestRelease(r, [packageId], this.now()));
     try {
       await release();
