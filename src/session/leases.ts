@@ -11,7 +11,7 @@ export class HeldLeases {
   private heartbeat: NodeJS.Timeout | undefined;
 
   constructor(
-    private readonly leaseMs: number,
+    private readonly deps: { readonly inFlightLeaseMs: number },
     private readonly renew: () => void,
   ) {}
 
@@ -29,7 +29,7 @@ export class HeldLeases {
     }
     session.ids.add(packageId);
     if (!this.heartbeat) {
-      this.heartbeat = setInterval(this.renew, Math.max(1, Math.floor(this.leaseMs / 3)));
+      this.heartbeat = setInterval(this.renew, Math.max(1, Math.floor(this.deps.inFlightLeaseMs / 3)));
       this.heartbeat.unref();
     }
   }

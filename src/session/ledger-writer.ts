@@ -9,20 +9,23 @@ import type { PackageEntry } from './state.js';
 /** Background retries (a lease release, a ledger write) back off up to this delay (about a minute in all). */
 const RETRY_MAX_DELAY_MS = 32_000;
 
+/** What the writer reads of the session service's dependencies (`SessionServiceDeps`), as it writes. */
 export interface LedgerWriterDeps {
-  ledger: PackageLedger;
-  /** How long recorded packages wait to be written together (`SessionServiceDeps.ledgerLingerMs`). */
-  lingerMs: number;
-  /** Folds packages the ledger now holds into the session's summary. */
-  fold(uploadUuid: string, entries: readonly { id: string }[]): Promise<void>;
-  onBackgroundError?: (err: unknown, what: string) => void;
+  readonly ledger: PackageLedger;
+  /** How long recorded packages wait to be written together (default 10 ms). */
+  readonly ledgerLingerMs?: number;
+  readonly onBackgroundError?: (err: unknown, what: string) => void;
 }
 
 export class LedgerWriter {
   /** Per session: recorded packages waiting for their ledger write, and whether one is under way. */
   private readonly ledgerQueues = new Map<string, { waiting: PackageEntry[]; run: Promise<void> | null }>();
 
-  constructor(private readonly deps: LedgerWriterDeps) {}
+  constructor(
+    private readonly deps: LedgerWriterDeps,
+    /** Folds packages the ledger now holds into the session's summary. */
+    private readonly fold: (uploadUuid: string, entries: readonly { id: string }[]) => Promise<void>,
+  ) {}
 
   /** Writes recorded packages to the ledger, then folds them into the summary; per session, a group at a time. */
   write(uploadUuid: string, entries: PackageEntry[]): void {
@@ -34,16 +37,16 @@ export class LedgerWriter {
     queue.waiting.push(...entries);
     if (queue.run) return;
     const q = queue;
-    const linger = this.deps.lingerMs;
+    const linger = this.deps.ledgerLingerMs ?? 10;
     q.run = (async () => {
       while (q.waiting.length > 0) {
         if (linger > 0) await new Promise((resolve) => setTimeout(resolve, linger));
         const group = q.waiting.splice(0);
         const write = async () => {
           await this.deps.ledger.append(uploadUuid, group.map(toLedger));
-          await this.deps.fold(uploadUuid, group);
+          await this.fold(uploadUuid, group);
         };
-        await write().catch((err: unknown) => retryInBackground(write, err, 'write recorded packages to the ledger', this.deps.onBackgroundError));
+        await write().catch((err: unknown) => retryInBackground(write, err, 'write recorded packages to the ledger', (e, what) => this.deps.onBackgroundError?.(e, what)));
       }
       q.run = null;
       if (this.ledgerQueues.get(uploadUuid) === q) this.ledgerQueues.delete(uploadUuid);

@@ -32,14 +32,12 @@ function newestFirst(a: SessionPosition, b: SessionPosition): number {
   return a.upload_uuid === b.upload_uuid ? 0 : a.upload_uuid > b.upload_uuid ? -1 : 1;
 }
 
-export interface SessionListingDeps {
-  sessions: SessionStore;
-  stored: StoredCounter;
-  now: () => number;
-}
-
 export class SessionListing {
-  constructor(private readonly deps: SessionListingDeps) {}
+  constructor(
+    private readonly deps: { readonly sessions: SessionStore },
+    private readonly stored: StoredCounter,
+    private readonly now: () => number,
+  ) {}
 
   /**
    * The client's sessions, newest first (`created_at`, then `upload_uuid`, both descending),
@@ -63,7 +61,7 @@ export class SessionListing {
           if (!UPLOAD_UUID.test(e.upload_uuid)) return null;
           const [summary, stored] = await Promise.all([
             this.deps.sessions.get<SessionRecord>(sessionKey(e.upload_uuid)),
-            this.deps.stored.perEntity(e.upload_uuid),
+            this.stored.perEntity(e.upload_uuid),
           ]);
           return { e, summary: summary ? fromStored(summary.value) : null, stored };
         }),
@@ -103,7 +101,7 @@ export class SessionListing {
         if (!isStoreConflict(err)) throw err;
       }
     }
-    await sessions.create(LISTING_INDEXED, { at: new Date(this.deps.now()).toISOString() }).catch((err: unknown) => {
+    await sessions.create(LISTING_INDEXED, { at: new Date(this.now()).toISOString() }).catch((err: unknown) => {
       if (!isStoreConflict(err)) throw err;
     });
     return created;

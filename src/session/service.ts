@@ -20,7 +20,7 @@ import { SessionListing, type SessionListItem, type SessionPosition } from './li
 import type { ClientSessionEntry } from './state.js';
 import { storedCounter, type StoredCounter } from './stored-counts.js';
 import { CACHED_SESSIONS, MAX_CAS_ATTEMPTS, Summaries, UPLOAD_UUID } from './summaries.js';
-import { workflowStart, type WorkflowStartDeps } from './workflow-start.js';
+import { workflowStart } from './workflow-start.js';
 import {
   decideDelete,
   decideFold,
@@ -87,8 +87,8 @@ export class SessionService {
   private readonly activeHints = new Map<string, string>();
   private readonly listing: SessionListing;
   private readonly ledgerWriter: LedgerWriter;
-  /** What `start` builds the Connector's start body with. */
-  private readonly starts: WorkflowStartDeps;
+  /** Folds packages the ledger holds into the summary (`fold`), for the ledger writer and the start body. */
+  private readonly folder = (uploadUuid: string, entries: readonly { id: string }[]): Promise<void> => this.fold(uploadUuid, entries);
   /** The leases of the ingests running in this process, renewed by `renewLeases`. */
   private readonly leases: HeldLeases;
 
@@ -101,21 +101,10 @@ export class SessionService {
     this.now = deps.clock ?? Date.now;
     const { sessions, ledger, queue, objects, objectPrefix, onBackgroundError } = deps;
     this.stored = storedCounter({ sessions, ledger });
-    this.summaries = new Summaries(sessions);
-    this.leases = new HeldLeases(deps.inFlightLeaseMs, () => void this.renewLeases());
-    this.listing = new SessionListing({ sessions, stored: this.stored, now: this.now });
-    const fold = (uploadUuid: string, entries: readonly { id: string }[]) => this.fold(uploadUuid, entries);
-    const onError = (err: unknown, what: string) => this.deps.onBackgroundError?.(err, what);
-    this.ledgerWriter = new LedgerWriter({ ledger, lingerMs: deps.ledgerLingerMs ?? 10, fold, onBackgroundError: onError });
-    this.starts = {
-      ledger,
-      objects,
-      objectPrefix,
-      callbackUrl: deps.callbackUrl,
-      ...(deps.inlineObjects !== undefined ? { inlineObjects: deps.inlineObjects } : {}),
-      fold,
-      onBackgroundError: onError,
-    };
+    this.summaries = new Summaries(deps);
+    this.leases = new HeldLeases(deps, () => void this.renewLeases());
+    this.listing = new SessionListing(deps, this.stored, this.now);
+    this.ledgerWriter = new LedgerWriter(deps, this.folder);
     this.cleanUps = new SessionCleanUps({
       sessions,
       ledger,
@@ -356,7 +345,7 @@ export class SessionService {
     );
     const startedAt = started.workflow!.started_at;
     try {
-      return await this.deps.connector.start(await workflowStart(this.starts, client, started));
+      return await this.deps.connector.start(await workflowStart(this.deps, this.folder, client, started));
     } catch (err) {
       await this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartFailed(r, startedAt, this.now())).catch((rollback: unknown) =>
         this.deps.onBackgroundError?.(rollback, 'roll back a failed start'),

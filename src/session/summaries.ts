@@ -48,13 +48,13 @@ export class Summaries {
   /** Per session: the summary as this process last wrote or read it (least recently used first). */
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
 
-  constructor(private readonly sessions: SessionStore) {}
+  constructor(private readonly deps: { readonly sessions: SessionStore }) {}
 
   async read(uploadUuid: string): Promise<Versioned<SessionRecord> | null> {
     // Only `randomUUID()` names a session: anything else (a path segment with a space, 5,000
     // characters, `../x`) names none, and is no store key either (the stores refuse it).
     if (!UPLOAD_UUID.test(uploadUuid)) return null;
-    const stored = await this.sessions.get<SessionRecord>(sessionKey(uploadUuid));
+    const stored = await this.deps.sessions.get<SessionRecord>(sessionKey(uploadUuid));
     if (!stored) {
       this.cache.delete(uploadUuid);
       return null;
@@ -134,7 +134,7 @@ export class Summaries {
       }
       if (current && next !== current.value) {
         try {
-          const revision = await this.sessions.update(sessionKey(uploadUuid), next, current.revision);
+          const revision = await this.deps.sessions.update(sessionKey(uploadUuid), next, current.revision);
           this.remember(uploadUuid, { value: next!, revision });
         } catch (err) {
           this.cache.delete(uploadUuid);

@@ -9,16 +9,15 @@ import type { ObjectStore, PackageLedger } from '../store/ports.js';
 import { toLedger } from './ledger-writer.js';
 import { entityTotals, packageCount, type ClientRef, type SessionRecord } from './state.js';
 
+/** What the start body reads of the session service's dependencies (`SessionServiceDeps`), when it is built. */
 export interface WorkflowStartDeps {
-  ledger: PackageLedger;
-  objects: ObjectStore;
-  objectPrefix: string;
-  callbackUrl: string;
+  readonly ledger: PackageLedger;
+  readonly objects: ObjectStore;
+  readonly objectPrefix: string;
+  readonly callbackUrl: string;
   /** Past this many objects the body names a manifest object instead of listing them (default 1000). */
-  inlineObjects?: number;
-  /** Folds packages the ledger now holds into the session's summary. */
-  fold(uploadUuid: string, entries: readonly { id: string }[]): Promise<void>;
-  onBackgroundError?: (err: unknown, what: string) => void;
+  readonly inlineObjects?: number;
+  readonly onBackgroundError?: (err: unknown, what: string) => void;
 }
 
 /**
@@ -26,11 +25,17 @@ export interface WorkflowStartDeps {
  * ledger then lists every package; past `inlineObjects` objects the list is written as an
  * NDJSON manifest object beside the session's objects and the body names it instead.
  */
-export async function workflowStart(deps: WorkflowStartDeps, client: ClientRef, r: SessionRecord): Promise<WorkflowStart> {
+export async function workflowStart(
+  deps: WorkflowStartDeps,
+  /** Folds packages the ledger now holds into the session's summary. */
+  fold: (uploadUuid: string, entries: readonly { id: string }[]) => Promise<void>,
+  client: ClientRef,
+  r: SessionRecord,
+): Promise<WorkflowStart> {
   const recording = Object.entries(r.recording).map(([id, e]) => ({ id, ...e }));
   if (recording.length > 0) {
     await deps.ledger.append(r.upload_uuid, recording.map(toLedger));
-    await deps.fold(r.upload_uuid, recording).catch((err: unknown) => deps.onBackgroundError?.(err, 'fold recorded packages'));
+    await fold(r.upload_uuid, recording).catch((err: unknown) => deps.onBackgroundError?.(err, 'fold recorded packages'));
   }
   const prefix = sessionObjectPrefix(deps.objectPrefix, r.client_id, r.upload_uuid);
   let sizes: Map<string, number> | null = null;
