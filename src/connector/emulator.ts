@@ -1,12 +1,13 @@
 import { randomUUID } from 'node:crypto';
-import { mkdir, open, readFile, rename, unlink } from 'node:fs/promises';
-import { dirname } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { errors } from '../errors.js';
 import type { ObjectStore } from '../store/ports.js';
 import type { Connector, WebhookPayload, WorkflowObject, WorkflowStart } from './types.js';
 import { sendWebhook } from './webhook.js';
 import { writeFileAtomic } from '../durable-file.js';
+import { loadState, STATE_VERSION, type WorkflowRecord } from './emulator/state-file.js';
+import { Tally } from './emulator/tally.js';
+
 export interface EmulatedConnectorOptions {
   /** Where the session's objects were stored (the same store the uploader writes to). */
   objects: ObjectStore;
@@ -44,8 +45,6 @@ export interface EmulatedStartAnswer {
 
 /** Lets the gateway's terminate answer go out before the confirming webhook arrives. */
 const TERMINATE_ACK_DELAY_MS = 100;
-const MAX_PROBLEMS_LISTED = 5;
-const STATE_VERSION = 1;
 /** Restored work waits this long after `open`, so the gateway's webhook endpoint can come up first. */
 const RESUME_DELAY_MS = 100;
 /**
@@ -55,28 +54,10 @@ const RESUME_DELAY_MS = 100;
  */
 const RESUME_PATIENCE_MS = 120_000;
 
-/**
- * One workflow not yet done, as kept in the state file. `running`: waiting for `due_at`
- * (terminate still possible); `completing`: sending `outcome`; `terminating`: sending the
- * terminate confirmation. Removed once its webhook was delivered (2xx) or given up.
- */
-interface WorkflowRecord {
-  upload_uuid: string;
-  workflow_id: string;
-  callback_url: string;
-  /** When the completion webhook is due, epoch ms. */
-  due_at: number;
-  phase: 'running' | 'completing' | 'terminating';
-  /** The completion webhook, judged at start from the counted rows. */
-  outcome: WebhookPayload;
-}
-
 interface Scheduled {
   workflowId: string;
   timer: NodeJS.Timeout;
 }
-
-type Log = EmulatedConnectorOptions['log'];
 
 /**
  * The embedded Connector (docs/api.md, The Connector: "Without `CONNECTOR_URL`"). `start` counts the
@@ -91,6 +72,9 @@ type Log = EmulatedConnectorOptions['log'];
  * `open` when that has passed) and can be terminated until then; a webhook that was being
  * sent is sent again 100 ms after `open` (the gateway ignores a repeat): at least once.
  * Restored workflows send to `callbackUrl()` when given, else to their saved `callback_url`.
+ *
+ * The state file's records and their reading are in emulator/state-file.ts; the counting
+ * and judging of a start's objects in emulator/tally.ts.
  */
 export class EmulatedConnector implements Connector {
   readonly #opts: EmulatedConnectorOptions;
@@ -349,104 +333,6 @@ export class EmulatedConnector implements Connector {
   }
 }
 
-/** The saved workflows; [] for a missing or unparsable file (logged, the latter kept aside). */
-async function loadState(file: string, log: Log): Promise<WorkflowRecord[]> {
-  await mkdir(dirname(file), { recursive: true });
-  let text: string;
-  try {
-    text = await readFile(file, 'utf8');
-  } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-    log?.('connector emulator: no state file, starting empty', { file });
-    return [];
-  }
-  let workflows: unknown[];
-  try {
-    const state: unknown = JSON.parse(text);
-    if (!isObject(state) || state.version !== STATE_VERSION || !Array.isArray(state.workflows)) {
-      throw new Error(`not a version ${STATE_VERSION} state file`);
-    }
-    workflows = state.workflows;
-  } catch (err) {
-    const aside = `${file}.corrupt-${Date.now()}`;
-    const kept = await rename(file, aside).then(
-      () => aside,
-      () => null,
-    );
-    log?.('connector emulator: corrupt state file, starting empty', { file, kept_as: kept, err });
-    return [];
-  }
-  const valid: WorkflowRecord[] = [];
-  for (const wf of workflows) {
-    if (isWorkflowRecord(wf)) valid.push(wf);
-    else log?.('connector emulator: invalid saved workflow dropped', { file, workflow: wf });
-  }
-  return valid;
-}
-
-function isObject(v: unknown): v is Record<string, unknown> {
-  return typeof v === 'object' && v !== null && !Array.isArray(v);
-}
-
-const isString = (v: unknown): v is string => typeof v === 'string' && v !== '';
-
-function isWorkflowRecord(v: unknown): v is WorkflowRecord {
-  if (!isObject(v) || !isObject(v.outcome)) return false;
-  const o = v.outcome;
-  return (
-    isString(v.upload_uuid) &&
-    isString(v.workflow_id) &&
-    isString(v.callback_url) &&
-    typeof v.due_at === 'number' &&
-    Number.isFinite(v.due_at) &&
-    (v.phase === 'running' || v.phase === 'completing' || v.phase === 'terminating') &&
-    o.upload_uuid === v.upload_uuid &&
-    typeof o.is_terminated === 'boolean' &&
-    (o.status === undefined || o.status === 'succeeded' || o.status === 'failed' || o.status === 'terminated') &&
-    (o.message === undefined || typeof o.message === 'string')
-  );
-}
-
 function isRetryable(status: number): boolean {
   return status === 408 || status === 429 || status >= 500;
-}
-
-/** Counts the objects of a start request as they are read, then compares them with the request. */
-class Tally {
-  readonly #req: WorkflowStart;
-  /** The first problems, and how many there were: a session of a million objects can have as many. */
-  readonly #problems: string[] = [];
-  #problemCount = 0;
-  readonly #perEntity: Map<string, number>;
-  #total = 0;
-
-  constructor(req: WorkflowStart) {
-    this.#req = req;
-    this.#perEntity = new Map(req.entities.map((e) => [e.name, 0]));
-  }
-
-  problem(text: string): void {
-    if (this.#problemCount++ < MAX_PROBLEMS_LISTED) this.#problems.push(text);
-  }
-
-  /** `rows` null: the object is missing. */
-  add(obj: WorkflowObject, rows: number | null): void {
-    if (rows === null) this.problem(`object ${obj.key} is missing`);
-    else if (rows !== obj.rows) this.problem(`object ${obj.key} declared ${obj.rows} rows, found ${rows}`);
-    this.#perEntity.set(obj.entity, (this.#perEntity.get(obj.entity) ?? 0) + (rows ?? 0));
-    this.#total += rows ?? 0;
-  }
-
-  judge(): { entities: EmulatedStartAnswer['entities']; payload: WebhookPayload } {
-    for (const e of this.#req.entities) {
-      const rows = this.#perEntity.get(e.name) ?? 0;
-      if (rows !== e.rows) this.problem(`entity ${e.name} declared ${e.rows} rows, found ${rows}`);
-    }
-    const entities = [...this.#perEntity].map(([name, rows]) => ({ name, rows }));
-    const base = { upload_uuid: this.#req.upload_uuid, is_terminated: false };
-    if (this.#problemCount === 0) return { entities, payload: { ...base, status: 'succeeded', message: `Processed ${this.#total} rows` } };
-    const listed = this.#problems.join('; ');
-    const more = this.#problemCount > MAX_PROBLEMS_LISTED ? ` (and ${this.#problemCount - MAX_PROBLEMS_LISTED} more)` : '';
-    return { entities, payload: { ...base, status: 'failed', message: `Row count mismatch: ${listed}${more}` } };
-  }
 }

@@ -22,6 +22,9 @@
  * nothing runs again), or their leases end there and none of them can ever be recorded; only
  * then does the retry's own package run. An attempt's lease is taken before its claim, so no
  * attempt can begin after a takeover settled it.
+ *
+ * The records and `Attempt` are in idempotency/records.ts; the claim of a running attempt
+ * (renewed, finished, released) in idempotency/held-claim.ts.
  */
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
@@ -30,6 +33,10 @@ import { errors } from '../errors.js';
 import { idempotencyKey, idempotencyPrefix } from '../store/keys.js';
 import { isStoreConflict, type Listed, type SessionStore } from '../store/ports.js';
 import type { ClientRef, PackageEntry } from './state.js';
+import { HeldClaim } from './idempotency/held-claim.js';
+import { sameRequest, type Attempt, type IdempotencyRecord, type PendingRecord, type RequestFingerprint, type StoredAnswer } from './idempotency/records.js';
+
+export type { Attempt, RequestFingerprint, StoredAnswer } from './idempotency/records.js';
 
 /** 1 to 255 visible ASCII characters (`!` to `~`). */
 const KEY_SYNTAX = /^[\x21-\x7e]{1,255}$/;
@@ -39,63 +46,6 @@ export function parseIdempotencyKey(header: string | undefined): string | null {
   if (header === undefined) return null;
   if (!KEY_SYNTAX.test(header)) throw errors.idempotencyKeyInvalid();
   return header;
-}
-
-/**
- * What a key promises stays the same on a retry. The body is not known before it is read,
- * and a replay does not read it: the declared `Content-Length` stands in for it.
- */
-export interface RequestFingerprint {
-  upload_uuid: string;
-  entity: string;
-  /** Declared body length on the wire; null for a chunked body. Compared only when both requests declare one. */
-  content_length: number | null;
-}
-
-export interface StoredAnswer {
-  status: number;
-  body: unknown;
-}
-
-interface PendingRecord extends RequestFingerprint {
-  state: 'pending';
-  /**
-   * Package ids of the attempts the session may have recorded, the current one first. More
-   * than one only after a takeover, until the attempt ends.
-   */
-  attempts: string[];
-  /** The current attempt's instance holds the key until then (epoch ms); 0 once released. */
-  lease_until: number;
-  /** The instance of the current attempt (a random id per process start). */
-  owner: string;
-  created_at: number;
-}
-
-interface DoneRecord extends RequestFingerprint {
-  state: 'done';
-  status: number;
-  body: unknown;
-  /** The package the answer is about (200 only). */
-  package_id: string | null;
-  at: number;
-}
-
-type IdempotencyRecord = PendingRecord | DoneRecord;
-
-/** One attempt that holds a key: the package it runs, and the two ways it ends. Neither throws. */
-export interface Attempt {
-  readonly packageId: string;
-  /**
-   * Stores the attempt's definite answer, replayed to every repeat until it expires.
-   * `packageId`: the package a 200 is about (default: this attempt's).
-   */
-  finish(answer: StoredAnswer, packageId?: string): Promise<void>;
-  /**
-   * No definite answer (a 5xx, an abort): a retry runs again. `mayBeRecorded` says the
-   * session may have recorded the package (recording was attempted and failed in an unknown
-   * way): the next retry then settles it before running.
-   */
-  release(mayBeRecorded: boolean): Promise<void>;
 }
 
 export type Claim =
@@ -360,111 +310,6 @@ export class IdempotentIngests {
 }
 
 /**
- * The claim of a running attempt: renews its lease in the background and ends it once.
- * Every write is a compare-and-set on the revision this attempt wrote last; a conflict means
- * another instance took the key over (this attempt's lease had lapsed), and the attempt then
- * writes nothing more: its package can no longer be recorded either (the takeover settled it).
- */
-class HeldClaim implements Attempt {
-  readonly packageId: string;
-  readonly #owner: IdempotentIngests;
-  readonly #id: string;
-  #revision: number;
-  #record: PendingRecord;
-  /** Earlier attempts not yet settled by this one (see `release`). */
-  #unsettled: string[];
-  #lost = false;
-  #ended = false;
-  /** Writes run one after another. */
-  #tail: Promise<void> = Promise.resolve();
-  readonly #timer: NodeJS.Timeout;
-
-  constructor(owner: IdempotentIngests, id: string, revision: number, record: PendingRecord, unsettled: string[]) {
-    this.packageId = record.attempts[0]!;
-    this.#owner = owner;
-    this.#id = id;
-    this.#revision = revision;
-    this.#record = record;
-    this.#unsettled = unsettled;
-    const every = Math.max(1, Math.floor(owner.options.leaseMs / 3));
-    this.#timer = setInterval(() => void this.#write('renew the claim of an Idempotency-Key', () => this.#renew()), every);
-    this.#timer.unref();
-  }
-
-  settled(): void {
-    this.#unsettled = [];
-  }
-
-  async finish(answer: StoredAnswer, packageId: string = this.packageId): Promise<void> {
-    if (this.#end()) return;
-    const { state: _state, attempts: _attempts, lease_until: _lease, owner: _owner, created_at: _created, ...fingerprint } = this.#record;
-    const done: DoneRecord = {
-      ...fingerprint,
-      state: 'done',
-      status: answer.status,
-      body: answer.body,
-      package_id: answer.status === 200 ? packageId : null,
-      at: this.#owner.now(),
-    };
-    await this.#write('store the answer of an Idempotency-Key', () => this.#cas(done));
-  }
-
-  async release(mayBeRecorded: boolean): Promise<void> {
-    if (this.#end()) return;
-    const attempts = [...(mayBeRecorded ? [this.packageId] : []), ...this.#unsettled];
-    await this.#write('release an Idempotency-Key', async () => {
-      if (attempts.length > 0) return this.#cas({ ...this.#record, attempts, lease_until: 0 });
-      // Nothing of this key can be recorded any more: forget it.
-      try {
-        await this.#owner.options.sessions.delete(this.#id, this.#revision);
-      } catch (err) {
-        if (!isStoreConflict(err)) throw err;
-        this.#lost = true;
-      }
-    });
-  }
-
-  #end(): boolean {
-    if (this.#ended) return true;
-    this.#ended = true;
-    clearInterval(this.#timer);
-    return false;
-  }
-
-  async #renew(): Promise<void> {
-    if (this.#ended) return;
-    await this.#cas({ ...this.#record, lease_until: this.#owner.now() + this.#owner.options.leaseMs });
-  }
-
-  async #cas(next: IdempotencyRecord): Promise<void> {
-    try {
-      this.#revision = await this.#owner.options.sessions.update(this.#id, next, this.#revision);
-      if (next.state === 'pending') this.#record = next;
-    } catch (err) {
-      if (!isStoreConflict(err)) throw err;
-      this.#lost = true;
-    }
-  }
-
-  /**
-   * Queues a write after the previous ones; failures are reported, never thrown: the claim
-   * then simply lapses after `leaseMs`, and the next retry settles this attempt.
-   */
-  #write(what: string, fn: () => Promise<void>): Promise<void> {
-    const run = this.#tail.then(async () => {
-      if (this.#lost) return;
-      try {
-        await fn();
-      } catch (err) {
-        this.#owner.options.onBackgroundError?.(err, what);
-      }
-    });
-    this.#tail = run;
-    return run;
-  }
-}
-
-/**
  * Removes the idempotency records of one session of the client (its delete's clean-up,
  * clean-up.ts): a replay after the delete then meets the session checks like a new request.
  * A record that changes meanwhile is looked at again; resolves once none is left.
@@ -482,13 +327,4 @@ export async function forgetSessionRecords(sessions: SessionStore, clientId: str
       }
     }
   }
-}
-
-/** The same request as far as a key can tell: same session, entity and (when both declare it) body length. */
-function sameRequest(r: IdempotencyRecord, fp: RequestFingerprint): boolean {
-  return (
-    r.upload_uuid === fp.upload_uuid &&
-    r.entity === fp.entity &&
-    (r.content_length === null || fp.content_length === null || r.content_length === fp.content_length)
-  );
 }

@@ -10,7 +10,7 @@
  * package costs the same at package 1,000,000 as at package 1.
  *
  * How a package is recorded (each arrow a compare-and-set on the summary, shared by every
- * package ready at that moment, see service.ts):
+ * package ready at that moment, see summaries.ts):
  * ```
  *  begin ──> in_flight[id] = lease ──record──> recording[id] = entry ──fold──> totals += entry
  *                 │                         (the 200 goes out here)    (after the ledger holds

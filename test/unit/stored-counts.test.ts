@@ -21,6 +21,12 @@ import type { PackageLedger } from '../../src/store/ports.js';
 const U = '11111111-1111-4111-8111-111111111111';
 const pkg = (id: string, entity = 'products') => ({ upload_uuid: U, package_id: id, entity });
 
+/** `target[prop]`, a method bound to `target` (a proxy's pass-through). */
+function bound(target: object, prop: string | symbol): unknown {
+  const value: unknown = Reflect.get(target, prop);
+  return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+}
+
 /** One delivery counted by an instance of its own, its writes done. */
 async function countOnce(deps: ConstructorParameters<typeof StoredPackages>[0], p: ReturnType<typeof pkg>): Promise<void> {
   const stored = new StoredPackages(deps);
@@ -103,7 +109,7 @@ t.test('the record as this instance wrote it saves the reads; a write by another
     return sessions.get<T>(key);
   };
   const counted = new Proxy(sessions, {
-    get: (target, prop) => (prop === 'get' ? get : (Reflect.get(target, prop) as (...a: unknown[]) => unknown).bind(target)),
+    get: (target, prop) => (prop === 'get' ? get : bound(target, prop)),
   });
   const stored = new StoredPackages({ sessions: counted, ledger });
   await stored.count(pkg('p-1'));
@@ -132,7 +138,7 @@ t.test('counts that follow each other fold the earlier packages in their own wri
   };
   const counted = new Proxy(sessions, {
     get: (target, prop) =>
-      prop === 'update' ? update : prop === 'create' ? create : (Reflect.get(target, prop) as (...a: unknown[]) => unknown).bind(target),
+      prop === 'update' ? update : prop === 'create' ? create : bound(target, prop),
   });
   const stored = new StoredPackages({ sessions: counted, ledger });
   for (const id of ['p-1', 'p-2', 'p-3']) await stored.count(pkg(id));

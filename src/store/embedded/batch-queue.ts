@@ -1,10 +1,13 @@
-import { readFile, readdir, rm, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
-import { mkdirDurable, writeFileAtomic } from '../../durable-file.js';
+import { mkdirDurable } from '../../durable-file.js';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../ports.js';
-import { AppendFile } from './append-file.js';
 import { DamageLog, type OnDamage } from './damage.js';
+import { IndexLog } from './batch-queue/index-log.js';
+import { indexLine, type CommitRecord, type Location } from './batch-queue/index-format.js';
+import { adoptReady } from './batch-queue/ready-dir.js';
+import { Segments, type Segment } from './batch-queue/segments.js';
+import { FileWriter, type InMemory } from './batch-queue/writer.js';
 
 export interface FileBatchQueueOptions {
   /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
@@ -32,32 +35,6 @@ export interface FileBatchQueueOptions {
   heldBytes?: number;
 }
 
-/** A package up to this size is kept in memory for its consumer (see `heldBytes`). */
-const HELD_PACKAGE_BYTES = 64 * 1024;
-
-/** Copies of a package's batches, kept in memory for its consumer, and their size. */
-interface InMemory {
-  batches: Buffer[];
-  bytes: number;
-}
-
-/** Where one batch lies: segment number, offset, length, CRC-32 of its bytes (none in indexes of earlier versions). */
-type Location = [segment: number, offset: number, length: number, crc?: number];
-
-/** The index line of a committed package. */
-interface CommitRecord {
-  t: 'c';
-  seq: number;
-  meta: PackageMeta;
-  rows: number;
-  bytes: number;
-  /** Commit time (epoch ms). */
-  at: number;
-  batches: Location[];
-}
-
-type IndexRecord = CommitRecord | { t: 'a'; seq: number } | { t: 'p'; upload_uuid: string };
-
 interface Entry extends CommitRecord {
   /** Bytes of its index line. */
   lineBytes: number;
@@ -69,27 +46,8 @@ interface Entry extends CommitRecord {
   inMemory?: InMemory;
 }
 
-interface Segment {
-  no: number;
-  file: Promise<AppendFile>;
-  /** Packages (committed, or being written) with batches in it. */
-  refs: number;
-  /** Bytes placed in it by this process. */
-  bytes: number;
-}
-
 const ID = /^[A-Za-z0-9_.=-]+$/;
-/**
- * An emptied segment being written is replaced from this size on (or when the queue is
- * empty): a new file costs an open and a directory fsync (0.6–1.7 ms), too much to pay at
- * every moment the uploader catches up under load.
- */
-const REPLACE_EMPTIED_BYTES = 1024 * 1024;
-/** The index is compacted at this many times what its live lines take (see `indexCompactBytes`). */
-const COMPACT_RATIO = 4;
 const MAX_DELAY_MS = 30_000;
-const SEGMENT = /^(\d+)\.seg$/;
-const INDEX = /^index-(\d+)\.ndjson$/;
 
 /**
  * `BatchQueue` on local files, for one process, group-committed.
@@ -125,12 +83,14 @@ const INDEX = /^index-(\d+)\.ndjson$/;
  * package dropped (`QUEUE_BATCH_LOST`), never delivered with other bytes. Delivery attempts
  * are counted in memory only. A `ready/` directory of an older version (a directory per
  * package) is taken over at open.
+ *
+ * Its parts, in `batch-queue/`: `segments.ts` (the segment files), `index-log.ts` (the index,
+ * appended and compacted) and `index-format.ts` (its lines), `writer.ts` (a package being
+ * written), `ready-dir.ts` (the older layout taken over).
  */
 export class FileBatchQueue implements BatchQueue {
   readonly #dir: string;
-  readonly #segmentsDir: string;
   readonly #delayMs: number;
-  readonly #segmentBytes: number;
   readonly #indexCompactBytes: number;
   readonly #heldBudget: number;
   readonly #damage: DamageLog;
@@ -142,19 +102,8 @@ export class FileBatchQueue implements BatchQueue {
   #liveLineBytes = 0;
   /** Committed, not acked, per session. */
   readonly #perSession = new Map<string, number>();
-  readonly #segments = new Map<number, Segment>();
-  /** The segment batches go to; null after a failure (the next batch opens a fresh one). */
-  #current: Segment | null = null;
-  /** Number of the next segment: never one used before, so no index line can name a segment it did not write to. */
-  #nextSegment = 0;
-  #index!: AppendFile;
-  #indexNo = 0;
-  /** A write or fdatasync of the index failed: the next group goes to a fresh index. */
-  #indexFailed = false;
-  readonly #indexQueue: { line: string; sync: boolean; apply?: () => void; resolve: () => void; reject: (err: unknown) => void }[] = [];
-  #indexRun: Promise<void> | null = null;
-  /** Segments being removed. */
-  readonly #dropping = new Set<Promise<void>>();
+  readonly #segments: Segments;
+  #index!: IndexLog;
   readonly #writers = new Set<FileWriter>();
   readonly #consumers = new Set<QueueConsumer>();
   readonly #wakers = new Set<() => void>();
@@ -163,17 +112,20 @@ export class FileBatchQueue implements BatchQueue {
 
   private constructor(dir: string, opts: FileBatchQueueOptions) {
     this.#dir = dir;
-    this.#segmentsDir = join(dir, 'segments');
     this.#delayMs = opts.redeliveryDelayMs ?? 1000;
-    this.#segmentBytes = opts.segmentBytes ?? 16 * 1024 * 1024;
     this.#indexCompactBytes = opts.indexCompactBytes ?? 1024 * 1024;
     this.#heldBudget = opts.heldBytes ?? 32 * 1024 * 1024;
     this.#damage = new DamageLog(opts.onDamage);
+    this.#segments = new Segments(join(dir, 'segments'), opts.segmentBytes ?? 16 * 1024 * 1024, {
+      syncIndex: () => this.#index.append(null, true),
+      empty: () => this.#entries.size === 0,
+      closed: () => this.#closed,
+    });
   }
 
   static async open(dir: string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
     const q = new FileBatchQueue(dir, opts);
-    await mkdirDurable(q.#segmentsDir);
+    await mkdirDurable(join(dir, 'segments'));
     await q.#recover();
     return q;
   }
@@ -191,7 +143,7 @@ export class FileBatchQueue implements BatchQueue {
       place: (batch) => this.#place(batch),
       commit: (totals, batches, inMemory) => this.#commit(writer, totals, batches, inMemory),
       room: () => this.#heldBudget - this.#heldBytes,
-      release: (segments) => this.#release(segments),
+      release: (segments) => this.#segments.release(segments),
       forget: () => this.#writers.delete(writer),
     });
     this.#writers.add(writer);
@@ -236,7 +188,7 @@ export class FileBatchQueue implements BatchQueue {
       e.purged = true;
       this.#remove(e);
     }
-    await this.#log({ t: 'p', upload_uuid: uploadUuid }, true);
+    await this.#index.append({ t: 'p', upload_uuid: uploadUuid }, true);
   }
 
   async close(): Promise<void> {
@@ -244,33 +196,18 @@ export class FileBatchQueue implements BatchQueue {
     this.#closed = true;
     await Promise.all([...this.#consumers].map((c) => c.stop()));
     await Promise.all([...this.#writers].map((w) => w.abort()));
-    await Promise.all([...this.#dropping]);
-    await this.#indexRun;
+    await this.#segments.settled();
+    await this.#index.idle();
     // Every file is closed, whatever fails (a handle left open would fail its close at garbage collection, off any caller).
-    const closed = await Promise.allSettled([this.#index.close(), ...[...this.#segments.values()].map((s) => s.file.then((f) => f.close(), () => undefined))]);
+    const closed = await Promise.allSettled([this.#index.close(), ...this.#segments.closing()]);
     const failed = closed.find((r) => r.status === 'rejected');
     if (failed) throw failed.reason;
   }
 
-  /** Appends one batch to the current segment (a new one past `segmentBytes`); the writer holds a reference to it. */
+  /** Appends one batch to the current segment (see `Segments`); the writer holds a reference to it. */
   #place(batch: Uint8Array): { segment: Segment; location: Location; written: Promise<void> } {
     this.#check();
-    const segment = (this.#current ??= this.#openSegment());
-    segment.bytes += batch.byteLength;
-    const location: Location = [segment.no, 0, batch.byteLength, crc32(batch)];
-    const written = segment.file.then((f) => {
-      const { offset, written: done } = f.write(batch);
-      location[1] = offset;
-      if (f.size >= this.#segmentBytes && this.#current === segment) {
-        this.#current = this.#openSegment();
-        // Its packages may all be gone already: then nothing else releases it.
-        if (segment.refs <= 0) this.#dropSegment(segment);
-      }
-      return done;
-    });
-    // A failed write leaves the segment's tail unknown: the next batch goes to a fresh one.
-    written.catch(() => this.#retire(segment));
-    return { segment, location, written };
+    return this.#segments.place(batch);
   }
 
   async #commit(
@@ -284,7 +221,7 @@ export class FileBatchQueue implements BatchQueue {
       try {
         await (await segment.file).sync();
       } catch (err) {
-        this.#retire(segment);
+        this.#segments.retire(segment);
         throw err;
       }
     }
@@ -299,7 +236,7 @@ export class FileBatchQueue implements BatchQueue {
       batches: batches.map((b) => b.location),
     };
     const line = indexLine(rec);
-    await this.#log(line, true, () => {
+    await this.#index.append(line, true, () => {
       // Purged while its line was being written: the purge line comes after it, so it stays dropped after a restart too.
       if (writer.dropped) return;
       const entry: Entry = { ...rec, lineBytes: line.length, attempt: 0, notBefore: 0, inFlight: false, purged: false };
@@ -331,122 +268,12 @@ export class FileBatchQueue implements BatchQueue {
     const left = (this.#perSession.get(e.meta.upload_uuid) ?? 1) - 1;
     if (left > 0) this.#perSession.set(e.meta.upload_uuid, left);
     else this.#perSession.delete(e.meta.upload_uuid);
-    this.#release(new Set(e.batches.map((b) => this.#segments.get(b[0])).filter((s): s is Segment => s !== undefined)));
-  }
-
-  #release(segments: Iterable<Segment>): void {
-    for (const s of segments) {
-      s.refs--;
-      if (s.refs > 0) continue;
-      if (s !== this.#current) this.#dropSegment(s);
-      // Every package in the segment being written is gone: its space goes too, the next
-      // batch starts a fresh one. Under load it empties again and again: it is replaced once
-      // it holds `REPLACE_EMPTIED_BYTES`, or once the queue holds nothing at all.
-      else if (!this.#closed && (s.bytes >= Math.min(REPLACE_EMPTIED_BYTES, this.#segmentBytes) || this.#entries.size === 0)) {
-        this.#current = this.#openSegment();
-        this.#dropSegment(s);
-      }
-    }
-  }
-
-  /** Takes a segment out of service after a failed write, sync or open: no more batches go to it. */
-  #retire(s: Segment): void {
-    if (this.#current !== s) return;
-    this.#current = null;
-    if (s.refs <= 0) this.#dropSegment(s);
-  }
-
-  #dropSegment(s: Segment): void {
-    if (!this.#segments.delete(s.no)) return;
-    const dropping = this.#unlinkSegment(s);
-    this.#dropping.add(dropping);
-    void dropping.finally(() => this.#dropping.delete(dropping));
-  }
-
-  async #unlinkSegment(s: Segment): Promise<void> {
-    try {
-      const file = await s.file.catch(() => null);
-      if (!file) return;
-      // The acks that freed it are durable before its bytes go.
-      await this.#log(null, true);
-      await file.close();
-      await unlink(file.path);
-    } catch {
-      // Left for the next open, which removes segments no package uses.
-    }
-  }
-
-  #openSegment(): Segment {
-    const no = this.#nextSegment++;
-    const s: Segment = { no, file: AppendFile.open(join(this.#segmentsDir, `${no}.seg`)), refs: 0, bytes: 0 };
-    this.#segments.set(no, s);
-    // Not made (a full disk, too many files): the next batch tries a fresh one.
-    s.file.catch(() => this.#retire(s));
-    return s;
-  }
-
-  /**
-   * Appends an index line (null: none, only the sync); `apply` runs once it is written (and
-   * durable, with `sync`), in line order, before any later line is written.
-   */
-  #log(line: string | IndexRecord | null, sync: boolean, apply?: () => void): Promise<void> {
-    return new Promise((resolve, reject) => {
-      this.#indexQueue.push({ line: line === null ? '' : typeof line === 'string' ? line : indexLine(line), sync, ...(apply ? { apply } : {}), resolve, reject });
-      this.#indexRun ??= this.#writeIndex().finally(() => (this.#indexRun = null));
-    });
-  }
-
-  async #writeIndex(): Promise<void> {
-    while (this.#indexQueue.length > 0) {
-      const group = this.#indexQueue.splice(0);
-      try {
-        // After a failure the index's tail is unknown: the live packages go to a fresh one first.
-        if (this.#indexFailed) await this.#compactIndex();
-        const text = group.map((g) => g.line).join('');
-        if (text) await this.#index.write(Buffer.from(text)).written;
-        if (group.some((g) => g.sync)) await this.#index.sync();
-        for (const g of group) g.apply?.();
-        for (const g of group) g.resolve();
-      } catch (err) {
-        if (this.#index.failed) this.#indexFailed = true;
-        for (const g of group) g.reject(err);
-      }
-      if (!this.#indexFailed && this.#index.size >= Math.max(this.#indexCompactBytes, COMPACT_RATIO * this.#liveLineBytes)) await this.#compactIndex().catch(() => undefined);
-    }
-  }
-
-  /**
-   * Rewrites the index with the live packages only (between two groups of lines, so nothing
-   * is in between): a new file, made durable and then put in place of the old one.
-   */
-  async #compactIndex(): Promise<void> {
-    const no = this.#indexNo + 1;
-    const path = join(this.#dir, `index-${no}.ndjson`);
-    const lines = [...this.#entries.values()].map(({ t, seq, meta, rows, bytes, at, batches }) => indexLine({ t, seq, meta, rows, bytes, at, batches }));
-    await writeFileAtomic(path, lines.join(''));
-    const old = this.#index;
-    this.#index = await AppendFile.open(path);
-    this.#indexNo = no;
-    this.#indexFailed = false;
-    await old.close();
-    await unlink(old.path).catch(() => undefined);
+    this.#segments.release(new Set(e.batches.map((b) => this.#segments.get(b[0])).filter((s): s is Segment => s !== undefined)));
   }
 
   async #recover(): Promise<void> {
-    const names = await readdir(this.#dir);
-    const indexes = names
-      .map((n) => Number(INDEX.exec(n)?.[1] ?? NaN))
-      .filter(Number.isInteger)
-      .sort((a, b) => a - b);
-    const newest = indexes.at(-1) ?? 0;
-    for (const no of indexes.slice(0, -1)) await unlink(join(this.#dir, `index-${no}.ndjson`)).catch(() => undefined);
-    const path = join(this.#dir, `index-${newest}.ndjson`);
-    const text = await readFile(path).catch((err: NodeJS.ErrnoException) => {
-      if (err.code === 'ENOENT') return Buffer.alloc(0);
-      throw err;
-    });
+    const { records, end, damaged, legacy, path, no } = await IndexLog.read(this.#dir);
     const live = new Map<number, CommitRecord & { lineBytes: number }>();
-    const { records, end, damaged, legacy } = readIndex(text);
     let maxSegment = -1;
     for (const { rec, bytes } of records) {
       if (rec.t === 'c') {
@@ -456,18 +283,14 @@ export class FileBatchQueue implements BatchQueue {
       else for (const [seq, c] of live) if (c.meta.upload_uuid === rec.upload_uuid) live.delete(seq);
     }
     for (const d of damaged) this.#damage.report(path, d.offset, d.reason);
-    this.#indexNo = newest;
-    this.#index = await AppendFile.open(path, { size: end });
+    this.#index = await IndexLog.open(this.#dir, no, end, this.#indexCompactBytes, {
+      live: () => this.#entries.values(),
+      liveLineBytes: () => this.#liveLineBytes,
+    });
 
-    const onDisk = (await readdir(this.#segmentsDir)).map((n) => Number(SEGMENT.exec(n)?.[1] ?? NaN)).filter(Number.isInteger);
     const used = new Map<number, number>();
     for (const c of live.values()) for (const s of new Set(c.batches.map((b) => b[0]))) used.set(s, (used.get(s) ?? 0) + 1);
-    for (const no of onDisk) {
-      if (used.has(no)) this.#segments.set(no, { no, file: AppendFile.open(join(this.#segmentsDir, `${no}.seg`)), refs: used.get(no)!, bytes: 0 });
-      else await unlink(join(this.#segmentsDir, `${no}.seg`)).catch(() => undefined);
-    }
-    this.#nextSegment = Math.max(maxSegment, ...onDisk) + 1;
-    this.#current = this.#openSegment();
+    await this.#segments.recover(used, maxSegment);
     for (const c of [...live.values()].sort((a, b) => a.seq - b.seq)) {
       const missing = c.batches.some((b) => !this.#segments.has(b[0]));
       if (missing) continue; // its bytes are gone with an acked neighbour's segment: it was acked too
@@ -475,33 +298,8 @@ export class FileBatchQueue implements BatchQueue {
     }
     for (const seq of live.keys()) this.#seq = Math.max(this.#seq, seq);
     // Damage, once reported, goes with the index it was in; lines of an older version gain their checksums.
-    if (damaged.length > 0 || legacy) await this.#compactIndex();
-    await this.#adoptLegacy();
-  }
-
-  /** Packages an older version left as `ready/<upload_uuid>/<package_id>/{data,commit.json}`: copied into a segment and committed. */
-  async #adoptLegacy(): Promise<void> {
-    const ready = join(this.#dir, 'ready');
-    const sessions = await readdir(ready).catch(() => [] as string[]);
-    const old = (await Promise.all(
-      sessions.map(async (uuid) => (await readdir(join(ready, uuid)).catch(() => [] as string[])).map((pkg) => join(ready, uuid, pkg))),
-    )).flat();
-    const found: { seq: number; meta: PackageMeta; rows: number; bytes: number; batches: number[]; dir: string }[] = [];
-    for (const dir of old) {
-      const rec = JSON.parse(await readFile(join(dir, 'commit.json'), 'utf8').catch(() => 'null')) as Omit<(typeof found)[number], 'dir'> | null;
-      if (rec) found.push({ ...rec, dir });
-    }
-    for (const rec of found.sort((a, b) => a.seq - b.seq)) {
-      const data = await readFile(join(rec.dir, 'data'));
-      const writer = await this.open(rec.meta);
-      let off = 0;
-      for (const len of rec.batches) {
-        await writer.append(data.subarray(off, off + len));
-        off += len;
-      }
-      await writer.commit({ rows: rec.rows, bytes: rec.bytes });
-    }
-    for (const d of ['ready', 'incoming', 'trash']) await rm(join(this.#dir, d), { recursive: true, force: true });
+    if (damaged.length > 0 || legacy) await this.#index.compact();
+    await adoptReady(this.#dir, (meta) => this.open(meta));
   }
 
   async #run(state: { stopped: boolean }, handler: (pkg: CommittedPackage) => Promise<void>): Promise<void> {
@@ -545,7 +343,7 @@ export class FileBatchQueue implements BatchQueue {
     if (e.purged) return;
     if (ok) {
       this.#remove(e);
-      void this.#log({ t: 'a', seq: e.seq }, false).catch(() => undefined);
+      void this.#index.append({ t: 'a', seq: e.seq }, false).catch(() => undefined);
     } else {
       e.notBefore = Date.now() + Math.min(this.#delayMs * 2 ** (e.attempt - 1), Math.max(this.#delayMs, MAX_DELAY_MS));
     }
@@ -572,7 +370,7 @@ export class FileBatchQueue implements BatchQueue {
       const segment = this.#segments.get(no);
       if (!segment) {
         lost.now = true;
-        this.#damage.report(join(this.#segmentsDir, `${no}.seg`), offset, `the segment of package ${e.meta.package_id} (session ${e.meta.upload_uuid}) is gone; the package is dropped`);
+        this.#damage.report(this.#segments.path(no), offset, `the segment of package ${e.meta.package_id} (session ${e.meta.upload_uuid}) is gone; the package is dropped`);
         throw new StoreError('QUEUE_BATCH_LOST', `Segment ${no} of package ${e.meta.package_id} is gone`);
       }
       const buf = shared ? shared.subarray(0, length) : Buffer.allocUnsafe(length);
@@ -610,158 +408,9 @@ export class FileBatchQueue implements BatchQueue {
   }
 }
 
-/** An index line: the CRC-32 of its JSON (8 hex digits), a space, the JSON. */
-function indexLine(rec: IndexRecord): string {
-  const json = JSON.stringify(rec);
-  return `${crc32(json).toString(16).padStart(8, '0')} ${json}\n`;
-}
-
-const CHECKED_LINE = /^([0-9a-f]{8}) /;
-
-/**
- * The records of an index file, in order, with where its valid part ends. A line that fails
- * its checksum (or does not parse) with a valid line after it is damage; failing lines with
- * none after them, and a last line without its newline, are a torn tail: `end` stops before
- * them. Lines without a checksum (an older version's) count until the first checked one.
- */
-function readIndex(text: Buffer): {
-  records: { rec: IndexRecord; bytes: number }[];
-  end: number;
-  damaged: { offset: number; reason: string }[];
-  legacy: boolean;
-} {
-  const records: { rec: IndexRecord; bytes: number }[] = [];
-  const damaged: { offset: number; reason: string }[] = [];
-  let suspects: { offset: number; reason: string }[] = [];
-  let end = 0;
-  let legacy = false;
-  let checked = false;
-  for (let start = 0, nl = text.indexOf(0x0a); nl >= 0; start = nl + 1, nl = text.indexOf(0x0a, start)) {
-    const line = text.subarray(start, nl);
-    const parsed = parseIndexLine(line, checked);
-    if (typeof parsed === 'string') {
-      suspects.push({ offset: start, reason: parsed });
-      continue;
-    }
-    if (parsed.checked) checked = true;
-    else legacy = true;
-    damaged.push(...suspects);
-    suspects = [];
-    records.push({ rec: parsed.rec, bytes: line.length + 1 });
-    end = nl + 1;
-  }
-  return { records, end, damaged, legacy };
-}
-
-/** An index line's record, or why it is not one. */
-function parseIndexLine(line: Buffer, checkedOnly: boolean): { rec: IndexRecord; checked: boolean } | string {
-  const head = CHECKED_LINE.exec(line.subarray(0, 9).toString('latin1'));
-  if (head) {
-    const json = line.subarray(9);
-    if (crc32(json) !== parseInt(head[1]!, 16)) return 'index line fails its CRC-32';
-    return { rec: JSON.parse(json.toString('utf8')) as IndexRecord, checked: true };
-  }
-  if (checkedOnly || line[0] !== 0x7b) return 'index line without its checksum';
-  try {
-    const rec = JSON.parse(line.toString('utf8')) as IndexRecord;
-    return rec && typeof rec === 'object' && 't' in rec ? { rec, checked: false } : 'index line of no known record';
-  } catch {
-    return 'index line that does not parse';
-  }
-}
-
 /** A held package's batches, as `#read` would yield them from its segment. */
 async function* fromMemory(inMemory: InMemory): AsyncIterable<Uint8Array> {
   yield* inMemory.batches;
-}
-
-interface WriterHooks {
-  place(batch: Uint8Array): { segment: Segment; location: Location; written: Promise<void> };
-  /** `inMemory`: copies of the batches, for a package small enough to be held in memory; null otherwise. */
-  commit(totals: { rows: number; bytes: number }, batches: { segment: Segment; location: Location }[], inMemory: InMemory | null): Promise<void>;
-  /** Bytes the queue can still hold in memory. */
-  room(): number;
-  release(segments: Iterable<Segment>): void;
-  forget(): void;
-}
-
-class FileWriter implements PackageWriter {
-  readonly meta: PackageMeta;
-  readonly #hooks: WriterHooks;
-  readonly #batches: { segment: Segment; location: Location }[] = [];
-  /** Segments this package holds a reference to. */
-  readonly #held = new Set<Segment>();
-  /** Copies of the batches while the package may be held in memory; null once it cannot. */
-  #inMemory: InMemory | null = { batches: [], bytes: 0 };
-  /** Appends run one after another, in call order, even when the caller does not await. */
-  #tail: Promise<void> = Promise.resolve();
-  #done = false;
-  /** Purged or aborted: whatever the writer does next, the package must not be seen. */
-  dropped = false;
-
-  constructor(meta: PackageMeta, hooks: WriterHooks) {
-    this.meta = meta;
-    this.#hooks = hooks;
-  }
-
-  append(batch: Uint8Array): Promise<void> {
-    // Copied now, the caller may reuse the batch's memory once this settles; not at all once
-    // the package is too large or the queue's budget is spent (the consumer reads the segment).
-    const mem = this.#inMemory;
-    if (mem && mem.bytes + batch.byteLength <= Math.min(HELD_PACKAGE_BYTES, this.#hooks.room())) {
-      mem.batches.push(Buffer.from(batch));
-      mem.bytes += batch.byteLength;
-    } else {
-      this.#inMemory = null;
-    }
-    const run = this.#tail.then(async () => {
-      this.#live();
-      const placed = this.#hooks.place(batch);
-      if (!this.#held.has(placed.segment)) {
-        this.#held.add(placed.segment);
-        placed.segment.refs++;
-      }
-      this.#batches.push(placed);
-      await placed.written;
-    });
-    this.#tail = run.catch(() => {});
-    return run;
-  }
-
-  async commit(totals: { rows: number; bytes: number }): Promise<void> {
-    await this.#tail;
-    this.#live();
-    this.#done = true;
-    try {
-      await this.#hooks.commit(totals, this.#batches, this.#inMemory);
-      // The references are the committed package's now.
-      this.#held.clear();
-    } catch (err) {
-      await this.abort();
-      throw err;
-    } finally {
-      this.#hooks.forget();
-    }
-  }
-
-  async abort(): Promise<void> {
-    this.#done = true;
-    this.drop();
-    await this.#tail;
-  }
-
-  drop(): void {
-    this.dropped = true;
-    this.#hooks.forget();
-    const held = [...this.#held];
-    this.#held.clear();
-    this.#hooks.release(held);
-  }
-
-  #live(): void {
-    if (this.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged or aborted`);
-    if (this.#done) throw new StoreError('QUEUE_PACKAGE_COMMITTED', `Package ${this.meta.package_id} is already committed`);
-  }
 }
 
 function checkId(name: string, id: string): void {

@@ -1,0 +1,171 @@
+/**
+ * The session commands but push: init, status, start, terminate, delete, entities; and the polls they wait with.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { IngestClient } from '../../client/client.js';
+import { CLI_DEFAULTS } from '../../client/defaults.js';
+import { UsageError } from '../../client/cli-config.js';
+import { ApiError, ClientError, isApiError } from '../../client/errors.js';
+import type { InitializeResult, StatusView } from '../../client/types.js';
+import { seconds, str } from './args.js';
+import { callOpts, EXIT, type Cli } from './context.js';
+
+export class WaitTimeout extends Error {
+  override readonly name = 'WaitTimeout';
+  readonly code = 'WAIT_TIMEOUT';
+  constructor(
+    message: string,
+    readonly last: StatusView | null,
+  ) {
+    super(message);
+  }
+}
+
+/** The initialize-session 409 as an error that names the session in the way. */
+export function initConflict(init: Exclude<InitializeResult, { status: 'created' }>): ApiError {
+  const hint = init.status === 'already_exists' ? 'push with --upload to add to it, or delete it' : 'wait for it, or terminate it';
+  return new ApiError(409, { ...init, detail: `${init.message}: upload ${init.upload_uuid} is ${init.session_status} (${hint})` }, null);
+}
+
+export async function initCommand(cli: Cli): Promise<number> {
+  const client = await cli.client();
+  const init = await cli.call(() => client.initialize(callOpts(cli)));
+  await cli.remember(init.upload_uuid);
+  if (init.status === 'created') {
+    cli.print(init, init.upload_uuid);
+    return EXIT.OK;
+  }
+  throw initConflict(init);
+}
+
+/** The states `status --watch --until` can wait for. */
+const UNTIL: Record<string, (s: StatusView) => boolean> = {
+  DONE: (s) => s.session_status === 'DONE',
+  UPLOADING: (s) => s.session_status === 'UPLOADING',
+  STARTED: (s) => s.session_status === 'STARTED',
+  startable: (s) => s.can_start_upload,
+};
+
+export async function statusCommand(cli: Cli): Promise<number> {
+  const untilName = str(cli.values.until) ?? 'DONE';
+  const until = UNTIL[untilName];
+  if (!until) throw new UsageError(`--until: expected ${Object.keys(UNTIL).join(', ')}, got ${JSON.stringify(untilName)}`);
+  if (cli.values.until !== undefined && !cli.values.watch) throw new UsageError('--until goes with --watch');
+  const client = await cli.client();
+  const uuid = await cli.uploadUuid();
+  if (!cli.values.watch) {
+    const status = await cli.call(() => client.status(uuid, callOpts(cli)));
+    cli.print(status, describeStatus(status));
+    return EXIT.OK;
+  }
+  const interval = seconds(cli.values.interval, 'interval', CLI_DEFAULTS.watchIntervalSeconds, 0.2) * 1000;
+  let last = '';
+  await poll(cli, client, uuid, interval, (status) => {
+    const key = JSON.stringify(status);
+    if (key !== last) cli.print(status, `${new Date().toISOString()} ${describeStatus(status)}`);
+    last = key;
+    return until(status);
+  });
+  return EXIT.OK;
+}
+
+export async function startCommand(cli: Cli): Promise<number> {
+  const from = str(cli.values.from);
+  if (!from) throw new UsageError('start: --from YYYY-MM-DD is required');
+  const to = str(cli.values.to) ?? new Date(Date.now() - 86_400_000).toISOString().slice(0, 10);
+  for (const [name, value] of [['from', from], ['to', to]] as const) {
+    if (!/^\d{4}-\d{2}-\d{2}$/.test(value)) throw new UsageError(`--${name}: expected YYYY-MM-DD, got ${JSON.stringify(value)}`);
+  }
+  const client = await cli.client();
+  const uuid = await cli.uploadUuid();
+  const interval = seconds(cli.values.interval, 'interval', CLI_DEFAULTS.waitIntervalSeconds, 0.2) * 1000;
+
+  // Wait for can_start_upload; a session that cannot become startable by waiting is sent
+  // to start-upload anyway, so that the service says why.
+  const ready = await poll(cli, client, uuid, interval, (s) => s.can_start_upload || s.session_status !== 'UPLOADING' || s.entities.length === 0);
+  if (!ready.can_start_upload) cli.note(`upload ${uuid} cannot start: ${describeStatus(ready)}`);
+  let started: Record<string, unknown>;
+  for (;;) {
+    try {
+      started = await cli.call(() => client.start(uuid, { date_from: from, date_to: to }, callOpts(cli)));
+      break;
+    } catch (err) {
+      // A package committed between our poll and the call: wait again.
+      if (!(isApiError(err) && err.status === 409 && err.detail === 'Upload tasks are still in progress')) throw err;
+      await poll(cli, client, uuid, interval, (s) => s.can_start_upload || s.session_status !== 'UPLOADING');
+    }
+  }
+  await cli.remember(uuid);
+  if (!cli.values.wait) {
+    cli.print(started, `started upload ${uuid}: ${JSON.stringify(started)}`);
+    return EXIT.OK;
+  }
+  cli.note(`started upload ${uuid}; waiting for DONE`);
+  const end = await poll(cli, client, uuid, interval, (s) => s.session_status !== 'STARTED');
+  const ok = end.session_status === 'DONE';
+  const outcome = end.last_workflow ? `${end.last_workflow.status}${end.last_workflow.message ? `: ${end.last_workflow.message}` : ''}` : end.session_status;
+  cli.print({ start: started, status: end, ok }, ok ? `upload ${uuid} is DONE` : `upload ${uuid} is back to ${end.session_status} (${outcome})`);
+  return ok ? EXIT.OK : EXIT.FAILED;
+}
+
+export async function terminateCommand(cli: Cli): Promise<number> {
+  const client = await cli.client();
+  const uuid = await cli.uploadUuid();
+  const result = await cli.call(() => client.terminate(uuid, callOpts(cli)));
+  if (!cli.values.wait) {
+    cli.print(result, result.message);
+    return EXIT.OK;
+  }
+  const interval = seconds(cli.values.interval, 'interval', CLI_DEFAULTS.waitIntervalSeconds, 0.2) * 1000;
+  const end = await poll(cli, client, uuid, interval, (s) => s.session_status !== 'STARTED');
+  cli.print({ terminate: result, status: end }, `upload ${uuid} is ${end.session_status}`);
+  return end.session_status === 'UPLOADING' ? EXIT.OK : EXIT.FAILED;
+}
+
+export async function deleteCommand(cli: Cli): Promise<number> {
+  const client = await cli.client();
+  const uuid = await cli.uploadUuid();
+  const result = await cli.call(() => client.delete(uuid, callOpts(cli)));
+  const creds = await cli.creds();
+  if ((await cli.memory.get(creds.url, creds.clientId)) === uuid) await cli.remember(null);
+  cli.print(result, result.message);
+  return EXIT.OK;
+}
+
+export async function entitiesCommand(cli: Cli): Promise<number> {
+  const client = await cli.client();
+  const catalog = await cli.call(() => client.entities(callOpts(cli)));
+  const human = catalog.entities
+    .map((e) => `${e.name}${e.parents.length ? ` (parents: ${e.parents.join(', ')})` : ''}\n${e.columns.map((c) => `  ${c.name}${c.required ? '*' : ''} ${c.type}`).join('\n')}`)
+    .join('\n');
+  cli.print(catalog, human);
+  return EXIT.OK;
+}
+
+/** Polls status until `done` holds; bounded by --wait-timeout. Transient failures are retried. */
+async function poll(cli: Cli, client: IngestClient, uuid: string, intervalMs: number, done: (s: StatusView) => boolean): Promise<StatusView> {
+  const deadline = Date.now() + cli.waitTimeoutMs;
+  let status: StatusView | null = null;
+  for (;;) {
+    status = await cli.call(() => client.status(uuid, callOpts(cli)));
+    if (done(status)) return status;
+    if (Date.now() + intervalMs > deadline) throw new WaitTimeout(`upload ${uuid}: still ${describeStatus(status)} after ${cli.waitTimeoutMs / 1000} s`, status);
+    try {
+      await sleep(intervalMs, undefined, cli.signal ? { signal: cli.signal } : undefined);
+    } catch (err) {
+      throw new ClientError('ABORTED', 'interrupted', { cause: err });
+    }
+  }
+}
+
+function describeStatus(s: StatusView): string {
+  const flags = [
+    `entities: ${s.entities.length ? s.entities.join(', ') : '–'}`,
+    `tasks finished: ${s.upload_tasks_finished ? 'yes' : 'no'}`,
+    `can upload: ${s.can_upload_entities ? 'yes' : 'no'}`,
+    `can start: ${s.can_start_upload ? 'yes' : 'no'}`,
+    `can terminate: ${s.can_terminate ? 'yes' : 'no'}`,
+  ];
+  const last = s.last_workflow ? ` · last workflow ${s.last_workflow.status}${s.last_workflow.message ? ` (${s.last_workflow.message})` : ''}` : '';
+  return `${s.upload_uuid} ${s.session_status} · ${flags.join(' · ')}${last}`;
+}
