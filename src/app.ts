@@ -67,6 +67,12 @@ export interface AppOptions {
   validationWorker?: string;
   /** How long a taken port is retried before start fails (default 90 s). */
   listenRetryMs?: number;
+  /**
+   * Told after every write of this process that may change what status answers: a session
+   * store or ledger write, a queue delivery settled or a session purged. For tests, which wait
+   * on it for a state instead of polling. Unset: the stores are used as they are.
+   */
+  onStateChange?: () => void;
 }
 
 export async function startApp(config: Config, opts: AppOptions = {}): Promise<App> {
@@ -86,8 +92,14 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
   };
   try {
     const dataDir = resolve(config.dataDir);
-    const engines = await openEngines(config, log, 'ingest-gateway');
+    const onChange = opts.onStateChange;
+    const engines = await openEngines(config, log, 'ingest-gateway', { onQueueSettled: onChange });
     closers.push(() => engines.close());
+    if (onChange) {
+      engines.sessions = notifying(engines.sessions, ['create', 'update', 'delete'], onChange);
+      engines.ledger = notifying(engines.ledger, ['append', 'markStored', 'countStored', 'drop'], onChange);
+      engines.queue = notifying(engines.queue, ['purge'], onChange);
+    }
     const { sessions, ledger, queue, objects } = engines;
     log.info('storage engines', engines.describe);
     const metrics = config.metrics.enabled
@@ -241,6 +253,24 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     await close();
     throw err;
   }
+}
+
+/**
+ * `target` with `notify` called after each call of the named methods settles (resolved or
+ * not); everything else as it is (`onStateChange`).
+ */
+function notifying<T extends object>(target: T, methods: readonly string[], notify: () => void): T {
+  return new Proxy(target, {
+    get(obj, prop) {
+      const value: unknown = Reflect.get(obj, prop, obj);
+      if (typeof value !== 'function') return value;
+      if (typeof prop !== 'string' || !methods.includes(prop)) return value.bind(obj);
+      return (...args: unknown[]) => {
+        const settled = () => notify();
+        return Promise.resolve(value.apply(obj, args)).finally(settled);
+      };
+    },
+  });
 }
 
 /**

@@ -30,6 +30,8 @@ export interface FileBatchQueueOptions {
    * every package after a restart are read from their segment.
    */
   heldBytes?: number;
+  /** Told after each delivery is settled (acked or put back for redelivery): what `pending` answers may have changed. */
+  onSettled?: () => void;
 }
 
 /** A package up to this size is kept in memory for its consumer (see `heldBytes`). */
@@ -160,6 +162,7 @@ export class FileBatchQueue implements BatchQueue {
   readonly #wakers = new Set<() => void>();
   #seq = 0;
   #closed = false;
+  readonly #onSettled: (() => void) | undefined;
 
   private constructor(dir: string, opts: FileBatchQueueOptions) {
     this.#dir = dir;
@@ -169,6 +172,7 @@ export class FileBatchQueue implements BatchQueue {
     this.#indexCompactBytes = opts.indexCompactBytes ?? 1024 * 1024;
     this.#heldBudget = opts.heldBytes ?? 32 * 1024 * 1024;
     this.#damage = new DamageLog(opts.onDamage);
+    this.#onSettled = opts.onSettled;
   }
 
   static async open(dir: string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
@@ -521,6 +525,7 @@ export class FileBatchQueue implements BatchQueue {
       }
       // Redelivery cannot bring a lost batch back: the package is dropped (reported when found).
       this.#settle(e, ok || lost.now);
+      this.#onSettled?.();
     }
   }
 
