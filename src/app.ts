@@ -59,6 +59,7 @@ export interface App {
 
 export interface AppOptions {
   logger?: Logger;
+  /** The service's clock (default `Date.now`): session times, leases, webhook timestamps, and the per-client limiter's refills. */
   clock?: () => number;
   /**
    * The validation worker module (path or file URL) instead of `workers/validate.js`: a
@@ -237,6 +238,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.requestId }),
       onStorageUnavailable: storageLog(log),
       onResponse: responseObserver(log, metrics, new Set(operatorRoutes.map((r) => r.pattern))),
+      ...(opts.clock ? { limiterClock: opts.clock } : {}),
     }).catch((err: unknown) => {
       throw new ListenError(`Cannot listen on ${address}: the bind still fails after ${Math.round((opts.listenRetryMs ?? LISTEN_RETRY_MS) / 1000)} s`, { cause: err });
     });
