@@ -2,11 +2,12 @@
  * Starts the real service on loopback (port 0, a fresh DATA_DIR) and talks to it over real
  * HTTP. Teardown is registered on the test as soon as each resource exists.
  */
+import { EventEmitter, once } from 'node:events';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { request } from 'undici';
-import { startApp, type App } from '../../src/app.js';
+import { startApp, type App, type AppOptions } from '../../src/app.js';
 import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { signWebhook } from '../../src/connector/webhook.js';
 import { loadEdge } from '../../src/http/engine.js';
@@ -30,6 +31,8 @@ export interface Service {
   url: string;
   dataDir: string;
   config: Config;
+  /** Emits `change` after every write of the service that may change a status answer (`AppOptions.onStateChange`). */
+  changes: EventEmitter;
   /** A reader of the objects the service stored (its own handle; closed by the caller). */
   openObjects(): Promise<ObjectStore>;
   /** Stops and starts the service on the same data (and a new port), optionally with changed config. */
@@ -62,6 +65,7 @@ export async function startService(
   t: Teardown,
   overrides: DeepPartial<Config> = {},
   env: NodeJS.ProcessEnv = {},
+  appOptions: Pick<AppOptions, 'clock'> = {},
 ): Promise<Service> {
   const dataDir = await tempDir(t);
   const defaults: DeepPartial<Config> = deepMerge<DeepPartial<Config>>(
@@ -75,15 +79,19 @@ export async function startService(
     await backendConfig(t),
   );
   const config = loadConfig(env, deepMerge(defaults, overrides));
+  const changes = new EventEmitter();
+  changes.setMaxListeners(0);
+  const options: AppOptions = { logger: silentLogger, ...appOptions, onStateChange: () => changes.emit('change') };
   const svc: Service = {
-    app: await startApp(config, { logger: silentLogger }),
+    app: await startApp(config, options),
     url: '',
     dataDir,
     config,
+    changes,
     async restart(patch: DeepPartial<Config> = {}) {
       await svc.app.close();
       // A new port: this uWS build cannot re-bind a port with connections in TIME_WAIT.
-      svc.app = await startApp(deepMerge({ ...config, port: 0 }, patch), { logger: silentLogger });
+      svc.app = await startApp(deepMerge({ ...config, port: 0 }, patch), options);
       svc.url = svc.app.url;
     },
     async stop() {
@@ -166,21 +174,33 @@ export function clientOf(svc: { url: string }, client = DEMO as { id: string; to
   };
 }
 
-/** Polls status until `pred` holds (the service is asynchronous by contract); bounded. */
+/**
+ * Asks status until `pred` holds (the service is asynchronous by contract). A service of this
+ * process is asked again only after each write that may change the answer (`changes`); a
+ * gateway in another process, which no event crosses to, every 25 ms. `timeoutMs` only
+ * fails a test that would hang.
+ */
 export async function waitForStatus(
-  svc: { url: string },
+  svc: { url: string; changes?: EventEmitter },
   uuid: string,
   pred: (body: any) => boolean,
   client = DEMO as { id: string; token: string },
   timeoutMs = 20_000,
 ): Promise<any> {
-  const deadline = Date.now() + timeoutMs;
+  const hung = AbortSignal.timeout(timeoutMs);
+  let last = '';
   for (;;) {
+    // Listening before the read: a write while status is asked is not missed.
+    const changed = svc.changes ? once(svc.changes, 'change', { signal: hung }) : new Promise((r) => setTimeout(r, 25));
+    changed.catch(() => undefined);
     const res = await clientOf(svc, client).status(uuid);
+    last = res.text;
     if (res.status === 200 && pred(res.body)) return res.body;
-    if (Date.now() > deadline) throw new Error(`status of ${uuid} never matched: ${res.text}`);
-    await new Promise((r) => setTimeout(r, 25));
+    if (hung.aborted) break;
+    await changed.catch(() => undefined);
+    if (hung.aborted) break;
   }
+  throw new Error(`status of ${uuid} never matched in ${timeoutMs} ms: ${last}`);
 }
 
 export function yesterday(): string {
