@@ -31,7 +31,11 @@ export interface Service {
   url: string;
   dataDir: string;
   config: Config;
-  /** Emits `change` after every write of the service that may change a status answer (`AppOptions.onStateChange`). */
+  /**
+   * Emits `change` after every write of the service that may change a status answer
+   * (`AppOptions.onStateChange`), and `response` with the fields of each access-log line (a
+   * request answered or aborted, after its per-client slot was released).
+   */
   changes: EventEmitter;
   /** A reader of the objects the service stored (its own handle; closed by the caller). */
   openObjects(): Promise<ObjectStore>;
@@ -81,7 +85,11 @@ export async function startService(
   const config = loadConfig(env, deepMerge(defaults, overrides));
   const changes = new EventEmitter();
   changes.setMaxListeners(0);
-  const options: AppOptions = { logger: silentLogger, ...appOptions, onStateChange: () => changes.emit('change') };
+  const accessLog = (msg: string, fields?: Record<string, unknown>) => {
+    if (msg === 'request') changes.emit('response', fields);
+  };
+  const logger = { ...silentLogger, info: accessLog, debug: accessLog };
+  const options: AppOptions = { logger, ...appOptions, onStateChange: () => changes.emit('change') };
   const svc: Service = {
     app: await startApp(config, options),
     url: '',
