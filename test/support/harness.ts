@@ -37,6 +37,8 @@ export interface Service {
    * request answered or aborted, after its per-client slot was released).
    */
   changes: EventEmitter;
+  /** The options the service starts with: a test that starts it itself (`startApp`) passes them, so that `changes` goes on. */
+  appOptions: AppOptions;
   /** A reader of the objects the service stored (its own handle; closed by the caller). */
   openObjects(): Promise<ObjectStore>;
   /** Stops and starts the service on the same data (and a new port), optionally with changed config. */
@@ -96,6 +98,7 @@ export async function startService(
     dataDir,
     config,
     changes,
+    appOptions: options,
     async restart(patch: DeepPartial<Config> = {}) {
       await svc.app.close();
       // A new port: this uWS build cannot re-bind a port with connections in TIME_WAIT.
@@ -183,11 +186,30 @@ export function clientOf(svc: { url: string }, client = DEMO as { id: string; to
 }
 
 /**
- * Asks status until `pred` holds (the service is asynchronous by contract). A service of this
- * process is asked again only after each write that may change the answer (`changes`); a
- * gateway in another process, which no event crosses to, every 25 ms. `timeoutMs` only
- * fails a test that would hang.
+ * Runs `probe` until it answers something truthy, and answers that. A service of this process
+ * is probed again only after each of its writes that may change the answer (`changes`); a
+ * gateway in another process, which no event crosses to, every 25 ms. `timeoutMs` only fails
+ * a test that would hang (with `what()` of the last probe).
  */
+export async function whenChanged<T>(
+  svc: { changes?: EventEmitter },
+  probe: () => Promise<T | false | null | undefined>,
+  what: () => string,
+  timeoutMs = 20_000,
+): Promise<T> {
+  const hung = AbortSignal.timeout(timeoutMs);
+  for (;;) {
+    // Listening before the probe: a write while it runs is not missed.
+    const changed = svc.changes ? once(svc.changes, 'change', { signal: hung }) : new Promise((r) => setTimeout(r, 25));
+    changed.catch(() => undefined);
+    const value = await probe();
+    if (value) return value;
+    if (!hung.aborted) await changed.catch(() => undefined);
+    if (hung.aborted) throw new Error(`${what()}, still after ${timeoutMs} ms`);
+  }
+}
+
+/** Asks status until `pred` holds (the service is asynchronous by contract): see `whenChanged`. */
 export async function waitForStatus(
   svc: { url: string; changes?: EventEmitter },
   uuid: string,
@@ -195,20 +217,17 @@ export async function waitForStatus(
   client = DEMO as { id: string; token: string },
   timeoutMs = 20_000,
 ): Promise<any> {
-  const hung = AbortSignal.timeout(timeoutMs);
   let last = '';
-  for (;;) {
-    // Listening before the read: a write while status is asked is not missed.
-    const changed = svc.changes ? once(svc.changes, 'change', { signal: hung }) : new Promise((r) => setTimeout(r, 25));
-    changed.catch(() => undefined);
-    const res = await clientOf(svc, client).status(uuid);
-    last = res.text;
-    if (res.status === 200 && pred(res.body)) return res.body;
-    if (hung.aborted) break;
-    await changed.catch(() => undefined);
-    if (hung.aborted) break;
-  }
-  throw new Error(`status of ${uuid} never matched in ${timeoutMs} ms: ${last}`);
+  return whenChanged(
+    svc,
+    async () => {
+      const res = await clientOf(svc, client).status(uuid);
+      last = res.text;
+      return res.status === 200 && pred(res.body) ? (res.body as object) : null;
+    },
+    () => `status of ${uuid} never matched: ${last}`,
+    timeoutMs,
+  );
 }
 
 export function yesterday(): string {
