@@ -94,7 +94,7 @@ t.test('connection limit: the 31st concurrent request of one client IP answers 5
   // request's slot: once all 29 are logged, 30 concurrent requests pass.
   let aborted = 0;
   const allAborted = new Promise<void>((resolve) => {
-    svc.changes.on('response', (fields: { status: unknown }) => {
+    svc.events.on('response', (fields: { status: unknown }) => {
       if (fields.status === 'aborted' && ++aborted === held.length) resolve();
     });
   });

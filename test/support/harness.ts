@@ -36,7 +36,13 @@ export interface Service {
    * (`AppOptions.onStateChange`), and `response` with the fields of each access-log line (a
    * request answered or aborted, after its per-client slot was released).
    */
-  changes: EventEmitter;
+  events: EventEmitter;
+  /**
+   * `events` while every write that changes a status answer is this process's, for
+   * `whenChanged`; undefined while an uploader in another process stores the packages
+   * (`storage.inProcessUploader: false`): its writes are seen only by asking again.
+   */
+  readonly changes: EventEmitter | undefined;
   /** The options the service starts with: a test that starts it itself (`startApp`) passes them, so that `changes` goes on. */
   appOptions: AppOptions;
   /** A reader of the objects the service stored (its own handle; closed by the caller). */
@@ -85,24 +91,29 @@ export async function startService(
     await backendConfig(t),
   );
   const config = loadConfig(env, deepMerge(defaults, overrides));
-  const changes = new EventEmitter();
-  changes.setMaxListeners(0);
+  const events = new EventEmitter();
+  events.setMaxListeners(0);
   const accessLog = (msg: string, fields?: Record<string, unknown>) => {
-    if (msg === 'request') changes.emit('response', fields);
+    if (msg === 'request') events.emit('response', fields);
   };
   const logger = { ...silentLogger, info: accessLog, debug: accessLog };
-  const options: AppOptions = { logger, ...appOptions, onStateChange: () => changes.emit('change') };
+  const options: AppOptions = { logger, ...appOptions, onStateChange: () => events.emit('change') };
+  let running = config;
   const svc: Service = {
     app: await startApp(config, options),
     url: '',
     dataDir,
     config,
-    changes,
+    events,
+    get changes() {
+      return running.storage.inProcessUploader ? events : undefined;
+    },
     appOptions: options,
     async restart(patch: DeepPartial<Config> = {}) {
       await svc.app.close();
       // A new port: this uWS build cannot re-bind a port with connections in TIME_WAIT.
-      svc.app = await startApp(deepMerge({ ...config, port: 0 }, patch), options);
+      running = deepMerge({ ...config, port: 0 }, patch);
+      svc.app = await startApp(running, options);
       svc.url = svc.app.url;
     },
     async stop() {

@@ -23,8 +23,12 @@ interface Teardown {
 export interface InProcess {
   app: App;
   url: string;
-  /** Emits `change` after every write of the service that may change a status answer (`AppOptions.onStateChange`; see `whenChanged`). */
-  changes: EventEmitter;
+  /**
+   * Emits `change` after every write of the service that may change a status answer
+   * (`AppOptions.onStateChange`; see `whenChanged`); undefined when an uploader in another
+   * process stores the packages (`storage.inProcessUploader: false`): its writes are not seen.
+   */
+  changes: EventEmitter | undefined;
   dataDir: string;
   config: Config;
   /** Every object the service stored (all sessions). */
@@ -65,7 +69,7 @@ export async function startInProcess(t: Teardown, overrides: DeepPartial<Config>
   return {
     app,
     url: app.url,
-    changes,
+    changes: config.storage.inProcessUploader ? changes : undefined,
     dataDir,
     config,
     objects: () => objects.list(''),
