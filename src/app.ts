@@ -60,6 +60,7 @@ export interface App {
 
 export interface AppOptions {
   logger?: Logger;
+  /** The service's clock (default `Date.now`): session times, leases, webhook timestamps, and the per-client limiter's refills. */
   clock?: () => number;
   /**
    * The validation worker module (path or file URL) instead of the validation module's own (`src/validation/worker.ts`): a
@@ -68,6 +69,12 @@ export interface AppOptions {
   validationWorker?: string;
   /** How long a taken port is retried before start fails (default 90 s). */
   listenRetryMs?: number;
+  /**
+   * Told after every write of this process that may change what status answers: a session
+   * store or ledger write, a queue delivery settled or a session purged. For tests, which wait
+   * on it for a state instead of polling. Unset: the stores are used as they are.
+   */
+  onStateChange?: () => void;
 }
 
 export async function startApp(config: Config, opts: AppOptions = {}): Promise<App> {
@@ -87,8 +94,14 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
   };
   try {
     const dataDir = resolve(config.dataDir);
-    const engines = await openEngines(config, log, 'ingest-gateway');
+    const onChange = opts.onStateChange;
+    const engines = await openEngines(config, log, 'ingest-gateway', { onQueueSettled: onChange });
     closers.push(() => engines.close());
+    if (onChange) {
+      engines.sessions = notifying(engines.sessions, ['create', 'update', 'delete'], onChange);
+      engines.ledger = notifying(engines.ledger, ['append', 'markStored', 'countStored', 'drop'], onChange);
+      engines.queue = notifying(engines.queue, ['purge'], onChange);
+    }
     const { sessions, ledger, queue, objects } = engines;
     log.info('storage engines', engines.describe);
     const metrics = config.metrics.enabled
@@ -226,6 +239,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.requestId }),
       onStorageUnavailable: storageLog(log),
       onResponse: responseObserver(log, metrics, new Set(operatorRoutes.map((r) => r.pattern))),
+      ...(opts.clock ? { limiterClock: opts.clock } : {}),
     }).catch((err: unknown) => {
       throw new ListenError(`Cannot listen on ${address}: the bind still fails after ${Math.round((opts.listenRetryMs ?? LISTEN_RETRY_MS) / 1000)} s`, { cause: err });
     });
@@ -242,6 +256,24 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     await close();
     throw err;
   }
+}
+
+/**
+ * `target` with `notify` called after each call of the named methods settles (resolved or
+ * not); everything else as it is (`onStateChange`).
+ */
+function notifying<T extends object>(target: T, methods: readonly string[], notify: () => void): T {
+  return new Proxy(target, {
+    get(obj, prop) {
+      const value: unknown = Reflect.get(obj, prop, obj);
+      if (typeof value !== 'function') return value;
+      if (typeof prop !== 'string' || !methods.includes(prop)) return value.bind(obj);
+      return (...args: unknown[]) => {
+        const settled = () => notify();
+        return Promise.resolve(value.apply(obj, args)).finally(settled);
+      };
+    },
+  });
 }
 
 /**

@@ -33,7 +33,11 @@ export interface RetryPolicy {
   onRetry?: (info: RetryInfo) => void;
   /** Ends the waits (the pending attempt is the caller's to abort with the same signal). */
   signal?: AbortSignal;
+  /** Waits `ms`, rejecting when `signal` aborts (default a timer; tests pass their own, as with `random`). */
+  sleep?: (ms: number, signal?: AbortSignal) => Promise<void>;
 }
+
+const timerSleep = (ms: number, signal?: AbortSignal): Promise<void> => sleep(ms, undefined, signal ? { signal } : undefined);
 
 export interface RetryInfo {
   /** 1 for the first retry. */
@@ -89,7 +93,7 @@ export async function withRetry<T>(attempt: (n: number) => Promise<T>, policy: R
       if (delayMs === null) throw err;
       policy.onRetry?.({ retry: n + 1, delayMs, error: err });
       try {
-        await sleep(delayMs, undefined, policy.signal ? { signal: policy.signal } : undefined);
+        await (policy.sleep ?? timerSleep)(delayMs, policy.signal);
       } catch {
         throw err; // aborted while waiting: the caller sees the failure that made it wait
       }

@@ -37,7 +37,7 @@ const noResponseObserver = (): void => {};
 
 export async function listen(opts: ServerOptions): Promise<Server> {
   const router = new Router(opts.routes, opts.limits);
-  const limiter = new ClientLimiter(opts.limits);
+  const limiter = new ClientLimiter(opts.limits, opts.limiterClock);
   const trusted = opts.trustedProxies ?? null;
   // limits.perIpAtProxy: what the proxy forwards it has counted per client already.
   const limitedHere = (peer: string): boolean => !(opts.limits.perIpAtProxy && trusted !== null && addressAllowed(trusted, peer));

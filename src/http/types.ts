@@ -126,6 +126,8 @@ export interface ServerOptions {
   onStorageUnavailable?: (err: unknown, req: Request) => void;
   /** Called once per request when it is answered or aborted (metrics, access log). */
   onResponse?: (event: ResponseEvent) => void;
+  /** The per-client limiter's clock, in ms (default `performance.now`): only its differences count. */
+  limiterClock?: () => number;
 }
 
 export interface Server {

@@ -42,7 +42,13 @@ export interface Engines {
   close(): Promise<void>;
 }
 
-export async function openEngines(config: Config, log: Logger, name: string): Promise<Engines> {
+/** What the engines tell as they run (tests wait on it instead of polling). */
+export interface EngineHooks {
+  /** A delivery of the batch queue was settled by a consumer of this process (`pending` may have changed). */
+  onQueueSettled?: () => void;
+}
+
+export async function openEngines(config: Config, log: Logger, name: string, hooks: EngineHooks = {}): Promise<Engines> {
   const closers: (() => Promise<void>)[] = [];
   const close = async () => {
     for (const fn of closers.reverse()) await fn().catch((err: unknown) => log.error('close failed', { err }));
@@ -77,6 +83,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
         durable: config.nats.durable,
         ackWaitMs: config.nats.ackWaitMs,
         onError: (err, what) => log.error(`batch queue: ${what}`, { err }),
+        onAcked: hooks.onQueueSettled,
       });
       closers.push(() => queue.close());
     } else {
@@ -99,7 +106,7 @@ export async function openEngines(config: Config, log: Logger, name: string): Pr
       closers.push(() => sessions.close());
       ledger = new SqliteLedger(state);
       closers.push(() => ledger.close());
-      queue = await FileBatchQueue.open(join(dataDir, 'queue'), { onDamage });
+      queue = await FileBatchQueue.open(join(dataDir, 'queue'), { onDamage, onSettled: hooks.onQueueSettled });
       closers.push(() => queue.close());
     }
 

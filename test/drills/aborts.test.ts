@@ -18,7 +18,7 @@ import { once } from 'node:events';
 import { connect, type Socket } from 'node:net';
 import { gzipSync } from 'node:zlib';
 import t, { type Test } from 'tap';
-import { API, clientOf, DEMO, products, waitForStatus } from '../support/harness.js';
+import { API, clientOf, DEMO, products, waitForStatus, whenChanged } from '../support/harness.js';
 import { FAULTY_WORKER, HOLD_MARKER, holdChannel } from '../support/faulty-worker.js';
 import { capturingLogger, eventually, MiB, settledMemory, startInProcess, type InProcess } from '../support/in-process.js';
 import { mulberry32 } from '../../testbed/random.js';
@@ -242,6 +242,6 @@ t.test('drill 5: aborted requests leave nothing behind', async (t) => {
     t.same([res.status, res.body?.rows_processed], [200, 100]);
     const done = await waitForStatus(svc, uuid, (b) => b.can_start_upload);
     t.same(done.entities, ['products']);
-    t.equal((await eventually(async () => (await svc.objects()).length === 1 && svc.objects(), 'the object')).length, 1);
+    t.equal((await whenChanged(svc, async () => (await svc.objects()).length === 1 && svc.objects(), () => 'the object was never stored')).length, 1);
   });
 });

@@ -10,7 +10,7 @@
  * succeeds and the session completes end to end.
  */
 import t, { type Test } from 'tap';
-import { API, call, clientOf, products, waitForStatus, yesterday } from '../support/harness.js';
+import { API, call, clientOf, products, waitForStatus, whenChanged, yesterday } from '../support/harness.js';
 import { CRASH_MARKER, FAULTY_WORKER } from '../support/faulty-worker.js';
 import { capturingLogger, eventually, startInProcess } from '../support/in-process.js';
 
@@ -54,7 +54,7 @@ t.test('drill 4: a worker crash fails that request cleanly; the pool recovers', 
     t.same([res.status, res.body?.rows_processed], [200, n], `${what}: the next request succeeds`);
     stored++;
     rows += n;
-    await eventually(async () => (await svc.objects()).length === stored, 'the package to be stored');
+    await whenChanged(svc, async () => (await svc.objects()).length === stored, () => 'the package was never stored');
   };
 
   await t.test('crash in a one-piece package', async (t) => {
@@ -97,7 +97,7 @@ t.test('drill 4: a worker crash fails that request cleanly; the pool recovers', 
     );
     stored += 6;
     rows += 12_000;
-    await eventually(async () => (await svc.objects()).length === stored, 'the six packages to be stored');
+    await whenChanged(svc, async () => (await svc.objects()).length === stored, () => 'the six packages were never stored');
     await expectNothingStored(t, 'beside others');
   });
 

@@ -52,13 +52,13 @@ t.test('status counts packages, rows, bytes as stored and stored packages, per e
   t.equal((await c.ingest(uuid, 'stock', { columns: ['store_id', 'product_id', 'date', 'quantity'], data: [] })).status, 200, 'an empty package is a package');
   t.equal((await c.ingest(uuid, 'products', { columns: ['product_id', 'name', 'price'], data: [['p9', 'Bad', 'abc']] })).status, 422, 'a refused package counts nowhere');
 
-  let polls = 0;
+  let asked = 0;
   const done = await waitForStatus(svc, uuid, (b) => {
-    polls++;
+    asked++;
     for (const e of b.entity_counts) if (e.stored_packages > e.packages) throw new Error(`stored_packages above packages: ${JSON.stringify(b)}`);
     return b.totals.stored_packages === b.totals.packages && b.upload_tasks_finished;
   });
-  t.ok(polls > 0);
+  t.ok(asked > 0);
   t.same(done.entities, ['products', 'catalogs', 'stock']);
   t.same(done.entity_counts.map((e: { name: string }) => e.name), done.entities, 'one per entity, in the order of entities');
 

@@ -14,7 +14,7 @@ import { openEngines, type Engines } from '../../src/store/engines.js';
 import { idempotencyKey, sessionKey, sessionObjectPrefix } from '../../src/store/keys.js';
 import { countRows } from '../../src/store/object-format.js';
 import type { SessionStore } from '../../src/store/ports.js';
-import { API, call, clientOf, DEMO, products, type Service, startService, waitForStatus } from '../support/harness.js';
+import { API, call, clientOf, DEMO, products, type Service, startService, waitForStatus, whenChanged } from '../support/harness.js';
 
 const ingest = (svc: Service, uuid: string, entity: string, body: unknown, key?: string) =>
   call(svc.url, 'POST', `${API}/${uuid}/${entity}`, { body, ...(key === undefined ? {} : { headers: { 'idempotency-key': key } }) });
@@ -52,7 +52,7 @@ async function crashAndEdit(svc: Service, edit: (engines: Engines) => Promise<vo
   } finally {
     await engines.close();
   }
-  svc.app = await startApp({ ...svc.config, port: 0, ...patch }, { logger: silentLogger });
+  svc.app = await startApp({ ...svc.config, port: 0, ...patch }, svc.appOptions);
   svc.url = svc.app.url;
 }
 
@@ -86,13 +86,15 @@ t.test("deleting the session removes its keys' records: a repeat after the delet
   t.equal((await ingest(svc, uuid, 'products', products(2), 'gone-with-it')).status, 200);
   t.equal((await ingest(svc, uuid, 'products', products(2), 'gone-with-it')).headers['idempotent-replayed'], 'true', 'replayed while the session lives');
   t.equal((await clientOf(svc).remove(uuid)).status, 200);
-  // The records go with the delete's clean-up, in the background: no event tells when.
-  const deadline = Date.now() + 20_000;
-  let repeat = await ingest(svc, uuid, 'products', products(2), 'gone-with-it');
-  while (repeat.status === 200 && Date.now() < deadline) {
-    await new Promise((r) => setTimeout(r, 25));
-    repeat = await ingest(svc, uuid, 'products', products(2), 'gone-with-it');
-  }
+  // The records go with the delete's clean-up, in the background: asked again after each of the service's writes.
+  const repeat = await whenChanged(
+    svc,
+    async () => {
+      const res = await ingest(svc, uuid, 'products', products(2), 'gone-with-it');
+      return res.status !== 200 && res;
+    },
+    () => 'the key still replays',
+  );
   t.same([repeat.status, repeat.body], [400, { detail: 'Upload session not initialized' }], 'no replay: the session checks answer');
   t.equal(repeat.headers['idempotent-replayed'], undefined);
 });
@@ -173,12 +175,15 @@ t.test('a client that aborts mid-body and retries with the same key: stored once
   first.catch(() => {});
   body.write(text.slice(0, 2000));
   // The key is held once a probe for another entity under it answers 422 (an unknown entity, so the probe claims nothing).
-  const deadline = Date.now() + 10_000;
-  let probe = await ingest(svc, uuid, 'nope', products(1), 'flaky');
-  while (probe.status === 400 && Date.now() < deadline) {
-    await new Promise((resolve) => setTimeout(resolve, 25));
-    probe = await ingest(svc, uuid, 'nope', products(1), 'flaky');
-  }
+  const probe = await whenChanged(
+    svc,
+    async () => {
+      const res = await ingest(svc, uuid, 'nope', products(1), 'flaky');
+      return res.status !== 400 && res;
+    },
+    () => 'the key was never held',
+    10_000,
+  );
   t.equal(probe.status, 422, 'the first attempt holds the key');
   const duplicate = await ingest(svc, uuid, 'products', JSON.parse(text), 'flaky');
   t.same(

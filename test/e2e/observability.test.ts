@@ -3,6 +3,7 @@
  * on the distributed engines (and 503 once NATS is gone), access log lines with a request id
  * and never a token, the uploader process's own endpoints.
  */
+import { EventEmitter } from 'node:events';
 import t from 'tap';
 import { request } from 'undici';
 import { startApp } from '../../src/app.js';
@@ -36,9 +37,14 @@ async function startLogged(t: Teardown, overrides: DeepPartial<Config> = {}) {
       ...overrides,
     },
   );
-  const app = await startApp(config, { logger: jsonLogger({ write: (line: string) => lines.push(line) }, {}, { level: 'info' }) });
+  const changes = new EventEmitter();
+  const app = await startApp(config, {
+    logger: jsonLogger({ write: (line: string) => lines.push(line) }, {}, { level: 'info' }),
+    onStateChange: () => changes.emit('change'),
+  });
   t.teardown(() => app.close());
-  return { app, url: app.url, lines, logs: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };
+  // Another process's uploader stores what a gateway without its own hands on: no event of this one tells.
+  return { app, url: app.url, changes: config.storage.inProcessUploader ? changes : undefined, lines, logs: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };
 }
 
 /** The value of one sample of the exposition text (0 when the series is absent). */

@@ -296,6 +296,6 @@ t.test('dry run: answers what the package would, with Dry-Run: true; stores and 
   } finally {
     await engines.close();
   }
-  svc.app = await startApp({ ...svc.config, port: 0 }, { logger: silentLogger });
+  svc.app = await startApp({ ...svc.config, port: 0 }, svc.appOptions);
   svc.url = svc.app.url;
 });

@@ -2,11 +2,12 @@
  * Starts the real service on loopback (port 0, a fresh DATA_DIR) and talks to it over real
  * HTTP. Teardown is registered on the test as soon as each resource exists.
  */
+import { EventEmitter, once } from 'node:events';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { request } from 'undici';
-import { startApp, type App } from '../../src/app.js';
+import { startApp, type App, type AppOptions } from '../../src/app.js';
 import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { signWebhook } from '../../src/connector/webhook.js';
 import { loadEdge } from '../../src/http/engine.js';
@@ -30,6 +31,20 @@ export interface Service {
   url: string;
   dataDir: string;
   config: Config;
+  /**
+   * Emits `change` after every write of the service that may change a status answer
+   * (`AppOptions.onStateChange`), and `response` with the fields of each access-log line (a
+   * request answered or aborted, after its per-client slot was released).
+   */
+  events: EventEmitter;
+  /**
+   * `events` while every write that changes a status answer is this process's, for
+   * `whenChanged`; undefined while an uploader in another process stores the packages
+   * (`storage.inProcessUploader: false`): its writes are seen only by asking again.
+   */
+  readonly changes: EventEmitter | undefined;
+  /** The options the service starts with: a test that starts it itself (`startApp`) passes them, so that `changes` goes on. */
+  appOptions: AppOptions;
   /** A reader of the objects the service stored (its own handle; closed by the caller). */
   openObjects(): Promise<ObjectStore>;
   /** Stops and starts the service on the same data (and a new port), optionally with changed config. */
@@ -62,6 +77,7 @@ export async function startService(
   t: Teardown,
   overrides: DeepPartial<Config> = {},
   env: NodeJS.ProcessEnv = {},
+  appOptions: Pick<AppOptions, 'clock'> = {},
 ): Promise<Service> {
   const dataDir = await tempDir(t);
   const defaults: DeepPartial<Config> = deepMerge<DeepPartial<Config>>(
@@ -75,15 +91,29 @@ export async function startService(
     await backendConfig(t),
   );
   const config = loadConfig(env, deepMerge(defaults, overrides));
+  const events = new EventEmitter();
+  events.setMaxListeners(0);
+  const accessLog = (msg: string, fields?: Record<string, unknown>) => {
+    if (msg === 'request') events.emit('response', fields);
+  };
+  const logger = { ...silentLogger, info: accessLog, debug: accessLog };
+  const options: AppOptions = { logger, ...appOptions, onStateChange: () => events.emit('change') };
+  let running = config;
   const svc: Service = {
-    app: await startApp(config, { logger: silentLogger }),
+    app: await startApp(config, options),
     url: '',
     dataDir,
     config,
+    events,
+    get changes() {
+      return running.storage.inProcessUploader ? events : undefined;
+    },
+    appOptions: options,
     async restart(patch: DeepPartial<Config> = {}) {
       await svc.app.close();
       // A new port: this uWS build cannot re-bind a port with connections in TIME_WAIT.
-      svc.app = await startApp(deepMerge({ ...config, port: 0 }, patch), { logger: silentLogger });
+      running = deepMerge({ ...config, port: 0 }, patch);
+      svc.app = await startApp(running, options);
       svc.url = svc.app.url;
     },
     async stop() {
@@ -166,21 +196,49 @@ export function clientOf(svc: { url: string }, client = DEMO as { id: string; to
   };
 }
 
-/** Polls status until `pred` holds (the service is asynchronous by contract); bounded. */
+/**
+ * Runs `probe` until it answers something truthy, and answers that. A service of this process
+ * is probed again only after each of its writes that may change the answer (`changes`); a
+ * gateway in another process, which no event crosses to, every 25 ms. `timeoutMs` only fails
+ * a test that would hang (with `what()` of the last probe).
+ */
+export async function whenChanged<T>(
+  svc: { changes?: EventEmitter },
+  probe: () => Promise<T | false | null | undefined>,
+  what: () => string,
+  timeoutMs = 20_000,
+): Promise<T> {
+  const hung = AbortSignal.timeout(timeoutMs);
+  for (;;) {
+    // Listening before the probe: a write while it runs is not missed.
+    const changed = svc.changes ? once(svc.changes, 'change', { signal: hung }) : new Promise((r) => setTimeout(r, 25));
+    changed.catch(() => undefined);
+    const value = await probe();
+    if (value) return value;
+    if (!hung.aborted) await changed.catch(() => undefined);
+    if (hung.aborted) throw new Error(`${what()}, still after ${timeoutMs} ms`);
+  }
+}
+
+/** Asks status until `pred` holds (the service is asynchronous by contract): see `whenChanged`. */
 export async function waitForStatus(
-  svc: { url: string },
+  svc: { url: string; changes?: EventEmitter },
   uuid: string,
   pred: (body: any) => boolean,
   client = DEMO as { id: string; token: string },
   timeoutMs = 20_000,
 ): Promise<any> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const res = await clientOf(svc, client).status(uuid);
-    if (res.status === 200 && pred(res.body)) return res.body;
-    if (Date.now() > deadline) throw new Error(`status of ${uuid} never matched: ${res.text}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
+  let last = '';
+  return whenChanged(
+    svc,
+    async () => {
+      const res = await clientOf(svc, client).status(uuid);
+      last = res.text;
+      return res.status === 200 && pred(res.body) ? (res.body as object) : null;
+    },
+    () => `status of ${uuid} never matched: ${last}`,
+    timeoutMs,
+  );
 }
 
 export function yesterday(): string {

@@ -4,6 +4,7 @@
  * a clock to move, a wrapped validation worker — plus what the drills measure: the pool's
  * load, the stored objects, the queue's files, and memory after a full GC.
  */
+import { EventEmitter } from 'node:events';
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
@@ -22,6 +23,12 @@ interface Teardown {
 export interface InProcess {
   app: App;
   url: string;
+  /**
+   * Emits `change` after every write of the service that may change a status answer
+   * (`AppOptions.onStateChange`; see `whenChanged`); undefined when an uploader in another
+   * process stores the packages (`storage.inProcessUploader: false`): its writes are not seen.
+   */
+  changes: EventEmitter | undefined;
   dataDir: string;
   config: Config;
   /** Every object the service stored (all sessions). */
@@ -45,7 +52,16 @@ export async function startInProcess(t: Teardown, overrides: DeepPartial<Config>
       overrides as Record<string, unknown>,
     ) as DeepPartial<Config>,
   );
-  const app = await startApp(config, { logger: silentLogger, ...opts });
+  const changes = new EventEmitter();
+  changes.setMaxListeners(0);
+  const app = await startApp(config, {
+    logger: silentLogger,
+    ...opts,
+    onStateChange: () => {
+      opts.onStateChange?.();
+      changes.emit('change');
+    },
+  });
   t.teardown(() => app.close());
   const objects = await FileObjectStore.open(join(dataDir, 'objects'));
   t.teardown(() => objects.close());
@@ -53,6 +69,7 @@ export async function startInProcess(t: Teardown, overrides: DeepPartial<Config>
   return {
     app,
     url: app.url,
+    changes: config.storage.inProcessUploader ? changes : undefined,
     dataDir,
     config,
     objects: () => objects.list(''),

@@ -150,10 +150,9 @@ t.test('transport failures: timeout, refused connection, non-JSON 2xx, abort', a
     res.writeHead(200, { 'content-type': 'text/html' }).end('<html>proxy</html>');
   });
   const c = client(t, srv.url, { timeoutMs: 300 });
-  const started = Date.now();
+  // The server never answers: only the client's deadline ends the call.
   const slow = await failure(c.status('u'));
-  t.match(slow, { code: 'TIMEOUT', status: null });
-  t.ok(Date.now() - started < 3000, 'the deadline holds');
+  t.match(slow, { code: 'TIMEOUT', status: null }, 'the deadline holds');
   t.match(await failure(c.entities()), { code: 'INVALID_RESPONSE', status: 200 });
 
   const controller = new AbortController();
@@ -184,8 +183,9 @@ t.test('ingestWithRetry: one Idempotency-Key across attempts, gzip done once, st
   });
   const c = client(t, srv.url);
   const retries: number[] = [];
-  const started = Date.now();
-  const res = await c.ingestWithRetry('u', 'products', '{"columns":["a"],"data":[[1]]}', { gzip: true }, { baseDelayMs: 10, onRetry: (i) => retries.push(i.delayMs) });
+  const waited: number[] = [];
+  const sleep = async (ms: number) => void waited.push(ms);
+  const res = await c.ingestWithRetry('u', 'products', '{"columns":["a"],"data":[[1]]}', { gzip: true }, { baseDelayMs: 10, onRetry: (i) => retries.push(i.delayMs), sleep });
   t.equal(res.rows_processed, 1);
   t.equal(srv.seen.length, 4);
   const keys = new Set(srv.seen.map((s) => s.headers['idempotency-key']));
@@ -193,7 +193,7 @@ t.test('ingestWithRetry: one Idempotency-Key across attempts, gzip done once, st
   t.match([...keys][0], /^[\x21-\x7e]{1,255}$/);
   t.equal(new Set(srv.seen.map((s) => s.body.toString('base64'))).size, 1, 'the same bytes on every attempt');
   t.ok(retries[0]! >= 1000, 'the first wait honoured Retry-After: 1');
-  t.ok(Date.now() - started >= 1000);
+  t.same(waited, retries, 'each retry waited what it announced');
 
   srv.seen.length = 0;
   t.match(await failure(c.ingestWithRetry('u', 'bad', '{}', { idempotencyKey: 'mine' }, { baseDelayMs: 1 })), { status: 422 });

@@ -47,11 +47,10 @@ const idle = async () => {
 t.test('a task that finishes within cancelAfterMs keeps its worker', async (t) => {
   const before = (await idle()).threadIds;
   const { sink, ended } = await heldPackage();
-  const abortedAt = Date.now();
   sink.abort();
   t.match(await ended, { code: 'INTERNAL' }, 'end() rejects');
-  t.ok(Date.now() - abortedAt < 400, 'at once, without waiting for the task');
-  t.match(pool.load, { open: 0, running: 1 }, 'the admission is back; the task still runs');
+  // The task holds until released below: end() settled without waiting for it.
+  t.match(pool.load, { open: 0, running: 1 }, 'at once: the admission is back while the task still runs');
   channel.postMessage('release');
   t.same((await idle()).threadIds, before, 'the task finished: its worker is still the same thread');
 });

@@ -33,6 +33,8 @@ export interface FileBatchQueueOptions {
    * every package after a restart are read from their segment.
    */
   heldBytes?: number;
+  /** Told after each delivery is settled (acked or put back for redelivery): what `pending` answers may have changed. */
+  onSettled?: () => void;
 }
 
 interface Entry extends CommitRecord {
@@ -109,6 +111,7 @@ export class FileBatchQueue implements BatchQueue {
   readonly #wakers = new Set<() => void>();
   #seq = 0;
   #closed = false;
+  readonly #onSettled: (() => void) | undefined;
 
   private constructor(dir: string, opts: FileBatchQueueOptions) {
     this.#dir = dir;
@@ -121,6 +124,7 @@ export class FileBatchQueue implements BatchQueue {
       empty: () => this.#entries.size === 0,
       closed: () => this.#closed,
     });
+    this.#onSettled = opts.onSettled;
   }
 
   static async open(dir: string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
@@ -319,6 +323,7 @@ export class FileBatchQueue implements BatchQueue {
       }
       // Redelivery cannot bring a lost batch back: the package is dropped (reported when found).
       this.#settle(e, ok || lost.now);
+      this.#onSettled?.();
     }
   }
 

@@ -44,6 +44,8 @@ export interface NatsBatchQueueOptions {
   removeEveryMs?: number;
   /** Background failures: sweeps, acks, deletes after an ack, dropped packages. */
   onError?: (err: unknown, what: string) => void;
+  /** Told after each ack this process's consumers got confirmed: what `pending` answers may have changed. */
+  onAcked?: () => void;
 }
 
 /** Packages handed out and not yet acked, over all consumers of all processes. */
@@ -99,6 +101,7 @@ export class NatsBatchQueue implements BatchQueue {
   readonly #ackWaitMs: number;
   readonly #orphanAfterMs: number;
   readonly #onError: (err: unknown, what: string) => void;
+  readonly #onAcked: (() => void) | undefined;
   readonly #writers = new Set<NatsWriter>();
   readonly #consumers = new Set<QueueConsumer>();
   /** Commit messages of every package committed meanwhile go out together (group-publisher.ts). */
@@ -126,6 +129,7 @@ export class NatsBatchQueue implements BatchQueue {
     this.#ackWaitMs = opts.ackWaitMs;
     this.#orphanAfterMs = opts.orphanAfterMs ?? 3_600_000;
     this.#onError = opts.onError ?? (() => {});
+    this.#onAcked = opts.onAcked;
   }
 
   static async open(ctx: NatsContext, opts: NatsBatchQueueOptions): Promise<NatsBatchQueue> {
@@ -204,7 +208,10 @@ export class NatsBatchQueue implements BatchQueue {
         pullExpiresMs: PULL_EXPIRES_MS,
         readAhead: READ_AHEAD,
         ensureConsumer: () => this.#ensureConsumer(),
-        acked: (seq) => this.#remover?.acked(seq),
+        acked: (seq) => {
+          this.#remover?.acked(seq);
+          this.#onAcked?.();
+        },
         settle: async () => this.#remover?.flush(),
         onError: this.#onError,
       },
