@@ -25,14 +25,9 @@ export const SERVER_FLOOR = [2, 10, 0] as const;
 
 /** `version` (`2.10.27`, `2.15.1-beta.2`) is at least `SERVER_FLOOR`. */
 export function supportedServer(version: string | undefined): boolean {
-  return serverAtLeast(version, SERVER_FLOOR);
-}
-
-/** `version` (`2.10.27`, `2.15.1-beta.2`) is at least `floor`; false for a version it cannot read. */
-export function serverAtLeast(version: string | undefined, floor: readonly [number, number, number]): boolean {
   const parts = /^v?(\d+)\.(\d+)\.(\d+)/.exec(version ?? '')?.slice(1).map(Number);
   if (!parts) return false;
-  for (let i = 0; i < floor.length; i++) if (parts[i] !== floor[i]) return parts[i]! > floor[i]!;
+  for (let i = 0; i < SERVER_FLOOR.length; i++) if (parts[i] !== SERVER_FLOOR[i]) return parts[i]! > SERVER_FLOOR[i]!;
   return true;
 }
 

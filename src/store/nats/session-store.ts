@@ -29,9 +29,11 @@ const SEEN_KEYS = 4096;
  * later (the floor, connection.ts) that check is serialised on clustered streams too. Reads
  * are nats.js's `kv.get`, answered by the stream leader (nats.js is told the bucket has no
  * direct get), so a write acknowledged anywhere is read back everywhere. `getRecent` is a
- * direct get (the stream allows it, on servers that take `min_last_seq`): any replica that
- * holds the stream up to the highest sequence this instance has seen answers, so status keeps
- * answering through a leader election, never behind this instance's own writes.
+ * direct get (the stream allows it): any replica answers, so status keeps answering through
+ * a leader election. A follower may answer a moment behind the leader, or not yet know a key
+ * at all: the newer of its answer and what this instance last wrote or read of the key is
+ * returned, so this instance's answers never go back in time (keys here are deleted by a
+ * marker, never purged, so a key that had a message is never rightly without one).
  *
  * Writes are publishes of the KV's own message shape rather than nats.js's `kv.create` /
  * `kv.update`: those set no message id, and a write is re-sent on timeouts within `retryMs`
