@@ -5,6 +5,7 @@
 import { EventEmitter, once } from 'node:events';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { setTimeout } from 'node:timers/promises';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { startApp, type App, type AppOptions } from '../../src/app.js';
@@ -211,7 +212,7 @@ export async function whenChanged<T>(
   const hung = AbortSignal.timeout(timeoutMs);
   for (;;) {
     // Listening before the probe: a write while it runs is not missed.
-    const changed = svc.changes ? once(svc.changes, 'change', { signal: hung }) : new Promise((r) => setTimeout(r, 25));
+    const changed = svc.changes ? once(svc.changes, 'change', { signal: hung }) : setTimeout(25);
     changed.catch(() => undefined);
     const value = await probe();
     if (value) return value;
@@ -232,13 +233,26 @@ export async function waitForStatus(
   return whenChanged(
     svc,
     async () => {
-      const res = await clientOf(svc, client).status(uuid);
+      let res = await clientOf(svc, client).status(uuid);
+      // An answer the service tells to come back for (rate limit, storage unavailable) is asked
+      // again after its Retry-After: no state change is due to end it.
+      for (let retryAfter = retryAfterMs(res); retryAfter !== undefined; retryAfter = retryAfterMs(res)) {
+        last = res.text;
+        await setTimeout(retryAfter);
+        res = await clientOf(svc, client).status(uuid);
+      }
       last = res.text;
       return res.status === 200 && pred(res.body) ? (res.body as object) : null;
     },
     () => `status of ${uuid} never matched: ${last}`,
     timeoutMs,
   );
+}
+
+function retryAfterMs(res: { status: number; headers: Record<string, unknown> }): number | undefined {
+  const header = res.headers['retry-after'];
+  if ((res.status !== 429 && res.status !== 503) || typeof header !== 'string') return undefined;
+  return Math.min(Number(header) * 1000, 5_000) || 100;
 }
 
 export function yesterday(): string {
