@@ -71,7 +71,7 @@ function describe(schema: Json): string {
   return [schema.description ?? '', facts.length ? `(${facts.join('; ')})` : ''].filter(Boolean).join(' ');
 }
 
-/** `{a: type, b?: type}`: an object whose fields need no notes, on one line. */
+/** An object schema on one line: `{a: type, b?: type}` (`?`: optional). */
 function shape(schema: Json): string {
   const required = new Set<string>(schema.required ?? []);
   const fields = Object.entries(schema.properties as Json).map(([f, p]) => `\`${f}\`${required.has(f) ? '' : '?'}: ${typeOf(p)}`);
@@ -115,11 +115,8 @@ interface Operation {
 /** A message of an error response: a line `- ...` of its description. Its head is its leading code span (the message itself). */
 const head = (bullet: string): string => (bullet.startsWith('`') ? /^`[^`]*`/.exec(bullet)![0] : bullet);
 
-/**
- * Messages several responses carry, each explained once (in "Common messages") and named by
- * its head in each operation; and parameters several operations take, each described once.
- */
-function shared(doc: Json, operations: Operation[]): { messages: Map<string, Set<string>>; parameters: Set<string> } {
+/** Messages several responses carry: each explained once (in "Common messages"), named by its head in each operation. */
+function commonMessages(doc: Json, operations: Operation[]): Map<string, Set<string>> {
   const messages = new Map<string, Set<string>>();
   const seen = new Map<string, number>();
   for (const { op } of operations) {
@@ -134,9 +131,7 @@ function shared(doc: Json, operations: Operation[]): { messages: Map<string, Set
     }
   }
   for (const bullet of [...messages.keys()]) if (seen.get(bullet)! < 2 || head(bullet) === bullet) messages.delete(bullet);
-  const uses = new Map<string, number>();
-  for (const { op } of operations) for (const p of (op.parameters ?? []) as Json[]) if (p.$ref) uses.set(p.$ref, (uses.get(p.$ref) ?? 0) + 1);
-  return { messages, parameters: new Set([...uses].filter(([, n]) => n > 1).map(([ref]) => ref)) };
+  return messages;
 }
 
 const paramRow = (p: Json): string =>
@@ -146,7 +141,7 @@ const paramRow = (p: Json): string =>
 const authentication = (security: Json[]): string =>
   security.map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none').join(', or ') || 'none';
 
-function operationSection(doc: Json, o: Operation, common: ReturnType<typeof shared>): string[] {
+function operationSection(doc: Json, o: Operation, common: Map<string, Set<string>>): string[] {
   const { method, path, op } = o;
   const auth = op.security === undefined ? '' : ` Authentication: ${authentication(op.security)}.`;
   const out = [`### ${method.toUpperCase()} ${path}`, '', `**${op.summary}** (\`${op.operationId}\`).${auth}`, ''];
@@ -154,10 +149,7 @@ function operationSection(doc: Json, o: Operation, common: ReturnType<typeof sha
   const params = (op.parameters ?? []) as Json[];
   if (params.length) {
     out.push('| parameter | in | required | type | notes |', '|---|---|---|---|---|');
-    for (const raw of params) {
-      const p = parameter(doc, raw);
-      out.push(common.parameters.has(raw.$ref) ? `| \`${p.name}\` | ${p.in} | ${p.required ? 'yes' : 'no'} | ${typeOf(p.schema)} | [common](#common-parameters) |` : paramRow(p));
-    }
+    for (const raw of params) out.push(paramRow(parameter(doc, raw)));
     out.push('');
   }
   const body = op.requestBody?.content?.['application/json'];
@@ -177,10 +169,10 @@ function operationSection(doc: Json, o: Operation, common: ReturnType<typeof sha
     const lines = (r.description as string)
       .split('\n')
       .filter((line) => line.trim() !== '')
-      .map((line) => (line.startsWith('- ') ? (common.messages.has(line.slice(2)) ? head(line.slice(2)) : line.slice(2)) : line));
+      .map((line) => (line.startsWith('- ') ? (common.has(line.slice(2)) ? head(line.slice(2)) : line.slice(2)) : line));
     const headers = Object.keys((r.headers ?? {}) as Json);
     if (headers.length) lines.push(`Headers: ${headers.map((h) => `\`${h}\``).join(', ')}.`);
-    out.push(`| ${status} | ${cell(`${bodies ? `${bodies}: ` : ''}${lines.join('\n')}`)} |`);
+    out.push(`| ${status} | ${bodies ? `${bodies}: ` : ''}${cell(lines.join('\n'))} |`);
   }
   out.push('');
   return out;
@@ -191,7 +183,7 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
   const operations: Operation[] = Object.entries(doc.paths as Json).flatMap(([path, item]) =>
     METHODS.filter((m) => (item as Json)[m]).map((method) => ({ path, method, op: (item as Json)[method] as Json })),
   );
-  const common = shared(doc, operations);
+  const common = commonMessages(doc, operations);
   const out = [
     '# API reference',
     '',
@@ -201,7 +193,7 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
     '',
     doc.info.description,
     '',
-    `Reading it: an operation needs ${authentication(doc.security)} unless it names its authentication; an answer's body is [\`ErrorDetail\`](#errordetail) unless it names another schema; a message shown without its explanation is explained under [Common messages](#common-messages), a parameter under [Common parameters](#common-parameters); a schema field marked \`?\` is optional.`,
+    `Reading it: an operation needs ${authentication(doc.security)} unless it names its authentication; an answer's body is [\`ErrorDetail\`](#errordetail) unless it names another schema; a message shown without its explanation is explained under [Common messages](#common-messages); a schema field marked \`?\` is optional.`,
     '',
     '## Authentication',
     '',
@@ -215,13 +207,7 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
     '',
     '| status | message |',
     '|---|---|',
-    ...[...common.messages].sort(([, a], [, b]) => Number([...a][0]) - Number([...b][0])).map(([bullet, statuses]) => `| ${[...statuses].join(', ')} | ${cell(bullet)} |`),
-    '',
-    '## Common parameters',
-    '',
-    '| parameter | in | required | type | notes |',
-    '|---|---|---|---|---|',
-    ...[...common.parameters].map((ref) => paramRow(parameter(doc, { $ref: ref }))),
+    ...[...common].sort(([, a], [, b]) => Number([...a][0]) - Number([...b][0])).map(([bullet, statuses]) => `| ${[...statuses].join(', ')} | ${cell(bullet)} |`),
     '',
     '## Operations',
     '',
