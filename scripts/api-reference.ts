@@ -71,20 +71,27 @@ function describe(schema: Json): string {
   return [schema.description ?? '', facts.length ? `(${facts.join('; ')})` : ''].filter(Boolean).join(' ');
 }
 
+/** An object schema on one line: `{a: type, b?: type}` (`?`: optional). */
+function shape(schema: Json): string {
+  const required = new Set<string>(schema.required ?? []);
+  const fields = Object.entries(schema.properties as Json).map(([f, p]) => `\`${f}\`${required.has(f) ? '' : '?'}: ${typeOf(p)}`);
+  if (schema.additionalProperties) fields.push(`*any other*: ${typeOf(schema.additionalProperties)}`);
+  return `{${fields.join(', ')}}`;
+}
+
 function schemaSection(name: string, schema: Json): string[] {
   const out = [`### ${name}`, ''];
-  if (schema.description) out.push(schema.description, '');
+  const lead = schema.description ? `${schema.description} ` : '';
   if (schema.type === 'object' && schema.properties) {
-    const required = new Set<string>(schema.required ?? []);
-    out.push('| field | type | required | notes |', '|---|---|---|---|');
+    out.push(`${lead}${shape(schema)}`, '');
     for (const [field, prop] of Object.entries(schema.properties as Json)) {
-      out.push(`| \`${field}\` | ${typeOf(prop)} | ${required.has(field) ? 'yes' : 'no'} | ${cell(describe(prop))} |`);
+      const notes = describe(prop as Json);
+      if (notes) out.push(`- \`${field}\`: ${notes}`);
     }
-    if (schema.additionalProperties) out.push(`| *any other* | ${typeOf(schema.additionalProperties)} | no | |`);
   } else if (schema.type === 'object' && schema.additionalProperties) {
-    out.push(`An object; each value is ${typeOf(schema.additionalProperties)}.`);
+    out.push(`${lead}An object; each value is ${typeOf(schema.additionalProperties)}.`);
   } else {
-    out.push(`${typeOf(schema)}${constraints(schema).length ? ` (${constraints(schema).join('; ')})` : ''}`);
+    out.push(`${lead}${typeOf(schema)}${constraints(schema).length ? ` (${constraints(schema).join('; ')})` : ''}`);
   }
   out.push('');
   return out;
@@ -99,33 +106,73 @@ function response(doc: Json, r: Json): Json {
   return r.$ref ? doc.components.responses[refName(r.$ref)] : r;
 }
 
-function operationSection(doc: Json, method: string, path: string, op: Json): string[] {
-  const title = `${method.toUpperCase()} ${path}`;
-  const out = [`### ${title}`, '', `**${op.summary}** (\`${op.operationId}\`)`, ''];
+interface Operation {
+  path: string;
+  method: string;
+  op: Json;
+}
+
+/** A message of an error response: a line `- ...` of its description. Its head is its leading code span (the message itself). */
+const head = (bullet: string): string => (bullet.startsWith('`') ? /^`[^`]*`/.exec(bullet)![0] : bullet);
+
+/** Messages several responses carry: each explained once (in "Common messages"), named by its head in each operation. */
+function commonMessages(doc: Json, operations: Operation[]): Map<string, Set<string>> {
+  const messages = new Map<string, Set<string>>();
+  const seen = new Map<string, number>();
+  for (const { op } of operations) {
+    for (const [status, raw] of Object.entries(op.responses as Json)) {
+      for (const line of (response(doc, raw).description as string).split('\n')) {
+        if (!line.startsWith('- ')) continue;
+        const bullet = line.slice(2);
+        seen.set(bullet, (seen.get(bullet) ?? 0) + 1);
+        if (!messages.has(bullet)) messages.set(bullet, new Set());
+        messages.get(bullet)!.add(status);
+      }
+    }
+  }
+  for (const bullet of [...messages.keys()]) if (seen.get(bullet)! < 2 || head(bullet) === bullet) messages.delete(bullet);
+  return messages;
+}
+
+const paramRow = (p: Json): string =>
+  `| \`${p.name}\` | ${p.in} | ${p.required ? 'yes' : 'no'} | ${typeOf(p.schema)} | ${cell(describe({ ...p.schema, description: p.description }))} |`;
+
+/** Each entry of `security` is one way to pass, its schemes all needed; `{}` passes with none. */
+const authentication = (security: Json[]): string =>
+  security.map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none').join(', or ') || 'none';
+
+function operationSection(doc: Json, o: Operation, common: Map<string, Set<string>>): string[] {
+  const { method, path, op } = o;
+  const auth = op.security === undefined ? '' : ` Authentication: ${authentication(op.security)}.`;
+  const out = [`### ${method.toUpperCase()} ${path}`, '', `**${op.summary}** (\`${op.operationId}\`).${auth}`, ''];
   if (op.description) out.push(op.description, '');
-  // Each entry of `security` is one way to pass, its schemes all needed; `{}` passes with none.
-  const ways = ((op.security ?? doc.security) as Json[]).map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none');
-  out.push(`Authentication: ${ways.length ? ways.join(', or ') : 'none'}.`, '');
-  const params = ((op.parameters ?? []) as Json[]).map((p) => parameter(doc, p));
+  const params = (op.parameters ?? []) as Json[];
   if (params.length) {
     out.push('| parameter | in | required | type | notes |', '|---|---|---|---|---|');
-    for (const p of params) out.push(`| \`${p.name}\` | ${p.in} | ${p.required ? 'yes' : 'no'} | ${typeOf(p.schema)} | ${cell(describe({ ...p.schema, description: p.description }))} |`);
+    for (const raw of params) out.push(paramRow(parameter(doc, raw)));
     out.push('');
   }
   const body = op.requestBody?.content?.['application/json'];
   if (body) {
     out.push(`Request body (\`application/json\`${op.requestBody.required ? ', required' : ''}): ${typeOf(body.schema)}.`, '');
     const examples: [string, unknown][] = body.example !== undefined ? [['Example', body.example]] : Object.values((body.examples ?? {}) as Json).map((e: Json) => [e.summary, e.value]);
-    for (const [label, value] of examples) out.push(`${label}:`, '', '```json', JSON.stringify(value), '```', '');
+    for (const [label, value] of examples) out.push(`${label}: \`${JSON.stringify(value)}\``, '');
   }
-  out.push('| status | body | meaning |', '|---|---|---|');
+  out.push('| status | meaning |', '|---|---|');
   for (const [status, raw] of Object.entries(op.responses as Json)) {
     const r = response(doc, raw);
     const content = Object.entries((r.content ?? {}) as Json);
-    const bodies = content.map(([type, c]) => (type === 'application/json' ? typeOf(c.schema) : `\`${type}\``)).join(', ') || '—';
+    const bodies = content
+      .map(([type, c]) => (type === 'application/json' ? typeOf(c.schema) : `\`${type}\``))
+      .filter((b) => b !== schemaLink('ErrorDetail'))
+      .join(', ');
+    const lines = (r.description as string)
+      .split('\n')
+      .filter((line) => line.trim() !== '')
+      .map((line) => (line.startsWith('- ') ? (common.has(line.slice(2)) ? head(line.slice(2)) : line.slice(2)) : line));
     const headers = Object.keys((r.headers ?? {}) as Json);
-    const meaning = `${r.description}${headers.length ? `\nHeaders: ${headers.map((h) => `\`${h}\``).join(', ')}.` : ''}`;
-    out.push(`| ${status} | ${bodies} | ${cell(meaning)} |`);
+    if (headers.length) lines.push(`Headers: ${headers.map((h) => `\`${h}\``).join(', ')}.`);
+    out.push(`| ${status} | ${bodies ? `${bodies}: ` : ''}${cell(lines.join('\n'))} |`);
   }
   out.push('');
   return out;
@@ -133,9 +180,10 @@ function operationSection(doc: Json, method: string, path: string, op: Json): st
 
 /** The whole page, from an OpenAPI 3.1 document as `openApiDocument()` builds it. */
 export function renderApiReference(doc: Json = openApiDocument() as Json): string {
-  const operations = Object.entries(doc.paths as Json).flatMap(([path, item]) =>
+  const operations: Operation[] = Object.entries(doc.paths as Json).flatMap(([path, item]) =>
     METHODS.filter((m) => (item as Json)[m]).map((method) => ({ path, method, op: (item as Json)[method] as Json })),
   );
+  const common = commonMessages(doc, operations);
   const out = [
     '# API reference',
     '',
@@ -145,6 +193,8 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
     '',
     doc.info.description,
     '',
+    `Reading it: an operation needs ${authentication(doc.security)} unless it names its authentication; an answer's body is [\`ErrorDetail\`](#errordetail) unless it names another schema; a message shown without its explanation is explained under [Common messages](#common-messages); a schema field marked \`?\` is optional.`,
+    '',
     '## Authentication',
     '',
     '| scheme | how |',
@@ -153,17 +203,22 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
       ([name, s]) => `| \`${name}\` | ${cell(s.type === 'apiKey' ? `header \`${s.name}\`: ${s.description}` : `HTTP ${s.scheme}: ${s.description}`)} |`,
     ),
     '',
+    '## Common messages',
+    '',
+    '| status | message |',
+    '|---|---|',
+    ...[...common].sort(([, a], [, b]) => Number([...a][0]) - Number([...b][0])).map(([bullet, statuses]) => `| ${[...statuses].join(', ')} | ${cell(bullet)} |`),
+    '',
     '## Operations',
     '',
   ];
   const byTag = (doc.tags as Json[]).map((tag) => ({ tag, ops: operations.filter((o) => (o.op.tags ?? [])[0] === tag.name) }));
   for (const { tag, ops } of byTag) {
     if (!ops.length) continue;
-    out.push(`**${tag.name}**: ${tag.description}`, '');
-    for (const o of ops) out.push(`- [\`${o.method.toUpperCase()} ${o.path}\`](#${anchor(`${o.method} ${o.path}`)}): ${o.op.summary}`);
-    out.push('');
+    out.push(`- **${tag.name}** (${tag.description.replace(/\.$/, '')}): ${ops.map((o) => `[${o.op.summary}](#${anchor(`${o.method} ${o.path}`)})`).join(', ')}.`);
   }
-  for (const { ops } of byTag) for (const o of ops) out.push(...operationSection(doc, o.method, o.path, o.op));
+  out.push('');
+  for (const { ops } of byTag) for (const o of ops) out.push(...operationSection(doc, o, common));
   out.push('## Schemas', '');
   for (const [name, schema] of Object.entries(doc.components.schemas as Json)) out.push(...schemaSection(name, schema as Json));
   return `${out.join('\n').replace(/\n{3,}/g, '\n\n').trimEnd()}\n`;
