@@ -29,10 +29,11 @@
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
  * --grow N (20000), --out DIR (bench/results), --no-peer, --inline-bytes LIST (the service once per
  * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none). `BENCH_SERVER_FLAGS` adds Node flags
- * to the service (as for `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`.
+ * to the service (as for `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`; `BENCH_NATS_SUBJECTS=FILE`
+ * writes every message the NATS server carried, counted by subject shape.
  */
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -111,6 +112,44 @@ async function cpuMs(pid: number): Promise<number> {
   return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLK_TCK;
 }
 
+/** CPU time (ms) of every process on the machine now, with what it is: to tell who spent the cores during a load. */
+async function everyProcessCpu(): Promise<Map<number, { ms: number; what: string }>> {
+  const out = new Map<number, { ms: number; what: string }>();
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = await readFile(`/proc/${entry}/stat`, 'utf8');
+      const fields = stat.split(') ')[1]!.split(' ');
+      const cmd = (await readFile(`/proc/${entry}/cmdline`, 'utf8')).replaceAll('\0', ' ');
+      out.set(Number(entry), { ms: ((Number(fields[11]) + Number(fields[12])) * 1000) / CLK_TCK, what: cmd });
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+/** CPU ms per package between two snapshots, by part: the gateway, nats-server, the S3 server, the clients, the rest. */
+function cpuShares(
+  before: Map<number, { ms: number; what: string }>,
+  after: Map<number, { ms: number; what: string }>,
+  gateway: number,
+  clientPids: Set<number>,
+  packages: number,
+): string {
+  const parts: Record<string, number> = { gateway: 0, 'nats-server': 0, s3: 0, clients: 0, rest: 0 };
+  for (const [pid, { ms, what }] of after) {
+    const spent = ms - (before.get(pid)?.ms ?? 0);
+    if (spent <= 0) continue;
+    const part =
+      pid === gateway ? 'gateway' : what.includes('nats-server') ? 'nats-server' : what.includes('testbed/s3') ? 's3' : clientPids.has(pid) ? 'clients' : 'rest';
+    parts[part]! += spent;
+  }
+  return Object.entries(parts)
+    .map(([k, ms]) => `${k} ${(ms / Math.max(1, packages)).toFixed(2)}`)
+    .join(', ');
+}
+
 function pct(sorted: number[], p: number): number {
   if (sorted.length === 0) return NaN;
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))]!;
@@ -125,6 +164,8 @@ interface Load {
   cpuMsPerPackage: number;
   /** Packages/s until the last one was stored, and CPU ms per package until then (the background uploads included). */
   stored?: { perSecond: number; cpuMsPerPackage: number };
+  /** CPU ms per package of each process, from the load's start until the last package was stored (or the load's end). */
+  cpuParts: string;
   failures: Record<string, number>;
   /** Packages/s per consecutive block, when asked for. */
   blocks?: number[];
@@ -145,6 +186,7 @@ async function load(
     await new Promise<void>((resolve) => child.once('message', () => resolve()));
     children.push(child);
   }
+  const every0 = await everyProcessCpu();
   const cpu0 = await cpuMs(target.pid);
   const t0 = Date.now();
   const untilMs = opts.durationMs ? t0 + opts.durationMs : Number.MAX_SAFE_INTEGER;
@@ -163,7 +205,6 @@ async function load(
   );
   const seconds = (Date.now() - t0) / 1000;
   const cpu = (await cpuMs(target.pid)) - cpu0;
-  for (const c of children) c.kill();
   let stored: Load['stored'];
   if (target.stored) {
     // The uploads run in the background: what the service sustains is the rate until the last package is stored.
@@ -174,6 +215,8 @@ async function load(
     const packages = results.reduce((n, r) => n + r.end.length, 0);
     stored = { perSecond: packages / ((Date.now() - t0) / 1000), cpuMsPerPackage: ((await cpuMs(target.pid)) - cpu0) / Math.max(1, packages) };
   }
+  const cpuParts = cpuShares(every0, await everyProcessCpu(), target.pid, new Set(children.map((c) => c.pid!)), results.reduce((n, r) => n + r.end.length, 0));
+  for (const c of children) c.kill();
   const ends = results.flatMap((r) => r.end).sort((a, b) => a - b);
   const latencies = results.flatMap((r) => r.end.map((e, i) => e - r.start[i]!)).sort((a, b) => a - b);
   const failures: Record<string, number> = {};
@@ -187,6 +230,7 @@ async function load(
     p99: pct(latencies, 99),
     cpuMsPerPackage: cpu / Math.max(1, packages),
     ...(stored ? { stored } : {}),
+    cpuParts,
     failures,
   };
   if (opts.blocks) {
@@ -290,6 +334,23 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
       const nats = await startNats(t, { ...natsOpts, countSyncs: true });
       fsyncs = () => nats.fsyncs();
       natsUrl = engine === 'nats-distant' ? (await delayProxy(Number(new URL(nats.url).port), 1)).url : nats.url;
+    }
+    if (process.env.BENCH_NATS_SUBJECTS) {
+      // Every message through the NATS server by subject shape (ids replaced), written to that file at the end: what a package costs, message by message.
+      const nc = await natsConnect({ servers: natsUrl.split(','), timeout: 5000 });
+      const counts = new Map<string, number>();
+      const sub = nc.subscribe('>');
+      void (async () => {
+        for await (const m of sub) {
+          const k = m.subject.replace(/[0-9a-f]{8}-[0-9a-f-]{27}/g, 'U').replace(/\b[A-Za-z0-9]{22}\b/g, 'N').replace(/\.\d+(\.|$)/g, '.D$1').replace(/_INBOX\..*/, '_INBOX').replace(/\$JS\.ACK\..*/, '$JS.ACK');
+          const batch = m.headers?.get('Nats-Batch-Id') ? ' [batch]' : '';
+          counts.set(k + batch, (counts.get(k + batch) ?? 0) + 1);
+        }
+      })();
+      t.teardown(async () => {
+        await writeFile(process.env.BENCH_NATS_SUBJECTS!, [...counts].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${n} ${k}`).join('\n'));
+        await nc.close();
+      });
     }
     const base = distributed(natsUrl, s3) as Record<string, any>;
     config = { ...base, ...relaxed, nats: { ...base.nats, replicas } };
@@ -397,7 +458,8 @@ try {
       if (target.status || writes !== undefined) {
         notes.push(
           `${target.name}, 16 sessions: status p99 during the load ${pct(statusLatencies.sort((a, b) => a - b), 99).toFixed(1)} ms (${statusLatencies.length} asked)` +
-            perPackage(r.packages, writes, syncs),
+            perPackage(r.packages, writes, syncs) +
+            `; CPU ms per package until stored: ${r.cpuParts}`,
         );
       }
     }
@@ -414,7 +476,8 @@ try {
       notes.push(
         `${target.name}, one session: packages/s per tenth ${b.map((x) => x.toFixed(0)).join(', ')}; last ÷ first ${(b.at(-1)! / b[0]!).toFixed(2)}` +
           (status === null ? '' : `; status p99 at ${GROW} packages ${status.toFixed(1)} ms`) +
-          perPackage(r.packages, writes, syncs),
+          perPackage(r.packages, writes, syncs) +
+          `; CPU ms per package until stored: ${r.cpuParts}`,
       );
     }
     if (SCENARIOS.includes('mib')) {
