@@ -267,6 +267,18 @@ function retryAfterMs(res: { status: number; headers: Record<string, unknown> })
   return Math.min(Number(header) * 1000, 5_000) || 100;
 }
 
+/**
+ * Resolves once every ingest lease of a gateway that died (killed, a power cut) by `diedAt`
+ * has lapsed: `leaseMs` after it at the latest (each was last renewed before). A lapse is no
+ * write: no `change` tells it, so a wait for a status that only a lapse brings (a session with
+ * no package left to store) waits it out first. On the wall clock: the gateway's own clock is
+ * `Date.now` in another process, which a test cannot set.
+ */
+export async function leasesLapsed(diedAt: number, leaseMs: number): Promise<void> {
+  const left = diedAt + leaseMs + 1 - Date.now();
+  if (left > 0) await setTimeout(left);
+}
+
 export function yesterday(): string {
   return new Date(Date.now() - 86_400_000).toISOString().slice(0, 10);
 }
