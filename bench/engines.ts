@@ -16,7 +16,7 @@ import { parseArgs } from 'node:util';
 import { request } from 'undici';
 import { findEntity } from '../src/entities/catalog.js';
 import { startNats } from '../testbed/nats.js';
-import { distributed, spawnGateway, type GatewayProc } from '../testbed/processes.js';
+import { AS_IN_PRODUCTION, distributed, spawnGateway, type GatewayProc } from '../testbed/processes.js';
 import { startS3Process } from '../testbed/s3.js';
 import { generateBody } from './bodies.js';
 
@@ -77,12 +77,12 @@ try {
   const relaxed = { limits: { requestsPerSecond: 0, concurrentPerClient: 0 } };
   const results: { engine: string; ms: number }[] = [];
 
-  const embedded = await spawnGateway(t, { ...relaxed, clientsFile: null, connector: { webhookSecret: null } } as never);
+  const embedded = await spawnGateway(t, { ...relaxed, clientsFile: null, connector: { webhookSecret: null } } as never, {}, [], [], AS_IN_PRODUCTION);
   results.push({ engine: 'embedded (files)', ms: await run(embedded, body) });
   await embedded.stop();
 
   const [nats, s3] = await Promise.all([startNats(t), startS3Process(t)]);
-  const gw = await spawnGateway(t, { ...distributed(nats.url, s3), ...relaxed } as never);
+  const gw = await spawnGateway(t, { ...distributed(nats.url, s3), ...relaxed } as never, {}, [], [], AS_IN_PRODUCTION);
   results.push({ engine: 'NATS JetStream + S3 (s3rver)', ms: await run(gw, body) });
 
   const totalMiB = (PACKAGES * body.length) / 1024 / 1024;

@@ -44,7 +44,7 @@ import { request } from 'undici';
 import { findEntity } from '../src/entities/catalog.js';
 import { hashToken } from '../src/http/auth.js';
 import { startNats, startNatsCluster } from '../testbed/nats.js';
-import { distributed, spawnGateway } from '../testbed/processes.js';
+import { AS_IN_PRODUCTION, distributed, spawnGateway } from '../testbed/processes.js';
 import { startS3Process } from '../testbed/s3.js';
 import { generateBody } from './bodies.js';
 import type { PackagesJob, PackagesResult } from './packages-client.js';
@@ -356,7 +356,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
     config = { ...base, ...relaxed, nats: { ...base.nats, replicas } };
   }
   const flags = process.env.BENCH_SERVER_FLAGS?.split(' ').filter(Boolean) ?? [];
-  const gw = await spawnGateway(t, config as never, {}, flags);
+  const gw = await spawnGateway(t, config as never, {}, flags, [], AS_IN_PRODUCTION);
   // A CPU profile is written on a clean exit: stop the service (SIGTERM) before the teardown's kill.
   if (flags.length > 0) t.teardown(() => gw.stop());
   return {

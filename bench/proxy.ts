@@ -12,7 +12,7 @@ import { availableParallelism, cpus } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { startNginx } from '../src/proxy/nginx.js';
 import { freePorts } from '../testbed/nats.js';
-import { spawnGateway } from '../testbed/processes.js';
+import { AS_IN_PRODUCTION, spawnGateway } from '../testbed/processes.js';
 
 const RUN = fileURLToPath(new URL('./run.js', import.meta.url));
 const cleanups: (() => unknown)[] = [];
@@ -35,6 +35,10 @@ try {
   const gw = await spawnGateway(
     t,
     { limits: { requestsPerSecond: 0, concurrentPerClient: 0 }, log: { level: 'warn' }, ...(process.env.BENCH_HTTP_ENGINE ? { http: { engine: process.env.BENCH_HTTP_ENGINE as 'uws' | 'node' } } : {}) },
+    {},
+    [],
+    [],
+    AS_IN_PRODUCTION,
   );
   const [port] = await freePorts(1);
   const nginx = await startNginx({

@@ -26,7 +26,7 @@ import { IdempotentIngests } from './session/idempotency.js';
 import { recoverLeftovers } from './session/recovery.js';
 import { PackageIngest } from './session/ingest.js';
 import { SessionService } from './session/service.js';
-import { openEngines } from './store/engines.js';
+import { notifyingWrites, openEngines } from './store/engines.js';
 import { countRows } from './store/object-format.js';
 import { runUploader } from './uploader/uploader.js';
 import { ValidationPool, type PoolLoad } from './validation-pool/index.js';
@@ -97,11 +97,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     const onChange = opts.onStateChange;
     const engines = await openEngines(config, log, 'ingest-gateway', { onQueueSettled: onChange });
     closers.push(() => engines.close());
-    if (onChange) {
-      engines.sessions = notifying(engines.sessions, ['create', 'update', 'delete'], onChange);
-      engines.ledger = notifying(engines.ledger, ['append', 'markStored', 'countStored', 'drop'], onChange);
-      engines.queue = notifying(engines.queue, ['purge'], onChange);
-    }
+    if (onChange) notifyingWrites(engines, onChange);
     const { sessions, ledger, queue, objects } = engines;
     log.info('storage engines', engines.describe);
     const metrics = config.metrics.enabled
@@ -256,24 +252,6 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     await close();
     throw err;
   }
-}
-
-/**
- * `target` with `notify` called after each call of the named methods settles (resolved or
- * not); everything else as it is (`onStateChange`).
- */
-function notifying<T extends object>(target: T, methods: readonly string[], notify: () => void): T {
-  return new Proxy(target, {
-    get(obj, prop) {
-      const value: unknown = Reflect.get(obj, prop, obj);
-      if (typeof value !== 'function') return value;
-      if (typeof prop !== 'string' || !methods.includes(prop)) return value.bind(obj);
-      return (...args: unknown[]) => {
-        const settled = () => notify();
-        return Promise.resolve(value.apply(obj, args)).finally(settled);
-      };
-    },
-  });
 }
 
 /**

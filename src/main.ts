@@ -3,11 +3,14 @@
 import { startApp } from './app.js';
 import { loadConfigOrExit } from './config/config.js';
 import { jsonLogger } from './log.js';
+import { parentNotifier } from './observability/state-events.js';
 
 const config = loadConfigOrExit();
 
 const log = jsonLogger(undefined, {}, { level: config.log.level });
-const app = await startApp(config, { logger: log }).catch((err: unknown): never => {
+// Spawned by a test with an IPC channel: its state changes are told to the test, which waits on
+// them (observability/state-events.ts). Started any other way: nothing.
+const app = await startApp(config, { logger: log, onStateChange: parentNotifier() }).catch((err: unknown): never => {
   const code = (err as { code?: unknown } | null)?.code;
   const message = err instanceof Error ? err.message : String(err);
   // An edge this machine cannot run, a taken or unusable address, or a store set up wrongly

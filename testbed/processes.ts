@@ -1,8 +1,11 @@
 /**
  * Gateways and uploaders as real processes (`node dist/src/main.js`, `node
- * dist/src/uploader/main.js`), configured through a CONFIG_FILE, killed in teardown.
+ * dist/src/uploader/main.js`), configured through a CONFIG_FILE, killed in teardown. Each is
+ * spawned with an IPC channel, over which it tells its state changes
+ * (src/observability/state-events.ts): `changes` emits them for `whenChanged`.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { EventEmitter } from 'node:events';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -20,6 +23,13 @@ const UPLOADER = fileURLToPath(new URL('../src/uploader/main.js', import.meta.ur
 
 export interface Proc {
   readonly child: ChildProcess;
+  /**
+   * Emits `change` after writes of this process that may change a status answer, and of every
+   * other process the same test (`t`) spawned: one emitter for them all, since with shared
+   * stores (NATS, S3) a gateway's answer changes by another gateway's or the uploader's
+   * writes too. Undefined when spawned with `stateEvents: false`.
+   */
+  readonly changes: EventEmitter | undefined;
   /** Output so far (stdout and stderr), for failure messages. */
   output(): string;
   /** SIGKILL and wait for the exit. */
@@ -42,6 +52,30 @@ export function distributed(natsUrl: string, s3: S3Endpoint): DeepPartial<Config
   };
 }
 
+export interface LaunchOptions {
+  /**
+   * Whether the process gets the IPC channel that tells its state changes (default true).
+   * Benches turn it off: the gateway they measure runs as in production, without one.
+   */
+  stateEvents?: boolean;
+}
+
+/** For benches: the gateway measured has no IPC channel, as in production. */
+export const AS_IN_PRODUCTION: LaunchOptions = { stateEvents: false };
+
+/** The one `changes` emitter of the processes a test spawns (see `Proc.changes`). */
+const testChanges = new WeakMap<Teardown, EventEmitter>();
+
+function changesOf(t: Teardown): EventEmitter {
+  let changes = testChanges.get(t);
+  if (!changes) {
+    changes = new EventEmitter();
+    changes.setMaxListeners(0);
+    testChanges.set(t, changes);
+  }
+  return changes;
+}
+
 async function launch(
   t: Teardown,
   script: string,
@@ -50,16 +84,26 @@ async function launch(
   env: Record<string, string> = {},
   nodeArgs: string[] = [],
   wrap: string[] = [],
+  opts: LaunchOptions = {},
 ): Promise<{ proc: Proc; match: RegExpMatchArray }> {
   const dir = await tempDir(t, 'ingest-proc-');
   const configFile = join(dir, 'config.json');
   await writeFile(configFile, JSON.stringify({ port: 0, dataDir: join(dir, 'data'), ...edgeConfig(), ...config }));
   // `wrap` runs the process inside something (`ip netns exec <ns>`, which execs it: the child is the process).
   const [cmd, ...args] = [...wrap, process.execPath, ...nodeArgs, script];
+  const stateEvents = opts.stateEvents ?? true;
   const child = spawn(cmd!, args, {
     env: { PATH: process.env.PATH, CONFIG_FILE: configFile, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
+    stdio: stateEvents ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
   });
+  const changes = stateEvents ? changesOf(t) : undefined;
+  if (changes) {
+    child.on('message', (m: { event?: unknown }) => {
+      if (m?.event === 'state-change') changes.emit('change');
+    });
+    // The channel alone does not keep this process alive; a child gone closes it.
+    child.channel?.unref();
+  }
   let out = '';
   let asked = false;
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
@@ -69,6 +113,7 @@ async function launch(
   });
   const proc: Proc = {
     child,
+    changes,
     output: () => out,
     async kill() {
       asked = true;
@@ -114,8 +159,9 @@ export async function spawnGateway(
   env: Record<string, string> = {},
   nodeArgs: string[] = [],
   wrap: string[] = [],
+  opts: LaunchOptions = {},
 ): Promise<GatewayProc> {
-  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/, env, nodeArgs, wrap);
+  const { proc, match } = await launch(t, GATEWAY, config, /listening on (http:\/\/\S+)/, env, nodeArgs, wrap, opts);
   return Object.assign(proc, { url: match[1]! });
 }
 

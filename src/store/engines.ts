@@ -172,6 +172,36 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
   }
 }
 
+/**
+ * Wraps the engines' writes that may change what status answers (a session store or ledger
+ * write, a session's packages purged from the queue) so that `notify` is told after each
+ * settles (`AppOptions.onStateChange`; the uploader process's own writes). Queue deliveries
+ * settled are told through `EngineHooks.onQueueSettled`.
+ */
+export function notifyingWrites(engines: Pick<Engines, 'sessions' | 'ledger' | 'queue'>, notify: () => void): void {
+  engines.sessions = notifying(engines.sessions, ['create', 'update', 'delete'], notify);
+  engines.ledger = notifying(engines.ledger, ['append', 'markStored', 'countStored', 'drop'], notify);
+  engines.queue = notifying(engines.queue, ['purge'], notify);
+}
+
+/**
+ * `target` with `notify` called after each call of the named methods settles (resolved or
+ * not); everything else as it is (`notifyingWrites`).
+ */
+function notifying<T extends object>(target: T, methods: readonly string[], notify: () => void): T {
+  return new Proxy(target, {
+    get(obj, prop) {
+      const value: unknown = Reflect.get(obj, prop, obj);
+      if (typeof value !== 'function') return value;
+      if (typeof prop !== 'string' || !methods.includes(prop)) return value.bind(obj);
+      return (...args: unknown[]) => {
+        const settled = () => notify();
+        return Promise.resolve(value.apply(obj, args)).finally(settled);
+      };
+    },
+  });
+}
+
 /** The embedded state database's file in DATA_DIR (sessions, ledger, idempotent answers). */
 export const STATE_DB = 'state.sqlite';
 

@@ -11,7 +11,8 @@ import { jsonLogger } from '../log.js';
 import { Metrics } from '../observability/metrics.js';
 import { serveOperatorEndpoints, type OperatorServer } from '../observability/operator-server.js';
 import { Readiness } from '../observability/readiness.js';
-import { openEngines } from '../store/engines.js';
+import { parentNotifier } from '../observability/state-events.js';
+import { notifyingWrites, openEngines } from '../store/engines.js';
 import { runUploader } from './uploader.js';
 
 const config = loadConfigOrExit();
@@ -21,7 +22,12 @@ if (!config.nats.url) {
 }
 
 const log = jsonLogger(undefined, { component: 'uploader' }, { level: config.log.level });
-const engines = await openEngines(config, log, 'ingest-uploader');
+// Spawned by a test with an IPC channel: the writes that change status answers (stored counts,
+// acks, removed commits) are told to the test, which waits on them (observability/state-events.ts).
+// Started any other way: nothing.
+const onStateChange = parentNotifier();
+const engines = await openEngines(config, log, 'ingest-uploader', { onQueueSettled: onStateChange });
+if (onStateChange) notifyingWrites(engines, onStateChange);
 const metrics = config.metrics.enabled
   ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => engines.queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs, damagedRecords: engines.damagedRecords })
   : null;

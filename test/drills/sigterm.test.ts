@@ -13,7 +13,7 @@ import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore } from '../../src/store/ports.js';
-import { API, clientOf, tempDir, waitForStatus, yesterday } from '../support/harness.js';
+import { API, clientOf, tempDir, waitForStatus, whenChanged, yesterday } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
@@ -103,14 +103,15 @@ async function drill(t: Test, backend: Backend, dir: string) {
     return { ...heldIngest(gw.url, s.client, s.uuid, `${s.client.id}~${i}`, i), session: s };
   });
   // Every one of them is past its session checks and holds its lease: in flight.
-  await until(
-    'ingests in flight',
+  let inFlight = 0;
+  await whenChanged(
+    gw,
     async () => {
-      let n = 0;
-      for (const s of sessions) n += Object.keys((await backend.records(s.uuid))?.in_flight ?? {}).length;
-      return n;
+      inFlight = 0;
+      for (const s of sessions) inFlight += Object.keys((await backend.records(s.uuid))?.in_flight ?? {}).length;
+      return inFlight === IN_FLIGHT;
     },
-    (n) => n === IN_FLIGHT,
+    () => `ingests in flight: ${inFlight} of ${IN_FLIGHT}`,
     30_000,
   );
 
@@ -193,7 +194,13 @@ t.test('embedded: an ingest that outlasts the shutdown grace is cut, nothing of 
   const uuid = (await clientOf(gw, client).init()).body.upload_uuid;
   const done = heldIngest(gw.url, client, uuid, 'finishes', 0);
   const stuck = heldIngest(gw.url, client, uuid, 'stuck', 0);
-  await until('ingests in flight', async () => Object.keys((await embeddedRecord(dataDir, uuid))?.in_flight ?? {}).length, (n) => n === 2, 10_000);
+  let inFlight = 0;
+  await whenChanged(
+    gw,
+    async () => (inFlight = Object.keys((await embeddedRecord(dataDir, uuid))?.in_flight ?? {}).length) === 2,
+    () => `ingests in flight: ${inFlight} of 2`,
+    10_000,
+  );
 
   const t0 = performance.now();
   const exited = gw.stop();

@@ -10,7 +10,7 @@ import { startApp } from '../../src/app.js';
 import { redactConfig } from '../../src/cli/admin.js';
 import { DEMO_CLIENTS_PATH, loadConfig, type Config, type DeepPartial } from '../../src/config/config.js';
 import { jsonLogger } from '../../src/log.js';
-import { API, call, clientOf, DEMO, edgeConfig, HTTP_ENGINE, products, tempDir, waitForStatus, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
+import { API, call, clientOf, DEMO, edgeConfig, HTTP_ENGINE, mergedChanges, products, tempDir, waitForStatus, WEBHOOK_SECRET, yesterday } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnUploader } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
@@ -43,8 +43,9 @@ async function startLogged(t: Teardown, overrides: DeepPartial<Config> = {}) {
     onStateChange: () => changes.emit('change'),
   });
   t.teardown(() => app.close());
-  // Another process's uploader stores what a gateway without its own hands on: no event of this one tells.
-  return { app, url: app.url, changes: config.storage.inProcessUploader ? changes : undefined, lines, logs: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };
+  // Another process's uploader stores what a gateway without its own hands on: no event of this
+  // one tells it (`ownChanges` merged with the uploader's `changes` does).
+  return { app, url: app.url, changes: config.storage.inProcessUploader ? changes : undefined, ownChanges: changes, lines, logs: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };
 }
 
 /** The value of one sample of the exposition text (0 when the series is absent). */
@@ -191,7 +192,8 @@ t.test('readiness over NATS and S3: ready, then 503 once NATS is stopped; the up
   const c = clientOf(svc);
   const uuid = (await c.init()).body.upload_uuid as string;
   t.equal((await c.ingest(uuid, 'products', products(3))).status, 200);
-  await waitForStatus(svc, uuid, (s) => s.can_start_upload);
+  // The uploader process stores it: its writes are told too.
+  await waitForStatus({ url: svc.url, changes: mergedChanges(svc.ownChanges, uploader.changes) }, uuid, (s) => s.can_start_upload);
   const gateway = await scrape(svc.url);
   t.ok(gateway.includes('ingest_queue_pending_packages{backend="jetstream"} 0'), 'JetStream backlog read at scrape time');
   t.equal(sample(gateway, 'ingest_rows_validated_total'), 3);

@@ -50,7 +50,10 @@ async function gatewayRequests(gatewayUrl: string): Promise<number> {
   return n;
 }
 
-/** Waits, polling the gateway's metrics, until `n` ingest requests are open there. */
+/**
+ * Waits, polling the gateway's metrics, until `n` ingest requests are open there: requests
+ * opening (a gauge) are no state write of the gateway, which no `change` tells.
+ */
 async function untilOpenIngests(gatewayUrl: string, n: number, timeoutMs = 15_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
@@ -242,7 +245,8 @@ t.test("hostile input through the proxy: every probe the uWS edge leaves unanswe
   const te = await exchange(t, proxy.url, webhook('Transfer-Encoding: gzip, chunked\r\n', chunked('{}')));
   t.same(te.answers, [{ status: 400, body: { detail: 'Invalid Transfer-Encoding header: only chunked is accepted' } }], 'Transfer-Encoding: gzip, chunked: 400, as the gateway would say it');
   for (const r of [...twoAuth.responses, ...te.responses]) t.equal(r.headers['content-type'], 'application/json');
-  const st = await waitForStatus(proxy, uuid, (s) => s.upload_tasks_finished);
+  // Asked through the proxy, told by the gateway behind it.
+  const st = await waitForStatus({ url: proxy.url, changes: gw.changes }, uuid, (s) => s.upload_tasks_finished);
   t.same(st.entities, ['products'], 'the pipelined ingest was stored');
 });
 

@@ -45,7 +45,9 @@ t.test('a node dies mid-run; every 200 is stored exactly once', async (t) => {
   for (const status of failures.keys()) t.ok(status >= 500, `a failed request answered ${status}, a 5xx`);
   t.ok(accepted.size >= PACKAGES * 0.8, `${accepted.size} of ${PACKAGES} accepted (failures: ${JSON.stringify([...failures])})`);
 
-  await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 120_000).catch(async (err: Error) => {
+  // Polled (no `changes`): status reads any replica (direct get), and a follower catching up
+  // after the last write was told, or a lease of a failed request lapsing, is no write of ours.
+  await waitForStatus({ url: gw.url }, uuid, (s) => s.upload_tasks_finished, undefined, 120_000).catch(async (err: Error) => {
     // Say what is holding the session up: leases left in its record, or batches in the queue.
     const { connect } = await import('nats');
     const nc = await connect({ servers: cluster.urls.split(',').slice(1) });

@@ -8,7 +8,7 @@ import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { countRows } from '../../src/store/object-format.js';
-import { API, call, clientOf, DEMO, products, waitForStatus } from '../support/harness.js';
+import { API, call, clientOf, DEMO, products, waitForStatus, whenChanged } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway, type GatewayProc } from '../../testbed/processes.js';
 import { startS3, type S3Endpoint } from '../../testbed/s3.js';
@@ -42,14 +42,20 @@ async function holdKey(t: Test, gw: GatewayProc, uuid: string, key: string, head
   pending.catch(() => {});
   t.teardown(() => abort.abort());
   body.write(head);
-  // Held once a probe for another entity under the key answers 422 (an unknown entity: the probe claims nothing).
-  const deadline = Date.now() + 10_000;
-  for (;;) {
-    const probe = await ingest(gw, uuid, 'nope', products(1), key);
-    if (probe.status === 422) break;
-    if (probe.status !== 400 || Date.now() > deadline) throw new Error(`the key was never held: ${probe.status} ${probe.text}`);
-    await new Promise((resolve) => setTimeout(resolve, 25));
-  }
+  // Held once a probe for another entity under the key answers 422 (an unknown entity: the
+  // probe claims nothing), asked again after each write (the claim is the gateway's).
+  let last = '';
+  await whenChanged(
+    gw,
+    async () => {
+      const probe = await ingest(gw, uuid, 'nope', products(1), key);
+      last = `${probe.status} ${probe.text}`;
+      if (probe.status !== 422 && probe.status !== 400) throw new Error(`the key was never held: ${last}`);
+      return probe.status === 422;
+    },
+    () => `the key was never held: ${last}`,
+    10_000,
+  );
   return { body, abort, pending };
 }
 

@@ -198,10 +198,14 @@ export function clientOf(svc: { url: string }, client = DEMO as { id: string; to
 }
 
 /**
- * Runs `probe` until it answers something truthy, and answers that. A service of this process
- * is probed again only after each of its writes that may change the answer (`changes`); a
- * gateway in another process, which no event crosses to, every 25 ms. `timeoutMs` only fails
- * a test that would hang (with `what()` of the last probe).
+ * Runs `probe` until it answers something truthy, and answers that. It is probed again only
+ * after a write that may change the answer (`changes` emits `change`): a service of this
+ * process tells its own (`Service.changes`); a gateway or uploader spawned as a process
+ * (testbed/processes.ts) tells its over its IPC channel, and the processes of one test share
+ * one `changes`. Without `changes` (a service of this process whose packages an uploader
+ * process stores: pass `changes: mergedChanges(...)` of both instead) it is probed every 25 ms.
+ * `timeoutMs` only fails a test that would hang (with `what()` of the last probe): a change
+ * that never comes fails it there.
  */
 export async function whenChanged<T>(
   svc: { changes?: EventEmitter },
@@ -219,6 +223,14 @@ export async function whenChanged<T>(
     if (!hung.aborted) await changed.catch(() => undefined);
     if (hung.aborted) throw new Error(`${what()}, still after ${timeoutMs} ms`);
   }
+}
+
+/** One emitter of the `change` events of them all (e.g. a service of this process and a spawned uploader). */
+export function mergedChanges(...sources: (EventEmitter | undefined)[]): EventEmitter {
+  const merged = new EventEmitter();
+  merged.setMaxListeners(0);
+  for (const source of sources) source?.on('change', () => merged.emit('change'));
+  return merged;
 }
 
 /** Asks status until `pred` holds (the service is asynchronous by contract): see `whenChanged`. */
@@ -253,6 +265,18 @@ function retryAfterMs(res: { status: number; headers: Record<string, unknown> })
   const header = res.headers['retry-after'];
   if ((res.status !== 429 && res.status !== 503) || typeof header !== 'string') return undefined;
   return Math.min(Number(header) * 1000, 5_000) || 100;
+}
+
+/**
+ * Resolves once every ingest lease of a gateway that died (killed, a power cut) by `diedAt`
+ * has lapsed: `leaseMs` after it at the latest (each was last renewed before). A lapse is no
+ * write: no `change` tells it, so a wait for a status that only a lapse brings (a session with
+ * no package left to store) waits it out first. On the wall clock: the gateway's own clock is
+ * `Date.now` in another process, which a test cannot set.
+ */
+export async function leasesLapsed(diedAt: number, leaseMs: number): Promise<void> {
+  const left = diedAt + leaseMs + 1 - Date.now();
+  if (left > 0) await setTimeout(left);
 }
 
 export function yesterday(): string {

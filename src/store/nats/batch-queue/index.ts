@@ -44,7 +44,10 @@ export interface NatsBatchQueueOptions {
   removeEveryMs?: number;
   /** Background failures: sweeps, acks, deletes after an ack, dropped packages. */
   onError?: (err: unknown, what: string) => void;
-  /** Told after each ack this process's consumers got confirmed: what `pending` answers may have changed. */
+  /**
+   * Told after each ack this process's consumers got confirmed, and after each bulk removal of
+   * acked commits: what `pending` answers, this process's or (the removal) another's, may have changed.
+   */
   onAcked?: () => void;
 }
 
@@ -146,6 +149,7 @@ export class NatsBatchQueue implements BatchQueue {
         readFloor: () => q.#readFloor(ctx.requestTimeoutMs),
         intervalMs: opts.removeEveryMs ?? 100,
         onError: q.#onError,
+        onRemoved: () => q.#onAcked?.(),
       });
     }
     q.#commits = new GroupPublisher(ctx, opts.stream, { atomic: await enableAtomicPublish(ctx, opts.stream, q.#retryMs), budgetMs: q.#retryMs });

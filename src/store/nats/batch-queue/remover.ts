@@ -29,6 +29,8 @@ export interface RemoverOptions {
   /** How long an acknowledged commit waits for the round that removes it. */
   intervalMs: number;
   onError(err: unknown, what: string): void;
+  /** Told after a round removed commits: another process's `hasPending` may answer otherwise now. */
+  onRemoved?(): void;
 }
 
 /** After a failed round, the next one waits at least this long. */
@@ -98,9 +100,11 @@ export class AckedRemover {
     const { messages, commits } = this.#o;
     try {
       const floor = await this.#o.readFloor();
+      let removed = false;
       if (floor > this.#purgedTo) {
         await messages.deleteMatching(commits, floor);
         this.#purgedTo = floor;
+        removed = true;
       }
       const stale: number[] = [];
       for (const [seq, seen] of this.#acked) {
@@ -111,8 +115,10 @@ export class AckedRemover {
       if (stale.length > 0) {
         await messages.deleteSeqs(stale);
         for (const seq of stale) this.#acked.delete(seq);
+        removed = true;
       }
       this.#failing = false;
+      if (removed) this.#o.onRemoved?.();
     } catch (err) {
       // One report per run of failures: an outage fails every round until it ends.
       if (!this.#failing) this.#o.onError(err, 'remove acknowledged packages from the stream (the next round tries again)');
