@@ -75,7 +75,7 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       // Reads that find nothing are checked against the stream: lost data is never "no session" (lost-keys.ts).
       sessions = new LostKeysGuard(await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas }), nats, config.nats.kvBucket);
       closers.push(() => sessions.close());
-      ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas });
+      ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas, sessions });
       closers.push(() => ledger.close());
       queue = await NatsBatchQueue.open(nats, {
         stream: config.nats.stream,

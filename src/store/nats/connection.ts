@@ -266,6 +266,17 @@ export async function directGet(
   }
 }
 
+/** Turns on direct get for `stream` (every replica answers `$JS.API.DIRECT.GET`), and tells whether it is on. */
+export async function enableDirectGet(ctx: NatsContext, stream: string, budgetMs: number): Promise<boolean> {
+  const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
+  if (config.allow_direct) return true;
+  try {
+    return (await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, allow_direct: true }))).config.allow_direct === true;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * How long an answer waits for a read before the last value read serves: in a leader election
  * no replica of a stream answers reads until a new leader is up (2–10 s).
@@ -290,6 +301,10 @@ export class LastRead<V> {
     this.#values.delete(key);
     this.#values.set(key, { value, at: this.now() });
     if (this.#values.size > this.size) this.#values.delete(this.#values.keys().next().value!);
+  }
+
+  delete(key: string): void {
+    this.#values.delete(key);
   }
 
   peek(key: string): V | undefined {

@@ -136,35 +136,48 @@ export class GroupPublisher {
   }
 
   async #batch(round: Waiting[]): Promise<void> {
-    const id = nuid.next();
-    const { nc, requestTimeoutMs } = this.#ctx;
     try {
-      let answer!: Promise<Msg>;
-      round.forEach((m, i) => {
-        const h = m.headers ? m.headers() : natsHeaders();
-        h.set('Nats-Batch-Id', id);
-        h.set('Nats-Batch-Sequence', String(i + 1));
-        h.set('Nats-Expected-Stream', this.#stream);
-        if (m.msgID) h.set('Nats-Msg-Id', m.msgID);
-        if (m.lastSubjectSequence !== undefined) h.set('Nats-Expected-Last-Subject-Sequence', String(m.lastSubjectSequence));
-        if (i < round.length - 1) nc.publish(m.subject, m.data, { headers: h });
-        else {
-          // The last message commits the batch; its reply is the batch's acknowledgement.
-          h.set('Nats-Batch-Commit', '1');
-          answer = nc.request(m.subject, m.data, { headers: h, timeout: requestTimeoutMs });
-        }
-      });
-      const ack = (await answer).json<{ error?: { err_code?: number; description?: string }; count?: number; seq?: number }>();
-      if (ack.error?.err_code === JS_ATOMIC_PUBLISH_DISABLED) this.#atomic = false;
-      if (ack.error || ack.count !== round.length || typeof ack.seq !== 'number') throw new Error(`atomic batch refused: ${ack.error?.description ?? `count ${ack.count}`}`);
+      const first = await publishAtomic(this.#ctx, this.#stream, round);
       this.stats.batches++;
       this.stats.batched += round.length;
-      // A batch is stored as one run of sequences; the acknowledgement names its last.
-      const first = ack.seq - round.length + 1;
       round.forEach((m, i) => m.resolve(first + i));
-    } catch {
+    } catch (err) {
+      if ((err as { errCode?: number }).errCode === JS_ATOMIC_PUBLISH_DISABLED) this.#atomic = false;
       // Whatever the batch did, each message alone now: ids dedupe what did land.
       await Promise.all(round.map((m) => this.#single(m)));
     }
   }
+}
+
+/**
+ * Publishes `messages` to `stream` as one atomic batch (ADR-50; the stream must allow atomic
+ * publish): stored whole, as one run of sequences, or not at all. Resolves with the first
+ * message's sequence; rejects when the server refused the batch (a compare-and-set of one of
+ * its messages lost, a duplicate id, atomic publish off: `errCode`) or did not answer in time
+ * (then it may have landed).
+ */
+export async function publishAtomic(ctx: NatsContext, stream: string, messages: readonly GroupMessage[]): Promise<number> {
+  const id = nuid.next();
+  const { nc, requestTimeoutMs } = ctx;
+  let answer!: Promise<Msg>;
+  messages.forEach((m, i) => {
+    const h = m.headers ? m.headers() : natsHeaders();
+    h.set('Nats-Batch-Id', id);
+    h.set('Nats-Batch-Sequence', String(i + 1));
+    h.set('Nats-Expected-Stream', stream);
+    if (m.msgID) h.set('Nats-Msg-Id', m.msgID);
+    if (m.lastSubjectSequence !== undefined) h.set('Nats-Expected-Last-Subject-Sequence', String(m.lastSubjectSequence));
+    if (i < messages.length - 1) nc.publish(m.subject, m.data, { headers: h });
+    else {
+      // The last message commits the batch; its reply is the batch's acknowledgement.
+      h.set('Nats-Batch-Commit', '1');
+      answer = nc.request(m.subject, m.data, { headers: h, timeout: requestTimeoutMs });
+    }
+  });
+  const ack = (await answer).json<{ error?: { err_code?: number; description?: string }; count?: number; seq?: number }>();
+  if (ack.error || ack.count !== messages.length || typeof ack.seq !== 'number') {
+    throw Object.assign(new Error(`atomic batch refused: ${ack.error?.description ?? `count ${ack.count}`}`), { errCode: ack.error?.err_code });
+  }
+  // A batch is stored as one run of sequences; the acknowledgement names its last.
+  return ack.seq - messages.length + 1;
 }

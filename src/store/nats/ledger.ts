@@ -1,7 +1,8 @@
 import { StorageType, type KV, type KvEntry } from 'nats';
-import { StoreError, type LedgerEntry, type PackageLedger } from '../ports.js';
-import { withRetry, type NatsContext } from './connection.js';
+import { StoreError, type LedgerEntry, type PackageLedger, type SessionStore } from '../ports.js';
+import { enableDirectGet, withRetry, type NatsContext } from './connection.js';
 import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
+import { NatsStoredCounts } from './stored-counts.js';
 
 export interface NatsLedgerOptions {
   /** KV bucket name (`[A-Za-z0-9_-]+`), its own stream (`KV_<bucket>`): ledger writes never touch the session bucket. */
@@ -9,6 +10,11 @@ export interface NatsLedgerOptions {
   replicas: number;
   /** How long one operation keeps retrying through transient failures such as a leader election (default 10000). */
   retryMs?: number;
+  /**
+   * The session store whose summaries `countStored` checks; without it (or on a server without
+   * atomic batches) the ledger keeps no count and session/stored-counts.ts counts apart.
+   */
+  sessions?: SessionStore;
 }
 
 const ID = /^[A-Za-z0-9_-]+$/;
@@ -22,6 +28,8 @@ const ID = /^[A-Za-z0-9_-]+$/;
  * acknowledged is read back everywhere. `list` is a KV watch of the session's keys, stopped
  * once the initial values are in. The uploader's markers are keys `<upload_uuid>.<package_id>.stored`
  * in the same bucket: `drop` purges them with the entries, and `list` (keys of two tokens) skips them.
+ * With a session store and atomic batches (2.12+) the ledger counts its markers itself, each
+ * marker and its session's counts in one batch (stored-counts.ts).
  */
 export class NatsLedger implements PackageLedger {
   readonly #ctx: NatsContext;
@@ -31,13 +39,29 @@ export class NatsLedger implements PackageLedger {
   /** Entries of every session written meanwhile go out together (group-publisher.ts). */
   readonly #puts: GroupPublisher;
   #closed = false;
+  /** The ledger's own count (`PackageLedger.countStored`), where it keeps one. */
+  readonly counts: NatsStoredCounts | undefined;
+  readonly countStored?: PackageLedger['countStored'];
+  readonly storedCounts?: PackageLedger['storedCounts'];
 
-  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean) {
+  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean, counts: NatsStoredCounts | undefined) {
     this.#ctx = ctx;
     this.#kv = kv;
     this.#bucket = bucket;
     this.#retryMs = retryMs;
     this.#puts = new GroupPublisher(ctx, `KV_${bucket}`, { atomic, budgetMs: retryMs });
+    this.counts = counts;
+    if (counts) {
+      this.countStored = (uploadUuid, packages, summaryKey) => {
+        this.#check(uploadUuid);
+        for (const p of packages) this.#key(uploadUuid, p.package_id);
+        return counts.count(uploadUuid, packages, summaryKey);
+      };
+      this.storedCounts = (uploadUuid) => {
+        this.#check(uploadUuid);
+        return counts.perEntity(uploadUuid);
+      };
+    }
   }
 
   /** How the entries went out: atomic batches and the entries in them, single puts. */
@@ -52,7 +76,18 @@ export class NatsLedger implements PackageLedger {
       ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
     );
     const atomic = await enableAtomicPublish(ctx, `KV_${opts.bucket}`, retryMs);
-    return new NatsLedger(ctx, kv, opts.bucket, retryMs, atomic);
+    const counts =
+      atomic && opts.sessions
+        ? new NatsStoredCounts(ctx, {
+            kv,
+            bucket: opts.bucket,
+            sessions: opts.sessions,
+            retryMs,
+            // Answers (status) read the counts from any replica; decisions read the leader (`kv` is told no direct get).
+            direct: await enableDirectGet(ctx, `KV_${opts.bucket}`, retryMs),
+          })
+        : undefined;
+    return new NatsLedger(ctx, kv, opts.bucket, retryMs, atomic, counts);
   }
 
   async append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void> {
@@ -129,6 +164,7 @@ export class NatsLedger implements PackageLedger {
     await withRetry(this.#ctx, this.#retryMs, () =>
       this.#ctx.jsm.streams.purge(`KV_${this.#bucket}`, { filter: `$KV.${this.#bucket}.${uploadUuid}.>` }),
     );
+    this.counts?.forget(uploadUuid);
   }
 
   async close(): Promise<void> {

@@ -1,6 +1,6 @@
 import { headers, nuid, StorageType, type KV, type MsgHdrs } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { answerSoon, directGet, isWrongLastSequence, LastRead, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, directGet, enableDirectGet, isWrongLastSequence, LastRead, withRetry, type NatsContext } from './connection.js';
 import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -227,17 +227,6 @@ interface Last {
 function value<T>(last: Last | null): Versioned<T> | null {
   if (!last || last.deleted) return null;
   return { value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
-}
-
-/** Turns on direct get for `stream` (every replica answers `$JS.API.DIRECT.GET`), and tells whether it is on. */
-async function enableDirectGet(ctx: NatsContext, stream: string, budgetMs: number): Promise<boolean> {
-  const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
-  if (config.allow_direct) return true;
-  try {
-    return (await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, allow_direct: true }))).config.allow_direct === true;
-  } catch {
-    return false;
-  }
 }
 
 /** The KV key (subject token) of a port key. */
