@@ -22,8 +22,7 @@ export const deleteRoute: RouteDeclaration<ApiDeps> = {
     tags: ['uploading'],
     summary: 'Delete the upload being assembled',
     description:
-      'Ends the session at once (its status then answers 404; the next initialize-session creates a new one without ' +
-      '`previous_upload_uuid`) and removes its stored data in the background.',
+      'Ends the session at once (its status then 404) and removes its data in the background.',
     parameters: [parameter('UploadUuid')],
     responses: clientResponses({
       '200': jsonResponse('`Upload deletion started`.', schema('OperationStarted')),

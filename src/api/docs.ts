@@ -231,7 +231,7 @@ export const openApiRoute: RouteDeclaration<ServiceDeps> = {
     operationId: 'getOpenApi',
     tags: ['service'],
     summary: 'This document',
-    description: 'Not authenticated and not rate-limited (the per-client limit of requests in flight applies).',
+    description: 'Not authenticated or rate-limited (the in-flight limit applies).',
     security: [],
     responses: {
       '200': { ...jsonResponse('The OpenAPI 3.1 description of the service.', schema('OpenApiDocument')), headers: { 'Cache-Control': NO_CACHE } },
@@ -250,12 +250,11 @@ export const docsPageRoute: RouteDeclaration<ServiceDeps> = {
     tags: ['service'],
     summary: 'Interactive API documentation',
     description:
-      'Swagger UI showing this document, served by the service itself (no CDN). Not authenticated and not ' +
-      'rate-limited (the per-client limit of requests in flight applies).',
+      'Swagger UI on this document, served locally (no CDN). Not authenticated or rate-limited (the in-flight limit applies).',
     security: [],
     responses: {
       '200': {
-        description: 'The HTML page; it loads its files from `/docs/{asset}` and the document from `/openapi.json`.',
+        description: 'The page; it loads `/docs/{asset}` and `/openapi.json`.',
         headers: { 'Cache-Control': NO_CACHE },
         content: { 'text/html': { schema: { type: 'string' } } },
       },
@@ -273,7 +272,7 @@ export const docsAssetRoute: RouteDeclaration<ServiceDeps> = {
     operationId: 'getDocsAsset',
     tags: ['service'],
     summary: 'A file of the documentation page',
-    description: 'Only the files the page links to; any other name answers 404.',
+    description: 'Only the files the page links to; else 404.',
     security: [],
     parameters: [
       { name: 'asset', in: 'path', required: true, description: 'File name.', schema: { type: 'string', enum: [...DOCS_ASSETS] } },
@@ -281,13 +280,13 @@ export const docsAssetRoute: RouteDeclaration<ServiceDeps> = {
         name: 'v',
         in: 'query',
         required: false,
-        description: 'Content version, as the page links it: with the current one the file is cacheable for a year.',
+        description: 'Content version: the current one makes the file cacheable for a year.',
         schema: { type: 'string' },
       },
     ],
     responses: {
       '200': {
-        description: 'The file; gzip-compressed when the client accepts it (text files).',
+        description: 'The file (text files gzip when accepted).',
         headers: {
           'Cache-Control': {
             description: '`public, max-age=31536000, immutable` with the current `v`, else `no-cache`.',

@@ -1,7 +1,7 @@
 import { describeCatalog } from '../entities/catalog.js';
 import type { BufferedHandler } from '../http/server.js';
 import { authenticate, json, type ApiDeps } from './context.js';
-import { BAD_CONTENT_LENGTH, CLIENT_ID_MISSING, clientResponses, error, IP_NOT_ALLOWED, jsonResponse, schema, typeLegend } from './openapi-shared.js';
+import { BAD_CONTENT_LENGTH, CLIENT_ID_MISSING, clientResponses, error, IP_NOT_ALLOWED, jsonResponse, schema } from './openapi-shared.js';
 import { API_BASE, type RouteDeclaration } from './route.js';
 
 /** `GET /entities`: the catalog of entities, columns, types and parents. */
@@ -21,7 +21,7 @@ export const entitiesRoute: RouteDeclaration<ApiDeps> = {
     operationId: 'listEntities',
     tags: ['uploading'],
     summary: 'List the entity catalog',
-    description: `Entity names, columns, types, required flags and parents. ${typeLegend}`,
+    description: 'Entity names, columns, types, required flags and parents (as in the ingest description).',
     responses: clientResponses(
       {
         '200': jsonResponse('The catalog.', schema('EntityCatalog')),

@@ -48,16 +48,15 @@ export const readyzRoute: RouteDeclaration<HealthDeps> = {
     tags: ['operations'],
     summary: 'Readiness',
     description:
-      'The service can do its work: a validation worker thread is alive and every back end of the configuration ' +
-      'answers (NATS, S3) within `health.readyTimeoutMs`. Concurrent probes share one round of checks. Not authenticated.',
+      'A validation worker is alive and every back end answers within `health.readyTimeoutMs`. Not authenticated.',
     security: [],
     responses: {
       '200': jsonResponse('Ready; every check `ok`.', schema('Ready')),
       '503': {
         ...jsonResponse(
           [
-            `- ${q('NOT_READY')}: a check \`failed\` or answered with \`timeout\` (body \`NotReady\`, no \`Retry-After\`)`,
-            `- ${q('RATE_LIMITED')}: the in-flight limit of the client IP (body \`ErrorDetail\`, with \`Retry-After\`)`,
+            `- ${q('NOT_READY')}: a check \`failed\` or \`timeout\` (\`NotReady\`)`,
+            `- ${q('RATE_LIMITED')}: the in-flight limit (with \`Retry-After\`)`,
           ].join('\n'),
           { anyOf: [schema('NotReady'), schema('ErrorDetail')] },
         ),

@@ -132,25 +132,14 @@ function catalogTable(): string {
   return ['| entity | columns | parents |', '|---|---|---|', ...rows].join('\n');
 }
 
-const INGEST_DESCRIPTION = `Validates one package of rows of \`entity_name\` while the body arrives (synchronously) and
-queues it for object storage (asynchronously; \`upload_tasks_finished\` in the status turns \`true\` when every
-write is done). A package is all-or-nothing. An entity may be uploaded in many packages: send large datasets as
-several sequential packages rather than one maximum-size body (32 MiB). Requires the session in \`UPLOADING\`.
+const INGEST_DESCRIPTION = `Validates one package of rows of \`entity_name\` as the body arrives and queues it for object storage
+(\`upload_tasks_finished\` in the status turns \`true\` once stored). All-or-nothing; needs the session in \`UPLOADING\`;
+an entity may take many packages. Checks, first failing one answers: unknown entity 400; state 409; \`Content-Encoding\` 415;
+payload 422. A gzip body's 32 MiB counts the wire bytes; inflated, at most 256 MiB (413).
+\`?dry_run=true\`: every check and the answer, with \`Dry-Run: true\`, nothing stored, any state
+([api.md](api.md#dry-runs)). Rules: [api.md](api.md#ingest-payload).
 
-Checks, first failing one answers: unknown entity 400; session not \`UPLOADING\` 409; \`Content-Encoding\` 415; payload 422.
-
-The body may be sent gzip-compressed (\`Content-Encoding: gzip\`): the 32 MiB limit counts the compressed bytes
-on the wire, the inflated body is bounded by 256 MiB (413 past it), and a body that is not gzip or is cut short
-answers 422 \`Invalid JSON format.\`.
-
-**Dry run** (\`?dry_run=true\`): every check of the package, at full speed, and the answer the package would get
-(200 with \`rows_processed\`, or its 413/422), with the header \`Dry-Run: true\`; nothing is stored or recorded, and the
-session's status does not change. It needs the session checks (400/403) but not \`UPLOADING\`; an
-\`Idempotency-Key\` is ignored (neither replayed nor stored). \`dry_run\` takes \`true\`, \`1\`, \`yes\`, \`on\`, \`t\`, \`y\`
-(a dry run) or \`false\`, \`0\`, \`no\`, \`off\`, \`f\`, \`n\` (a package), in any case; any other value, or the parameter
-given twice, answers 422 (validation array) right after authentication.
-
-The entity catalog (also served by \`GET ${API_BASE}/entities\`). ${typeLegend}
+The catalog (also \`GET ${API_BASE}/entities\`). ${typeLegend}
 
 ${catalogTable()}`;
 
@@ -202,7 +191,7 @@ export const ingestRoute: RouteDeclaration<ApiDeps> = {
         ...jsonResponse(
           [
             `- ${NOT_UPLOADING}: structured \`detail\``,
-            `- ${q('IDEMPOTENCY_KEY_IN_PROGRESS')}: still running after a 10 s wait; \`Retry-After\` says when to ask again`,
+            `- ${q('IDEMPOTENCY_KEY_IN_PROGRESS')}: after a 10 s wait`,
           ].join('\n'),
           { anyOf: [schema('InvalidSessionStatusError'), schema('ErrorDetail')] },
         ),
@@ -210,38 +199,32 @@ export const ingestRoute: RouteDeclaration<ApiDeps> = {
       },
       '413': {
         ...error([
-          `${qe(errors.bodyTooLarge(LIMITS.ingestBodyBytes))}: over the ingest limit on the wire (\`limits.ingestBodyBytes\`, 32 MiB by default; ` +
-            'the message names the configured limit, in bytes when it is not a whole number of MiB), or more than that held whole',
-          `${qe(errors.bodyTooLarge(MAX_INFLATED, true))}: a gzip body over \`ingest.maxDecompressedBytes\` (256 MiB by default) once inflated`,
+          `${qe(errors.bodyTooLarge(LIMITS.ingestBodyBytes))}: over \`limits.ingestBodyBytes\` on the wire, or held whole`,
+          `${qe(errors.bodyTooLarge(MAX_INFLATED, true))}: a gzip body over \`ingest.maxDecompressedBytes\``,
         ]),
         headers: { 'Idempotent-Replayed': REPLAYED, 'Dry-Run': DRY_RUN },
       },
       '415': {
         ...error([
-          `${q('UNSUPPORTED_MEDIA_TYPE')}: a \`Content-Encoding\` other than \`identity\`, \`gzip\` or \`x-gzip\` (stacked codings included)`,
+          `${q('UNSUPPORTED_MEDIA_TYPE')}: another \`Content-Encoding\``,
         ]),
         headers: { 'Dry-Run': DRY_RUN },
       },
       '422': {
         ...jsonResponse(
           [
-            'A string `detail` for the payload checks, in the order they run:',
-            '- `Invalid JSON format.` (also an empty body, invalid UTF-8, or a gzip body that is not gzip or is cut short)',
-            '- `Duplicate key in payload: <key>`: the top-level object repeats `columns` or `data` (checked right after JSON validity)',
+            'A string `detail`, in check order ([api.md](api.md#ingest-payload)):',
+            '- `Invalid JSON format.` (also empty, invalid UTF-8, bad gzip)',
+            '- `Duplicate key in payload: <key>`: `columns` or `data` twice',
             '- `The columns array cannot be empty.`',
             '- `Duplicate column: <column>`',
             '- `Unknown column: <column>`',
             '- `Missing required columns: <column list>`',
-            '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`: ' +
-              'the first bad value; every value of every row is checked, and the body also carries `errors` (one entry per bad ' +
-              'value, the first 100 in row then column order, each `{row, column, message}`; a row of the wrong length is one ' +
-              'entry with `column` null) and `error_count` (all of them). An `integer` is a whole number within ±(2^53 − 1); a ' +
-              '`number` must be finite.',
+            '- `Invalid data types in payload: <detail>`, e.g. `row 17, column "price": expected number >= 0, got "abc"`; ' +
+              'with `errors` (the first 100) and `error_count`',
             `- ${q('IDEMPOTENCY_KEY_REUSED')}`,
             '',
-            'A validation array (Pydantic v2) when the body is not `{columns: string[], data: array[]}`: the first ' +
-              'structural issue only (`model_attributes_type`, `missing`, `list_type`, `string_type`); or for a `dry_run` ' +
-              'value that is not a boolean (`bool_parsing`, `loc` `["query","dry_run"]`) or given twice (`bool_type`).',
+            'A validation array: the body is not `{columns: string[], data: array[]}` (first issue only), or a bad `dry_run`.',
           ].join('\n'),
           { anyOf: [schema('IngestPayloadError'), schema('ValidationError')] },
         ),

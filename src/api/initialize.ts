@@ -29,13 +29,13 @@ export const initializeSessionRoute: RouteDeclaration<ApiDeps> = {
     description:
       'Creates the client\'s upload session in `UPLOADING`. A client has at most one active session. No session-access checks.',
     responses: clientResponses({
-      '200': jsonResponse('Session created. `previous_upload_uuid` is present when the previous session was `DONE`.', schema('InitializeSessionCreated')),
+      '200': jsonResponse('Created; `previous_upload_uuid` when the previous session was `DONE`.', schema('InitializeSessionCreated')),
       '400': error([BAD_CONTENT_LENGTH, CLIENT_ID_MISSING]),
       '403': error([IP_NOT_ALLOWED]),
       '409': error(
         [
-          '`already_exists`: a session is `UPLOADING`; its `upload_uuid` is returned',
-          '`workflow_running`: the Connector runs for the session (`STARTED`)',
+          '`already_exists`: a session is `UPLOADING` (its `upload_uuid`)',
+          '`workflow_running`: the session is `STARTED`',
         ],
         'InitializeSessionConflict',
       ),

@@ -31,13 +31,12 @@ export const metricsRouteDeclaration: RouteDeclaration<MetricsDeps> = {
     tags: ['operations'],
     summary: 'Prometheus metrics',
     description:
-      'The Prometheus text exposition of the service: requests by route and status, rows and bytes validated, ' +
-      'worker pool, batches pending, uploader, Connector calls. Routed only while metrics are enabled ' +
-      '(`metrics.enabled`). Unauthenticated unless `metrics.token` is set; keep it off the public listener.',
+      'Prometheus text; routed while `metrics.enabled`. Unauthenticated unless `metrics.token` is set: keep it off ' +
+      'the public listener.',
     security: [{}, { MetricsToken: [] }],
     responses: {
       '200': { description: 'The exposition.', content: { 'text/plain': { schema: { type: 'string' } } } },
-      '401': error([`${q('AUTH_REQUIRED')}: \`metrics.token\` is set and \`Authorization\` is not \`Bearer <token>\``]),
+      '401': error([`${q('AUTH_REQUIRED')}: not \`Bearer <metrics.token>\``]),
       '503': shared('RateLimited'),
     },
   },

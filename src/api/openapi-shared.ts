@@ -28,12 +28,12 @@ export const q = (code: keyof typeof MESSAGES): string => `\`${MESSAGES[code]}\`
 export const qe = (err: { message: string }): string => `\`${err.message}\``;
 
 export const CLIENT_ID_MISSING = q('CLIENT_ID_MISSING');
-export const NOT_INITIALIZED = `${q('SESSION_NOT_INITIALIZED')}: the client has no active session`;
-export const IP_NOT_ALLOWED = `${q('IP_NOT_ALLOWED')}: the source address is not in the client's allow-list`;
-export const WRONG_UUID = `${q('INVALID_UPLOAD_UUID')}: \`upload_uuid\` is not the client's active session`;
+export const NOT_INITIALIZED = `${q('SESSION_NOT_INITIALIZED')}: no active session`;
+export const IP_NOT_ALLOWED = `${q('IP_NOT_ALLOWED')}: source address not allowed`;
+export const WRONG_UUID = `${q('INVALID_UPLOAD_UUID')}: not the active session`;
 export const NOT_UPLOADING = 'The session is not `UPLOADING` (`expected` is `UPLOADING`)';
 export const UNREACHABLE = `${q('CONNECTOR_UNREACHABLE')}: no connection or no answer in time`;
-export const BAD_CONTENT_LENGTH = `${q('INVALID_CONTENT_LENGTH')} (checked at the edge, before anything else)`;
+export const BAD_CONTENT_LENGTH = `${q('INVALID_CONTENT_LENGTH')} (checked first)`;
 
 export const NO_CACHE: Json = { description: '`no-cache`', schema: { type: 'string' } };
 export const RETRY_AFTER: Json = {
@@ -73,11 +73,8 @@ const IDEMPOTENCY_KEY: Json = {
   in: 'header',
   required: false,
   description:
-    'Optional key the client chooses for one package (e.g. a UUID v4), 1 to 255 visible ASCII characters. A retry ' +
-    'of the same package with the same key (after a timeout, a dropped connection, a 5xx) answers what the first ' +
-    'attempt answered (a 200, or a 413/422 of its body; header `Idempotent-Replayed: true`) and stores the rows once, ' +
-    'on any instance, for 24 h. A repeat while the first attempt runs waits up to 10 s for its answer, then 409. ' +
-    'The same key with another `upload_uuid`, entity or `Content-Length` answers 422.',
+    'A key per package (e.g. a UUID v4). A retry with it gets the first answer (200, 413, 422; `Idempotent-Replayed: true`), ' +
+    'rows stored once, for 24 h ([api.md](api.md#idempotent-retries)).',
   schema: { type: 'string', minLength: 1, maxLength: 255, pattern: '^[!-~]+$' },
 };
 
@@ -94,16 +91,14 @@ export const PARAMETERS = {
     name: 'entity_name',
     in: 'path',
     required: true,
-    description: 'An entity of the catalog; any other name answers 400 `Unknown entity: <entity_name>`.',
+    description: 'An entity of the catalog; else 400.',
     schema: { type: 'string', enum: ENTITIES.map((e) => e.name) },
   },
   ContentEncoding: {
     name: 'Content-Encoding',
     in: 'header',
     required: false,
-    description:
-      'The body\'s coding: absent or `identity` (plain JSON), or `gzip` (`x-gzip`, its old name). Any other ' +
-      'value answers 415 before the body is read.',
+    description: 'Absent or `identity`, or `gzip` (`x-gzip`); else 415.',
     schema: { type: 'string', enum: ['identity', 'gzip', 'x-gzip'] },
   },
   IdempotencyKey: IDEMPOTENCY_KEY,
@@ -111,24 +106,21 @@ export const PARAMETERS = {
     name: 'dry_run',
     in: 'query',
     required: false,
-    description:
-      '`true` (also `1`, `yes`, `on`, `t`, `y`, any case): a dry run, every check and the answer the package would get, ' +
-      'with `Dry-Run: true`, nothing stored or recorded; not an upload for the status. `false` (also `0`, `no`, `off`, ' +
-      '`f`, `n`) or absent: a package. Any other value, or the parameter twice: 422.',
+    description: '`true`, `1`, `yes`, `on`, `t`, `y` (any case): a dry run; `false`, `0`, `no`, `off`, `f`, `n`: a package. Else 422.',
     schema: { type: 'boolean', default: false },
   },
   ConnectorTimestamp: {
     name: 'X-Connector-Timestamp',
     in: 'header',
     required: true,
-    description: 'Unix seconds; at most 300 s (configurable) from the server clock either way.',
+    description: 'Unix seconds, within 300 s of the server clock.',
     schema: { type: 'string', pattern: '^[0-9]{1,15}$' },
   },
   ConnectorSignature: {
     name: 'X-Connector-Signature',
     in: 'header',
     required: true,
-    description: '`sha256=` and the hex HMAC-SHA256 of `<timestamp>.<raw body>` under the shared secret (`CONNECTOR_WEBHOOK_SECRET`).',
+    description: '`sha256=` + hex HMAC-SHA256 of `<timestamp>.<raw body>` (key `CONNECTOR_WEBHOOK_SECRET`).',
     schema: { type: 'string', pattern: '^sha256=[0-9a-fA-F]{64}$' },
   },
 };
@@ -137,23 +129,20 @@ export const parameter = (name: keyof typeof PARAMETERS): Json => ({ $ref: `#/co
 
 /** `components.responses`: referenced by `shared(name)`. */
 export const RESPONSES = {
-  Unauthorized: error([`${q('AUTH_REQUIRED')}: \`Authorization\` missing or unknown, or not issued to \`Client-Id\``]),
-  RequestTimeout: error([`${q('REQUEST_TIMEOUT')}: the request was not complete within 600 s; the connection is closed`]),
+  Unauthorized: error([`${q('AUTH_REQUIRED')}: bad or missing token, or not \`Client-Id\`'s`]),
+  RequestTimeout: error([`${q('REQUEST_TIMEOUT')}: not complete within 600 s; connection closed`]),
   PayloadTooLarge: error([
-    `${qe(errors.bodyTooLarge(LIMITS.otherBodyBytes))}: over the body limit of requests other than ingest (\`limits.otherBodyBytes\`, ` +
-      '1 MiB by default; the message names the configured limit, in bytes when it is not a whole number of MiB)',
+    `${qe(errors.bodyTooLarge(LIMITS.otherBodyBytes))}: over \`limits.otherBodyBytes\` (the message names the configured limit)`,
   ]),
   InternalError: error([q('INTERNAL')]),
   RateLimited: {
-    ...error([`${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`]),
+    ...error([`${q('RATE_LIMITED')}: over the client IP's rate or connection limit`]),
     headers: { 'Retry-After': RETRY_AFTER },
   },
   Unavailable: {
     ...error([
-      `${q('RATE_LIMITED')}: over the request rate or the concurrent connections of the client IP`,
-      `${q('STORAGE_UNAVAILABLE')}: the service cannot read or write its session state or queue for now (NATS ` +
-        'unreachable or not answering in time, a stream of the service gone, a disk full or failing); nothing of the ' +
-        'request is stored, and the service recovers by itself once its storage works again',
+      `${q('RATE_LIMITED')}: over the client IP's rate or connection limit`,
+      `${q('STORAGE_UNAVAILABLE')}: state or queue unreadable or unwritable for now; nothing stored ([api.md](api.md#storage-unavailable))`,
     ]),
     headers: {
       'Retry-After': {
@@ -186,6 +175,5 @@ export const sessionAccess = (more400: string[] = []): Json => ({
 });
 
 export const typeLegend =
-  'Types: `string` (non-empty for ids), `number` (finite), `integer`, `boolean`, `date` (`YYYY-MM-DD`, a real ' +
-  'calendar date), `datetime` (RFC 3339 with offset or `Z`). Optional columns may be `null` or absent; required ' +
-  'ones may not be `null`. `*` marks a required column.';
+  '`date`: `YYYY-MM-DD`; `datetime`: RFC 3339 with offset or `Z`; `number` finite; `integer` within ±(2^53 − 1). ' +
+  '`*`: required (not `null`); optional columns may be `null` or absent.';

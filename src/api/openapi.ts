@@ -31,14 +31,12 @@ const document = {
     title: 'Batch Upload and Connector Processing Service',
     version: '0.1.0',
     description:
-      'Batch uploads of client data in packages within one upload session, then processing by the Connector. ' +
-      'Flow: initialize a session; upload entity packages; poll the status until `can_start_upload`; start the ' +
-      'Connector with a date range; poll until `DONE`.\n\n' +
-      'Every client endpoint needs the `Authorization` (the token, or `Bearer <token>`) and `Client-Id` headers and ' +
-      "a source address in the client's allow-list. Except status, every endpoint with `{upload_uuid}` also checks " +
-      'that it is the client\'s active session. Errors are `{"detail": ...}` except the initialize-session conflict.\n\n' +
-      'Limits: body 32 MiB on ingest, 1 MiB otherwise (413); 30 requests/s average, burst 50, 30 concurrent ' +
-      'connections per client IP (503 with `Retry-After`); 600 s per request (408). Within `/api/v1` changes are additive.\n\n' +
+      'Batch uploads of client data in packages within one session, then processing by the Connector: initialize a ' +
+      'session; upload packages; poll the status until `can_start_upload`; start with a date range; poll until `DONE`.\n\n' +
+      'Client endpoints need `Authorization` and `Client-Id` and an allowed source address; those with `{upload_uuid}` ' +
+      '(but status) need the active session. Errors are `{"detail": ...}` except the initialize-session conflict.\n\n' +
+      'Limits: body 32 MiB on ingest, 1 MiB otherwise (413); per client IP 30 requests/s, burst 50, 30 concurrent ' +
+      '(503, `Retry-After`); 600 s per request (408). Within `/api/v1` changes are additive.\n\n' +
       `Any path: an unknown one answers 404 \`${JSON.stringify(errors.routeNotFound().body)}\`, a known one with another method 405 ` +
       `\`${JSON.stringify(errors.methodNotAllowed().body)}\`, a malformed \`Content-Length\` 400.`,
   },

@@ -59,18 +59,12 @@ interface ValidationContext {
   [key: string]: unknown;
 }
 
-/**
- * Invalid ingest payload: `Invalid JSON format.`, `The columns array cannot be empty.`,
- * `Missing required columns: <column list>`, `Unknown column: <column>`,
- * `Duplicate column: <column>`, or `Invalid data types in payload: <detail>` where the
- * detail names the row index (0-based), the column, the expected type and the value.
- * Refused rows also carry `errors` (one per bad value) and `error_count`.
- */
+/** Invalid ingest payload: a message of the ingest 422; refused rows add `errors` and `error_count`. */
 interface IngestPayloadError {
   detail: string;
-  /** With `Invalid data types in payload: …` only: the first 100 errors, one per bad value, in row then column order (the first is `detail`'s). */
+  /** Refused rows only: the first 100 bad values, in row then column order. */
   errors?: RefusedRow[] & tags.MinItems<1> & tags.MaxItems<100>;
-  /** With `errors`: how many errors the package has, all of them (each bad value; a row of the wrong length is one). */
+  /** With `errors`: all bad values (a row of the wrong length is one). */
   error_count?: number & tags.Type<'uint32'> & tags.Minimum<1>;
 }
 
@@ -78,7 +72,7 @@ interface IngestPayloadError {
 interface RefusedRow {
   /** Index in `data`, 0-based. */
   row: number & tags.Type<'uint32'>;
-  /** The offending column; null when the row has the wrong number of values (one error for the row). */
+  /** null: the row has the wrong number of values. */
   column: string | null;
   message: string;
 }
@@ -97,14 +91,14 @@ interface InitializeSessionCreated {
   previous_upload_uuid?: Uuid;
 }
 
-/** One cell: a value of its column's type (the catalog in the ingest description), or `null` in an optional column. */
+/** A value of its column's type, or `null` in an optional column. */
 type CellValue = string | number | boolean | null;
 
 /** Rows of one package of one entity. */
 interface IngestRequest {
   /** Ordered column names: every required column of the entity, no unknown or repeated one. */
   columns: string[] & tags.MinItems<1>;
-  /** Rows; each holds one value per entry of `columns`, in the same order. Optional cells may be `null`. */
+  /** Rows, one value per entry of `columns`, in that order. */
   data: CellValue[][];
 }
 
@@ -115,10 +109,9 @@ interface IngestResponse {
   rows_processed: number & tags.Type<'uint32'>;
 }
 
-/** The body start-upload accepts: the type its parser answers once the body is valid. */
 interface StartUploadRequest extends StartUploadBody {}
 
-/** The Connector's JSON, passed through unchanged; its fields are the Connector's choice. */
+/** The Connector's JSON, unchanged. */
 interface ConnectorStartResponse {
   [key: string]: unknown;
 }
@@ -141,7 +134,6 @@ interface UploadFinishedPayload extends WebhookPayload {
 }
 
 interface WebhookResult {
-  /** `ok`: applied; `ignored`: the session was no longer `STARTED` (a repeat or a late call). */
   status: 'ok' | 'ignored';
 }
 
@@ -196,12 +188,8 @@ interface NotReady {
 
 /** A page of the client's own sessions, newest first. */
 interface SessionList {
-  /** At most `limit`, newest (`created_at`) first; deleted sessions are not listed. */
   sessions: SessionListItem[];
-  /**
-   * Opaque: pass it as `cursor` for the next page; `null` on the last page. (A page before the
-   * end may, rarely, be followed by an empty one: sessions deleted meanwhile are skipped.)
-   */
+  /** Pass it as `cursor` for the next page; `null` on the last page. */
   next_cursor: string | null;
 }
 

@@ -78,10 +78,8 @@ export const sessionsRoute: RouteDeclaration<ApiDeps> = {
     tags: ['uploading'],
     summary: "List the client's sessions",
     description:
-      'The calling client\'s own sessions (never another client\'s), newest first, each with its state, `created_at` ' +
-      'and `totals` (the counts of the status). Deleted sessions are not listed. Page with `limit` and the opaque ' +
-      '`next_cursor` of the previous page. Cost: every page reads the client\'s index of sessions (one key per session ' +
-      'it holds), then two keys per session on the page.',
+      'The calling client\'s own sessions, newest first, each with its state, `created_at` and `totals`; deleted ' +
+      'ones are not listed. Page with `limit` and the previous page\'s `next_cursor`.',
     parameters: [
       {
         name: 'limit',
@@ -94,7 +92,7 @@ export const sessionsRoute: RouteDeclaration<ApiDeps> = {
         name: 'cursor',
         in: 'query',
         required: false,
-        description: 'The `next_cursor` of the previous page (opaque); absent for the first page.',
+        description: 'The previous page\'s `next_cursor`; absent for the first page.',
         schema: { type: 'string' },
       },
     ],
@@ -104,8 +102,8 @@ export const sessionsRoute: RouteDeclaration<ApiDeps> = {
       '403': error([IP_NOT_ALLOWED]),
       '422': error(
         [
-          '`limit` not an integer (`int_parsing`), below 1 (`greater_than_equal`) or above 200 (`less_than_equal`), at `["query","limit"]`',
-          '`cursor` not one this endpoint gave (`value_error`, `Value error, Invalid cursor`), at `["query","cursor"]`',
+          '`limit` not an integer (`int_parsing`), below 1 (`greater_than_equal`) or above 200 (`less_than_equal`)',
+          '`cursor` not one this endpoint gave (`value_error`, `Value error, Invalid cursor`)',
         ],
         'ValidationError',
       ),

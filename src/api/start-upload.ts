@@ -24,10 +24,9 @@ export const startUploadRoute: RouteDeclaration<ApiDeps> = {
     tags: ['uploading'],
     summary: 'Start the Connector',
     description:
-      'Hands the session\'s stored data to the Connector for the date range; the session becomes `STARTED`. ' +
-      'Checks, first failing one answers: session state 409; body 422 (also `date_from` after `date_to`, or ' +
-      '`date_to` not before today, UTC: `value_error` at `["body","date_to"]`); `date_from` before the client\'s ' +
-      'minimum 400; no entities 400; storage writes pending 409; then the Connector.',
+      'Hands the stored data to the Connector for the date range; the session becomes `STARTED`. Checks, first ' +
+      'failing one answers: state 409; body 422 (also `date_from` after `date_to`, or `date_to` not before today, ' +
+      'UTC); `date_from` before the client\'s minimum 400; no entities 400; storage writes pending 409; the Connector.',
     parameters: [parameter('UploadUuid')],
     requestBody: {
       required: true,
@@ -41,15 +40,15 @@ export const startUploadRoute: RouteDeclaration<ApiDeps> = {
       '409': jsonResponse(
         [
           `- ${NOT_UPLOADING}: structured \`detail\``,
-          `- ${q('UPLOAD_TASKS_IN_PROGRESS')}: retry once \`upload_tasks_finished\` is \`true\``,
+          `- ${q('UPLOAD_TASKS_IN_PROGRESS')}: until \`upload_tasks_finished\``,
           `- The Connector rejected the start: its text, or ${q('CONNECTOR_REJECTED')}`,
         ].join('\n'),
         { anyOf: [schema('InvalidSessionStatusError'), schema('UploadTasksInProgressError'), schema('ErrorDetail')] },
       ),
       '422': error(['Invalid `date_from` or `date_to`'], 'ValidationError'),
-      '500': error(['The Connector answered 500 (its text is forwarded), or an internal error']),
+      '500': error(['The Connector\'s 500 (its text), or an internal error']),
       '502': error([UNREACHABLE, q('CONNECTOR_ERROR')]),
-      default: error(['Any other Connector error status (400–599) is forwarded with a string `detail`']),
+      default: error(['Any other Connector error status (400–599), forwarded']),
     }),
   },
 };

@@ -21,9 +21,8 @@ export const statusRoute: RouteDeclaration<ApiDeps> = {
     tags: ['uploading'],
     summary: 'Get session status',
     description:
-      'Any session stored for this client, active or not (no session-access checks). Poll periodically: after ingest ' +
-      'until `can_start_upload`, after start-upload until `DONE`, after terminate until `UPLOADING`. ' +
-      '`last_workflow` appears once a workflow has ended.',
+      'Any session of this client, active or not (no session-access checks). Poll: after ingest until ' +
+      '`can_start_upload`, after start-upload until `DONE`, after terminate until `UPLOADING`.',
     parameters: [parameter('UploadUuid')],
     responses: clientResponses({
       '200': jsonResponse('The session.', schema('StatusView')),

@@ -25,15 +25,14 @@ export const terminateRoute: RouteDeclaration<ApiDeps> = {
     tags: ['uploading'],
     summary: 'Terminate the Connector workflow',
     description:
-      'Asks the Connector to stop. The session stays `STARTED` until the Connector confirms through the completion ' +
-      'webhook (`is_terminated: true`), then returns to `UPLOADING`.',
+      'Asks the Connector to stop; the session stays `STARTED` until the webhook confirms, then is `UPLOADING`.',
     parameters: [parameter('UploadUuid')],
     responses: clientResponses({
       '200': jsonResponse('Stop requested.', schema('OperationStarted')),
       ...sessionAccess(),
       '404': error([`${q('WORKFLOW_NOT_RUNNING')}: the session is not \`STARTED\``, `${q('WORKFLOW_STOP_FAILED')}: the Connector does not know the workflow`]),
       '409': error([`${q('WORKFLOW_STOP_FAILED')}: the Connector answered 409`]),
-      '500': error([`${q('WORKFLOW_STOP_FAILED')}: the Connector answered 500 or another error`, 'An internal error']),
+      '500': error([`${q('WORKFLOW_STOP_FAILED')}: any other Connector answer`, 'An internal error']),
       '502': error([UNREACHABLE]),
     }),
   },

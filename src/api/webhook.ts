@@ -43,15 +43,14 @@ export const uploadFinishedRoute: RouteDeclaration<ApiDeps> = {
     tags: ['connector'],
     summary: 'Connector completion webhook',
     description:
-      'Called by the Connector when a workflow ends. `is_terminated: true` (or `status` `terminated` or `failed`) ' +
-      'returns a `STARTED` session to `UPLOADING`, keeping its data; otherwise it becomes `DONE`. ' +
-      'Authenticated by its signature, not by client headers.',
+      'Called by the Connector when a workflow ends: `is_terminated: true` (or `status` `terminated` or `failed`) ' +
+      'returns a `STARTED` session to `UPLOADING`, else `DONE`. Signed, not client-authenticated ([api.md](api.md#the-completion-webhook)).',
     security: [],
     parameters: [parameter('ConnectorTimestamp'), parameter('ConnectorSignature')],
     requestBody: { required: true, content: { 'application/json': { schema: schema('UploadFinishedPayload') } } },
     responses: {
-      '200': jsonResponse('`ok`: applied. `ignored`: the session was not `STARTED` (a repeat or a late call); nothing changed.', schema('WebhookResult')),
-      '401': error([`${q('WEBHOOK_UNAUTHORIZED')}: signature wrong or missing, or timestamp too far from now`]),
+      '200': jsonResponse('`ok`: applied; `ignored`: the session was not `STARTED`.', schema('WebhookResult')),
+      '401': error([`${q('WEBHOOK_UNAUTHORIZED')}: bad signature or timestamp`]),
       '404': error([`${q('SESSION_NOT_FOUND')}: unknown \`upload_uuid\``]),
       '408': shared('RequestTimeout'),
       '413': shared('PayloadTooLarge'),
