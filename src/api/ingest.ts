@@ -137,7 +137,7 @@ const INGEST_DESCRIPTION = `Validates one package of rows of \`entity_name\` as 
 an entity may take many packages. Checks, first failing one answers: unknown entity 400; state 409; \`Content-Encoding\` 415;
 payload 422. A gzip body's 32 MiB counts the wire bytes; inflated, at most 256 MiB (413).
 \`?dry_run=true\`: every check and the answer, with \`Dry-Run: true\`, nothing stored, any state
-([api.md](api.md#dry-runs)). Rules: [api.md](api.md#ingest-payload).
+(docs/api.md#dry-runs). Rules: docs/api.md#ingest-payload.
 
 The catalog (also \`GET ${API_BASE}/entities\`). ${typeLegend}
 
@@ -213,7 +213,7 @@ export const ingestRoute: RouteDeclaration<ApiDeps> = {
       '422': {
         ...jsonResponse(
           [
-            'A string `detail`, in check order ([api.md](api.md#ingest-payload)):',
+            'A string `detail`, in check order (docs/api.md#ingest-payload):',
             '- `Invalid JSON format.` (also empty, invalid UTF-8, bad gzip)',
             '- `Duplicate key in payload: <key>`: `columns` or `data` twice',
             '- `The columns array cannot be empty.`',

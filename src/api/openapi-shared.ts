@@ -74,7 +74,7 @@ const IDEMPOTENCY_KEY: Json = {
   required: false,
   description:
     'A key per package (e.g. a UUID v4). A retry with it gets the first answer (200, 413, 422; `Idempotent-Replayed: true`), ' +
-    'rows stored once, for 24 h ([api.md](api.md#idempotent-retries)).',
+    'rows stored once, for 24 h (docs/api.md#idempotent-retries).',
   schema: { type: 'string', minLength: 1, maxLength: 255, pattern: '^[!-~]+$' },
 };
 
@@ -142,7 +142,7 @@ export const RESPONSES = {
   Unavailable: {
     ...error([
       `${q('RATE_LIMITED')}: over the client IP's rate or connection limit`,
-      `${q('STORAGE_UNAVAILABLE')}: state or queue unreadable or unwritable for now; nothing stored ([api.md](api.md#storage-unavailable))`,
+      `${q('STORAGE_UNAVAILABLE')}: state or queue unreadable or unwritable for now; nothing stored (docs/api.md#storage-unavailable)`,
     ]),
     headers: {
       'Retry-After': {

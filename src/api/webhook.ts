@@ -44,7 +44,7 @@ export const uploadFinishedRoute: RouteDeclaration<ApiDeps> = {
     summary: 'Connector completion webhook',
     description:
       'Called by the Connector when a workflow ends: `is_terminated: true` (or `status` `terminated` or `failed`) ' +
-      'returns a `STARTED` session to `UPLOADING`, else `DONE`. Signed, not client-authenticated ([api.md](api.md#the-completion-webhook)).',
+      'returns a `STARTED` session to `UPLOADING`, else `DONE`. Signed, not client-authenticated (docs/api.md#the-completion-webhook).',
     security: [],
     parameters: [parameter('ConnectorTimestamp'), parameter('ConnectorSignature')],
     requestBody: { required: true, content: { 'application/json': { schema: schema('UploadFinishedPayload') } } },
