@@ -141,7 +141,7 @@ const paramRow = (p: Json): string =>
 const authentication = (security: Json[]): string =>
   security.map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none').join(', or ') || 'none';
 
-function operationSection(doc: Json, o: Operation, common: Map<string, Set<string>>): string[] {
+function operationSection(doc: Json, o: Operation, common: Map<string, Set<string>>, standard: Set<string>): string[] {
   const { method, path, op } = o;
   const auth = op.security === undefined ? '' : ` Authentication: ${authentication(op.security)}.`;
   const out = [`### ${method.toUpperCase()} ${path}`, '', `**${op.summary}** (\`${op.operationId}\`).${auth}`, ''];
@@ -158,8 +158,17 @@ function operationSection(doc: Json, o: Operation, common: Map<string, Set<strin
     const examples: [string, unknown][] = body.example !== undefined ? [['Example', body.example]] : Object.values((body.examples ?? {}) as Json).map((e: Json) => [e.summary, e.value]);
     for (const [label, value] of examples) out.push(`${label}: \`${JSON.stringify(value)}\``, '');
   }
-  out.push('| status | meaning |', '|---|---|');
-  for (const [status, raw] of Object.entries(op.responses as Json)) {
+  const rows = responseRows(doc, o, common);
+  const shared = rows.filter((r) => standard.has(r.row));
+  const own = rows.filter((r) => !standard.has(r.row));
+  if (own.length) out.push('| status | meaning |', '|---|---|', ...own.map((r) => r.row), '');
+  if (shared.length) out.push(`${own.length ? 'Also' : 'Answers'} ${shared.map((r) => r.status).join(', ')} as in [Standard answers](#standard-answers).`, '');
+  return out;
+}
+
+/** The rows of an operation's responses table: `| status | meaning |`. */
+function responseRows(doc: Json, o: Operation, common: Map<string, Set<string>>): { status: string; row: string }[] {
+  return Object.entries(o.op.responses as Json).map(([status, raw]) => {
     const r = response(doc, raw);
     const content = Object.entries((r.content ?? {}) as Json);
     const bodies = content
@@ -172,10 +181,21 @@ function operationSection(doc: Json, o: Operation, common: Map<string, Set<strin
       .map((line) => (line.startsWith('- ') ? (common.has(line.slice(2)) ? head(line.slice(2)) : line.slice(2)) : line));
     const headers = Object.keys((r.headers ?? {}) as Json);
     if (headers.length) lines.push(`Headers: ${headers.map((h) => `\`${h}\``).join(', ')}.`);
-    out.push(`| ${status} | ${bodies ? `${bodies}: ` : ''}${cell(lines.join('\n'))} |`);
+    return { status, row: `| ${status} | ${bodies ? `${bodies}: ` : ''}${cell(lines.join('\n'))} |` };
+  });
+}
+
+/** Per status, the response row that most operations give word for word (three at least): written once ("Standard answers"), named by status in each. */
+function standardRows(doc: Json, operations: Operation[], common: Map<string, Set<string>>): Set<string> {
+  const counts = new Map<string, number>();
+  for (const o of operations) for (const { row } of responseRows(doc, o, common)) counts.set(row, (counts.get(row) ?? 0) + 1);
+  // One row per status (the most common one): "Also 403" must name one meaning.
+  const best = new Map<string, [string, number]>();
+  for (const [row, n] of counts) {
+    const status = row.split(' | ')[0]!;
+    if (n >= 3 && n > (best.get(status)?.[1] ?? 0)) best.set(status, [row, n]);
   }
-  out.push('');
-  return out;
+  return new Set([...best.values()].map(([row]) => row));
 }
 
 /** The whole page, from an OpenAPI 3.1 document as `openApiDocument()` builds it. */
@@ -184,6 +204,7 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
     METHODS.filter((m) => (item as Json)[m]).map((method) => ({ path, method, op: (item as Json)[method] as Json })),
   );
   const common = commonMessages(doc, operations);
+  const standard = standardRows(doc, operations, common);
   const out = [
     '# API reference',
     '',
@@ -209,6 +230,14 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
     '|---|---|',
     ...[...common].sort(([, a], [, b]) => Number([...a][0]) - Number([...b][0])).map(([bullet, statuses]) => `| ${[...statuses].join(', ')} | ${cell(bullet)} |`),
     '',
+    '## Standard answers',
+    '',
+    'What most operations answer alike; each operation names the ones it gives.',
+    '',
+    '| status | meaning |',
+    '|---|---|',
+    ...[...standard].sort(),
+    '',
     '## Operations',
     '',
   ];
@@ -218,7 +247,7 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
     out.push(`- **${tag.name}** (${tag.description.replace(/\.$/, '')}): ${ops.map((o) => `[${o.op.summary}](#${anchor(`${o.method} ${o.path}`)})`).join(', ')}.`);
   }
   out.push('');
-  for (const { ops } of byTag) for (const o of ops) out.push(...operationSection(doc, o, common));
+  for (const { ops } of byTag) for (const o of ops) out.push(...operationSection(doc, o, common, standard));
   out.push('## Schemas', '');
   for (const [name, schema] of Object.entries(doc.components.schemas as Json)) out.push(...schemaSection(name, schema as Json));
   return `${out.join('\n').replace(/\n{3,}/g, '\n\n').trimEnd()}\n`;
