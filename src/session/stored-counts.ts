@@ -2,8 +2,9 @@
  * How many of a session's packages are in object storage, kept as the uploader stores them,
  * so that status reads a few numbers instead of folding the ledger.
  *
- * A ledger that counts its own markers (`countStored`, the embedded one: marker and count in
- * one transaction) does it all in one write. Otherwise (NATS) the count lives in its own
+ * A ledger that counts its own markers (`countStored`: the embedded one, marker and count in
+ * one transaction; the NATS one on servers with atomic batches, 2.12+, marker and count in one
+ * batch) does it all in one write. Otherwise (NATS 2.10 and 2.11) the count lives in its own
  * session-store key (`stored.<upload_uuid>`), apart from the summary: the uploader (another
  * process on NATS) never contends with the gateway's writes of the summary. A package is
  * counted once however often it is delivered and stored (a put is repeated on redelivery),

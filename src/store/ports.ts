@@ -167,11 +167,14 @@ export interface PackageLedger {
   isStored(uploadUuid: string, packageId: string): Promise<boolean>;
   /**
    * A ledger that counts its markers per entity in the same durable step as it writes them
-   * has these two (the embedded one: one transaction); the others are counted apart
-   * (session/stored-counts.ts). `countStored` is `markStored` with each package's entity: a
-   * package whose marker is new counts once, one marked before never again; and it writes
-   * nothing unless the session store holds `summaryKey`, not marked `deleted` (a deleted
-   * session's clean-up may have dropped its markers already), checked in the same step.
+   * has these two (the embedded one: one transaction; the NATS one on servers with atomic
+   * batches: one batch); the others are counted apart (session/stored-counts.ts).
+   * `countStored` is `markStored` with each package's entity: a package whose marker is new
+   * counts once, one marked before never again; and it writes nothing unless the session
+   * store holds `summaryKey`, not marked `deleted` (a deleted session's clean-up may have
+   * dropped its markers already): checked in the same step where the store allows (embedded),
+   * else before the session's first count (NATS: a count racing the clean-up may leave its
+   * counts and markers behind, a few keys).
    */
   countStored?(uploadUuid: string, packages: readonly { package_id: string; entity: string }[], summaryKey: string): Promise<void>;
   /** The markers per entity that `countStored` counted; sees every call that resolved. */

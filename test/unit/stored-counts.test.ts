@@ -2,7 +2,8 @@
  * The uploader's count of stored packages (session/stored-counts.ts): a package is counted
  * once however often it is delivered, whatever step a crash or a failure interrupted, and not
  * at all for a session that is gone. Both ways: `StoredPackages` (three steps on the session
- * store and the ledger, as on NATS; run here on the embedded stores) and the embedded
+ * store and the ledger, as on NATS servers without atomic batches; run here on the embedded
+ * stores; the NATS ledger's own count: test/contract/nats-stored-counts.test.ts) and the embedded
  * ledger's own count (marker and count in one transaction), and the move of version 1's
  * counts into the latter.
  */
