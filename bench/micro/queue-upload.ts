@@ -19,7 +19,7 @@ const { values } = parseArgs({ options: { packages: { type: 'string', default: '
 const total = Number(values.packages);
 const dir = await mkdtemp(join(tmpdir(), 'queue-upload-'));
 try {
-  const queue = await FileBatchQueue.open(join(dir, 'queue'));
+  const queue = await FileBatchQueue.open(join(dir, 'queue'), join(dir, 'state.sqlite'));
   const objects = await FileObjectStore.open(join(dir, 'objects'));
   const batch = Buffer.from('["p-000001","Product name é",12.5,"c-1"]\n'.repeat(160));
   let stored = 0;

@@ -106,7 +106,7 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       closers.push(() => sessions.close());
       ledger = new SqliteLedger(state);
       closers.push(() => ledger.close());
-      queue = await FileBatchQueue.open(join(dataDir, 'queue'), { onDamage, onSettled: hooks.onQueueSettled });
+      queue = await FileBatchQueue.open(join(dataDir, 'queue'), state, { onDamage, onSettled: hooks.onQueueSettled });
       closers.push(() => queue.close());
     }
 

@@ -88,7 +88,7 @@ t.test('embedded: a queue-committed, unrecorded package is dropped after the res
   await gw.kill();
 
   const sessions = await SqliteSessionStore.open(join(dataDir, STATE_DB));
-  const queue = await FileBatchQueue.open(join(dataDir, 'queue'));
+  const queue = await FileBatchQueue.open(join(dataDir, 'queue'), join(dataDir, STATE_DB));
   await forgeOrphan(sessions, queue, uuid, 660_000);
   t.equal(await queue.pending(uuid), 1, 'the orphan is committed to the queue');
   await queue.close();

@@ -34,7 +34,7 @@ t.test('power cuts under the embedded queue and object store: no damage reported
   const damage: string[] = [];
   const onDamage = (file: string, offset: number, reason: string): void => void damage.push(`${file}@${offset}: ${reason}`);
   const open = async () => ({
-    queue: await FileBatchQueue.open(join(disk.dir, 'queue'), { redeliveryDelayMs: 5, heldBytes: 0, segmentBytes: 256 * 1024, indexCompactBytes: 32 * 1024, onDamage }),
+    queue: await FileBatchQueue.open(join(disk.dir, 'queue'), join(disk.dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0, segmentBytes: 256 * 1024, onDamage }),
     objects: await FileObjectStore.open(join(disk.dir, 'data'), { onDamage }),
   });
   const uploader = (queue: FileBatchQueue, objects: FileObjectStore, stored: (id: string) => void): QueueConsumer[] =>

@@ -10,6 +10,7 @@ import { hashToken } from '../../src/http/auth.js';
 import { fromStored, type SessionRecord } from '../../src/session/state.js';
 import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
+import { openStateReader } from '../../src/store/embedded/state-schema.js';
 import { STATE_DB } from '../../src/store/engines.js';
 import { sessionKey } from '../../src/store/keys.js';
 import { connectNats } from '../../src/store/nats/connection.js';
@@ -121,29 +122,22 @@ export async function embeddedRecord(dataDir: string, uploadUuid: string): Promi
 }
 
 /**
- * Committed, unacked packages of the embedded queue per session, replayed from its index
- * (no queue opened: nothing is cleaned). Embedded only, while no gateway runs.
+ * Committed, unacked packages of the embedded queue per session: the rows of the state
+ * database's `queue` table (no queue opened: nothing is cleaned). Embedded only, while no gateway runs.
  */
 export async function embeddedQueued(dataDir: string): Promise<Map<string, Set<string>>> {
-  const dir = join(dataDir, 'queue');
-  const names = (await readdir(dir).catch(() => [] as string[])).filter((n) => /^index-\d+\.ndjson$/.test(n));
-  const newest = names.sort((a, b) => Number(a.slice(6, -7)) - Number(b.slice(6, -7))).at(-1);
-  const live = new Map<number, { upload_uuid: string; package_id: string }>();
-  if (newest) {
-    for (const line of (await readFile(join(dir, newest), 'utf8')).split('\n')) {
-      let rec: { t: string; seq?: number; meta?: { upload_uuid: string; package_id: string }; upload_uuid?: string };
-      try {
-        rec = JSON.parse(line) as typeof rec;
-      } catch {
-        break;
-      }
-      if (rec.t === 'c') live.set(rec.seq!, rec.meta!);
-      else if (rec.t === 'a') live.delete(rec.seq!);
-      else for (const [seq, m] of live) if (m.upload_uuid === rec.upload_uuid) live.delete(seq);
-    }
-  }
   const out = new Map<string, Set<string>>();
-  for (const m of live.values()) out.set(m.upload_uuid, (out.get(m.upload_uuid) ?? new Set()).add(m.package_id));
+  const path = join(dataDir, STATE_DB);
+  if (!existsSync(path)) return out;
+  const db = openStateReader(path);
+  try {
+    for (const { upload, record } of db.prepare<[], { upload: string; record: string }>('SELECT upload, record FROM queue ORDER BY seq').all()) {
+      const { meta } = JSON.parse(record) as { meta: { package_id: string } };
+      out.set(upload, (out.get(upload) ?? new Set()).add(meta.package_id));
+    }
+  } finally {
+    db.close();
+  }
   return out;
 }
 

@@ -13,7 +13,7 @@ export async function embeddedStores(t: Test, prefix: string) {
   t.teardown(() => rm(dir, { recursive: true, force: true }));
   const sessions = await SqliteSessionStore.open(join(dir, 'state.sqlite'));
   const ledger = await SqliteLedger.open(join(dir, 'state.sqlite'));
-  const queue = await FileBatchQueue.open(join(dir, 'queue'));
+  const queue = await FileBatchQueue.open(join(dir, 'queue'), join(dir, 'state.sqlite'));
   const objects = await FileObjectStore.open(join(dir, 'objects'));
   t.teardown(async () => {
     await queue.close();

@@ -13,6 +13,7 @@ import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { PackageMeta } from '../../src/store/ports.js';
 import { readText } from '../support/objects.js';
 import { seededRandom } from '../support/random.js';
+import { toOldLayout } from '../support/old-queue-index.js';
 
 const SEED = Number(process.env.DAMAGE_SEED ?? 19);
 const TRIALS = 25;
@@ -70,19 +71,20 @@ async function drain(q: FileBatchQueue, expected: number): Promise<{ got: Map<st
   return { got, lost };
 }
 
-t.test('queue index: a flipped bit costs its line only, is reported where it starts; a torn last line is cut, unreported', async (t) => {
+t.test('queue index of an earlier version, imported: a flipped bit costs its line only, is reported where it starts; a torn last line is cut, unreported', async (t) => {
   const rnd = random(SEED);
   for (let trial = 0; trial < TRIALS; trial++) {
     const dir = await tempDir(t);
     const N = 12;
-    const q = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5 });
+    const q = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5 });
     for (let i = 0; i < N; i++) {
       const w = await q.open(meta(i));
       await w.append(Buffer.from(batchOf(i)));
       await w.commit({ rows: 1, bytes: Buffer.byteLength(batchOf(i)) });
     }
     await q.close();
-    const index = join(dir, 'index-0.ndjson');
+    // The index as an earlier version kept it, in a file of lines: damage there is found at the import.
+    const { index } = await toOldLayout(dir, join(dir, 'state.sqlite'));
     const { starts, size } = await lineStarts(index);
     t.equal(starts.length, N, 'a commit line per package');
     // One or two lines damaged in the middle (never the last), a bit flipped anywhere but in their newline.
@@ -94,7 +96,7 @@ t.test('queue index: a flipped bit costs its line only, is reported where it sta
     if (torn) await truncate(index, starts[N - 1]! + 1 + rnd(size - starts[N - 1]! - 1));
 
     const damage: Damage[] = [];
-    const again = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5, onDamage: (...d) => void damage.push(d) });
+    const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, onDamage: (...d) => void damage.push(d) });
     const expected = Array.from({ length: N }, (_, i) => i).filter((i) => !hit.has(i) && !(torn && i === N - 1));
     const what = `trial ${trial}: lines ${[...hit].sort((a, b) => a - b).join(', ')} flipped${torn ? ', the last torn' : ''}`;
     // A damaged line with no valid one after it (the one before a torn last line) is the torn tail's.
@@ -114,8 +116,9 @@ t.test('queue index: a flipped bit costs its line only, is reported where it sta
     );
     for (const [id, body] of got) if (body !== batchOf(Number(id.slice(1)))) t.fail(`${what}: ${id} delivered other bytes`);
     await again.close();
-    // The damage went with the index it was in: a restart finds none.
-    const third = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5, onDamage: (...d) => void damage.push(d) });
+    // The damage went with the index file it was in: a restart finds none, and the same packages in the table.
+    t.same((await readdir(dir)).filter((n) => n.startsWith('index-')), [], `${what}: the index file is gone once imported`);
+    const third = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, onDamage: (...d) => void damage.push(d) });
     t.equal(third.damaged, 0, `${what}: reported once, not at every restart`);
     await third.close();
   }
@@ -127,7 +130,7 @@ t.test('queue segments: a flipped bit in a batch drops that package (QUEUE_BATCH
     const dir = await tempDir(t);
     const N = 10;
     // Nothing held in memory: every package is read from its segment.
-    const q = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5, heldBytes: 0 });
+    const q = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0 });
     const offsets: number[] = [];
     let at = 0;
     for (let i = 0; i < N; i++) {
@@ -142,7 +145,7 @@ t.test('queue segments: a flipped bit in a batch drops that package (QUEUE_BATCH
     const hit = rnd(N);
     await flip(segment, offsets[hit]! + rnd(Buffer.byteLength(batchOf(hit))), rnd(8));
     const damage: Damage[] = [];
-    const again = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5, heldBytes: 0, onDamage: (...d) => void damage.push(d) });
+    const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0, onDamage: (...d) => void damage.push(d) });
     t.teardown(() => again.close());
     const { got, lost } = await drain(again, N);
     t.same(lost, [`p${hit}:QUEUE_BATCH_LOST`], `trial ${trial}: package ${hit} lost`);
@@ -261,24 +264,23 @@ t.test('object packs: bytes damaged after the index was read are never handed ou
   t.equal(store.damaged, 2);
 });
 
-t.test('an index of an earlier version (lines without checksums) is read, and rewritten with them', async (t) => {
+t.test('an index of an earliest version (lines without checksums, locations without CRCs) is imported', async (t) => {
   const dir = await tempDir(t);
-  const q = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5 });
+  const q = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5 });
   const w = await q.open(meta(1));
   await w.append(Buffer.from(batchOf(1)));
   await w.commit({ rows: 1, bytes: Buffer.byteLength(batchOf(1)) });
   await q.close();
-  const index = join(dir, 'index-0.ndjson');
-  // As the earlier version wrote it: the JSON alone, and a location without a CRC.
-  const rec = JSON.parse((await readFile(index, 'utf8')).slice(9)) as { batches: number[][] };
-  rec.batches = rec.batches.map((b) => b.slice(0, 3));
-  await writeFile(index, `${JSON.stringify(rec)}\n`);
-  const again = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5 });
+  // As the earliest version wrote it: the JSON alone, and a location without a CRC.
+  await toOldLayout(dir, join(dir, 'state.sqlite'), {
+    checked: false,
+    map: (rec) => ({ ...rec, batches: (rec.batches as number[][]).map((b) => b.slice(0, 3)) }),
+  });
+  const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5 });
   t.equal(again.damaged, 0);
   t.equal(await again.pending('u1'), 1);
   const { got } = await drain(again, 1);
   t.equal(got.get('p1'), batchOf(1));
   await again.close();
-  const [rewritten] = (await readdir(dir)).filter((n) => n.startsWith('index-'));
-  t.match(await readFile(join(dir, rewritten!), 'utf8'), /^([0-9a-f]{8} \{.*\}\n)*$/, 'every line checked now');
+  t.same((await readdir(dir)).filter((n) => n.startsWith('index-')), [], 'the index file is gone');
 });

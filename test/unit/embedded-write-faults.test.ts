@@ -2,8 +2,12 @@
  * A failed write or fdatasync (ENOSPC, EIO) of the embedded queue or object store fails the
  * calls it carried and nothing after it: the next write goes to a fresh file (or to the
  * pack cut back to its last durable byte), and what failed is never seen, now or after a
- * restart. Faults are injected by a file handle that fails the next call on a matching path.
+ * restart. Faults are injected by a file handle that fails the next call on a matching path;
+ * the queue's index (the state database's `queue` table) by a row put in the way of the next
+ * commit, which fails that commit's transaction in the writer thread as an EIO or ENOSPC would
+ * (state-writer.ts).
  */
+import Database from 'better-sqlite3';
 import * as fsp from 'node:fs/promises';
 import { mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -117,13 +121,11 @@ t.beforeEach(() => {
 for (const [what, fault] of [
   ['a segment fdatasync fails (EIO)', { call: 'datasync', path: /\.seg$/, code: 'EIO' }],
   ['a segment write fails (ENOSPC)', { call: 'write', path: /\.seg$/, code: 'ENOSPC' }],
-  ['an index fdatasync fails (EIO)', { call: 'datasync', path: /index-\d+\.ndjson$/, code: 'EIO' }],
-  ['an index write fails (ENOSPC)', { call: 'write', path: /index-\d+\.ndjson$/, code: 'ENOSPC' }],
 ] as const) {
   t.test(`queue: ${what}: that commit fails as storage unavailable and is never seen; the next one goes through, to a fresh file`, async (t) => {
     const { Queue } = await mocked(t);
     const dir = await tempDir(t);
-    const q = await Queue.open(dir, { redeliveryDelayMs: 5, heldBytes: 0 });
+    const q = await Queue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0 });
     await commit(q, 'before');
     const filesBefore = [...(await readdir(dir)), ...(await readdir(join(dir, 'segments')))];
     faults.push({ ...fault });
@@ -142,7 +144,7 @@ for (const [what, fault] of [
     await q.close();
 
     // Nothing of it after a restart either; the two others are acked, so nothing at all.
-    const again = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5 });
+    const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5 });
     t.equal((await again.backlog()).packages, 0);
     await commit(again, 'later');
     t.same([...(await delivered(again))], [['later', '["later"]\n']]);
@@ -150,18 +152,55 @@ for (const [what, fault] of [
   });
 }
 
+/**
+ * Makes the state database refuse the queue's next commit: a row in the way of its seq (the
+ * queue's highest + 1), written by another connection. Returns its removal.
+ */
+function refuseNextCommit(statePath: string): () => void {
+  const db = new Database(statePath);
+  const seq = ((db.prepare('SELECT max(seq) AS m FROM queue').get() as { m: number | null }).m ?? 0) + 1;
+  db.prepare('INSERT INTO queue (seq, upload, record) VALUES (?, ?, ?)').run(seq, 'in-the-way', '{}');
+  return () => {
+    db.prepare('DELETE FROM queue WHERE seq = ?').run(seq);
+    db.close();
+  };
+}
+
+t.test('queue: the transaction of a commit fails: that commit fails as storage unavailable and is never seen, now or after a restart; the others and the next go through', async (t) => {
+  const dir = await tempDir(t);
+  const state = join(dir, 'state.sqlite');
+  const q = await FileBatchQueue.open(dir, state, { redeliveryDelayMs: 5, heldBytes: 0 });
+  await commit(q, 'before');
+  const clear = refuseNextCommit(state);
+  const failed = await commit(q, 'failed').then(
+    () => null,
+    (err: unknown) => err,
+  );
+  clear();
+  t.match(failed, { code: 'STORE_UNAVAILABLE' }, 'the commit fails');
+  t.ok(isStorageUnavailable(failed), 'which the service answers 503 Storage temporarily unavailable');
+  t.equal(await q.pending('u1'), 1, 'the failed package is not pending');
+  await commit(q, 'after');
+  t.same([...(await delivered(q))].sort(), [['after', '["after"]\n'], ['before', '["before"]\n']], 'the consumer sees the two others, whole, and nothing of the failed one');
+  await q.close();
+  const again = await FileBatchQueue.open(dir, state, { redeliveryDelayMs: 5 });
+  t.equal((await again.backlog()).packages, 0, 'after a restart: nothing (the two others were acked)');
+  await again.close();
+});
+
 t.test('queue: unacked packages survive a failed write of a later one, across a restart', async (t) => {
   const { Queue } = await mocked(t);
   const dir = await tempDir(t);
-  const q = await Queue.open(dir, { redeliveryDelayMs: 5, heldBytes: 0 });
+  const q = await Queue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0 });
   await commit(q, 'a');
   faults.push({ call: 'datasync', path: /\.seg$/, code: 'EIO' });
   await t.rejects(commit(q, 'b'), { code: 'EIO' });
-  faults.push({ call: 'datasync', path: /index-\d+\.ndjson$/, code: 'EIO' });
-  await t.rejects(commit(q, 'c'), { code: 'EIO' });
+  const clear = refuseNextCommit(join(dir, 'state.sqlite'));
+  await t.rejects(commit(q, 'c'), { code: 'STORE_UNAVAILABLE' });
+  clear();
   await commit(q, 'd');
   await q.close();
-  const again = await FileBatchQueue.open(dir, { redeliveryDelayMs: 5 });
+  const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5 });
   t.teardown(() => again.close());
   t.same([...(await delivered(again))].sort(), [['a', '["a"]\n'], ['d', '["d"]\n']]);
 });
@@ -264,7 +303,7 @@ t.test('new directories are made durable: the parent of each one made is fsynced
   t.same(dirSyncs, [], 'nothing made, nothing synced');
 
   dirSyncs.length = 0;
-  const q = await Queue.open(join(dir, 'queue'));
+  const q = await Queue.open(join(dir, 'queue'), join(dir, 'state.sqlite'));
   await commit(q, 'p');
   await q.close();
   t.ok([dir, join(dir, 'queue'), join(dir, 'queue', 'segments')].every((d) => dirSyncs.includes(d)), `the queue's directories and its first segment's entry (${dirSyncs.join(', ')})`);

@@ -56,7 +56,7 @@ async function rig(t: Test) {
   t.teardown(() => rm(dir, { recursive: true, force: true }));
   const sessions = counting(await SqliteSessionStore.open(join(dir, 'state.sqlite')));
   const ledger = await SqliteLedger.open(join(dir, 'state.sqlite'));
-  const queue = await FileBatchQueue.open(join(dir, 'queue'));
+  const queue = await FileBatchQueue.open(join(dir, 'queue'), join(dir, 'state.sqlite'));
   const objects = await FileObjectStore.open(dir);
   t.teardown(async () => {
     await queue.close();

@@ -1,13 +1,14 @@
+import { unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
 import { mkdirDurable } from '../../durable-file.js';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../ports.js';
 import { DamageLog, type OnDamage } from './damage.js';
-import { IndexLog } from './batch-queue/index-log.js';
-import { indexLine, type CommitRecord, type Location } from './batch-queue/index-format.js';
+import { readOldIndex, type CommitRecord, type Location } from './batch-queue/index-format.js';
 import { adoptReady } from './batch-queue/ready-dir.js';
 import { Segments, type Segment } from './batch-queue/segments.js';
 import { FileWriter, type InMemory } from './batch-queue/writer.js';
+import { StateDatabase } from './state-db.js';
 
 export interface FileBatchQueueOptions {
   /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
@@ -15,15 +16,9 @@ export interface FileBatchQueueOptions {
   /** A segment file is closed for appends past this size (default 16 MiB; a batch is never split). */
   segmentBytes?: number;
   /**
-   * The index is rewritten with only its live packages once it is past this size and four
-   * times what their lines take (default 1 MiB): each line is rewritten at most a third of
-   * a time on average, and a backlog of many packages is not rewritten at every step.
-   */
-  indexCompactBytes?: number;
-  /**
-   * Called for each damaged record found (default: an error log line): an index line or a
-   * batch whose checksum fails. The record is skipped (a batch's package is dropped); the
-   * ones after it are kept. A torn tail (the end of a write a crash cut short) is not damage.
+   * Called for each damaged record found (default: an error log line): a batch whose
+   * checksum fails (its package is dropped), or a line of an old index file being imported
+   * (skipped; the ones after it are kept). A torn tail is not damage.
    */
   onDamage?: OnDamage;
   /**
@@ -38,8 +33,6 @@ export interface FileBatchQueueOptions {
 }
 
 interface Entry extends CommitRecord {
-  /** Bytes of its index line. */
-  lineBytes: number;
   attempt: number;
   notBefore: number;
   inFlight: boolean;
@@ -52,60 +45,65 @@ const ID = /^[A-Za-z0-9_.=-]+$/;
 const MAX_DELAY_MS = 30_000;
 
 /**
- * `BatchQueue` on local files, for one process, group-committed.
+ * `BatchQueue` on local files for the batches' bytes and the state database (state-db.ts)
+ * for its commit index, for one process, group-committed.
  *
  * ```
  * <dir>/segments/<n>.seg     batches of every package, appended as they come
- * <dir>/index-<m>.ndjson     one line per commit, ack and purge
+ * state.sqlite, table queue  one row per committed, unacked package (seq, session, record)
  * ```
- * A package's batches are appended to the current segment (no fsync). `commit` makes them
- * durable (one fdatasync of the segment for every package committing meanwhile), then
- * appends the package's commit line — meta, totals, where each batch lies and its CRC-32 —
- * to the index (one fdatasync for every commit meanwhile, of every session); the package is
- * durable and visible once that line is. So a commit costs two shared fdatasyncs, not a
- * file, a directory and five fsyncs of its own. Acks and purges are index lines too, not
- * synced: an ack lost in a crash only means the package is delivered once more
- * (at-least-once). Every index line starts with the CRC-32 of its JSON.
+ * A package's batches are appended to the current segment (no fsync): they are written
+ * before the package is known valid, up to 32 MiB, so they stay out of the database. `commit`
+ * makes them durable (one fdatasync of the segment for every package committing meanwhile),
+ * then inserts the package's row — meta, totals, where each batch lies and its CRC-32 — in the
+ * state database's writer thread, where it shares a transaction and one WAL fsync with every
+ * other write of the moment, session writes included. The package is visible once that
+ * transaction is durable; a failed one (EIO, ENOSPC: `STORE_UNAVAILABLE`, answered 503) fails
+ * the commits it carried, and their packages are never seen (unless the writer's fence after it
+ * failed too, "outcome unknown": then a restart may find the row, a package its session never
+ * recorded, which the service treats as any unrecorded package). Acks and purges delete rows
+ * in the same writer, and nothing waits on an ack: one lost in a crash only means the
+ * package is delivered once more (at-least-once); a segment goes only once the acks that
+ * freed it are durable.
  *
  * Space follows what is live: a segment goes once no package uses it, the one being written
  * included (once every package in it is acked and it holds 1 MiB, or the queue is empty,
- * the next write goes to a fresh one), and
- * one past `segmentBytes` is closed for appends; the index is rewritten with its live
- * packages only once it is past `indexCompactBytes` and four times what they take.
+ * the next write goes to a fresh one), and one past `segmentBytes` is closed for appends.
+ * A failed segment write or fdatasync fails the packages it carried: the next batch goes to
+ * a fresh segment.
  *
- * A failed write or fdatasync fails the packages it carried, not the queue: the next
- * batch goes to a fresh segment, the next index line to a fresh index (the live packages
- * rewritten), and a commit is visible only once its line is durable.
+ * Opening reads the table: committed, unacked packages come back in commit order (seq);
+ * batches of packages that never committed are simply never referenced, and their segments
+ * go. The database detects its own damage; a batch is checked against its CRC when read from
+ * its segment: a damaged one is reported and its package dropped (`QUEUE_BATCH_LOST`), never
+ * delivered with other bytes. Delivery attempts are counted in memory only. Layouts of older
+ * versions are taken over at open: an index file (`index-<m>.ndjson`) is imported into the
+ * table in one transaction and removed once that is durable; a `ready/` directory (a
+ * directory per package) is committed anew.
  *
- * Opening replays the index: committed, unacked packages come back in commit order;
- * batches of packages that never committed are simply never referenced. A line whose
- * checksum fails with valid lines after it is damage: reported (`onDamage`), skipped, and
- * the index rewritten without it; failing lines at the end are a torn tail, cut off. A batch
- * is checked against its CRC when read from its segment: a damaged one is reported and its
- * package dropped (`QUEUE_BATCH_LOST`), never delivered with other bytes. Delivery attempts
- * are counted in memory only. A `ready/` directory of an older version (a directory per
- * package) is taken over at open.
- *
- * Its parts, in `batch-queue/`: `segments.ts` (the segment files), `index-log.ts` (the index,
- * appended and compacted) and `index-format.ts` (its lines), `writer.ts` (a package being
- * written), `ready-dir.ts` (the older layout taken over).
+ * Its parts, in `batch-queue/`: `segments.ts` (the segment files), `writer.ts` (a package
+ * being written), `index-format.ts` (the records, and the old index file's reader),
+ * `ready-dir.ts` (the older layout taken over).
  */
 export class FileBatchQueue implements BatchQueue {
   readonly #dir: string;
   readonly #delayMs: number;
-  readonly #indexCompactBytes: number;
   readonly #heldBudget: number;
   readonly #damage: DamageLog;
   /** Bytes of the packages held in memory now (their `inMemory`). */
   #heldBytes = 0;
   /** Committed, not acked, in commit order. Keyed by seq. */
   readonly #entries = new Map<number, Entry>();
-  /** Bytes of the live packages' index lines. */
-  #liveLineBytes = 0;
   /** Committed, not acked, per session. */
   readonly #perSession = new Map<string, number>();
   readonly #segments: Segments;
-  #index!: IndexLog;
+  readonly #db: StateDatabase;
+  /** Set when the queue opened its database itself (`open` with a path): closing the queue closes it. */
+  readonly #ownsDb: boolean;
+  /** The last ack or purge sent to the database (rejects if it failed): a segment goes only once it is durable. */
+  #lastRemoval: Promise<unknown> = Promise.resolve();
+  /** Commits sent to the database and not yet answered. */
+  readonly #committing = new Set<Promise<unknown>>();
   readonly #writers = new Set<FileWriter>();
   readonly #consumers = new Set<QueueConsumer>();
   readonly #wakers = new Set<() => void>();
@@ -113,25 +111,39 @@ export class FileBatchQueue implements BatchQueue {
   #closed = false;
   readonly #onSettled: (() => void) | undefined;
 
-  private constructor(dir: string, opts: FileBatchQueueOptions) {
+  private constructor(dir: string, db: StateDatabase, ownsDb: boolean, opts: FileBatchQueueOptions) {
     this.#dir = dir;
+    this.#db = db;
+    this.#ownsDb = ownsDb;
     this.#delayMs = opts.redeliveryDelayMs ?? 1000;
-    this.#indexCompactBytes = opts.indexCompactBytes ?? 1024 * 1024;
     this.#heldBudget = opts.heldBytes ?? 32 * 1024 * 1024;
     this.#damage = new DamageLog(opts.onDamage);
     this.#segments = new Segments(join(dir, 'segments'), opts.segmentBytes ?? 16 * 1024 * 1024, {
-      syncIndex: () => this.#index.append(null, true),
+      // Every write is durable once it resolves, in order: the last ack's answer covers the ones before it.
+      acksDurable: () => this.#lastRemoval.then(() => undefined),
       empty: () => this.#entries.size === 0,
       closed: () => this.#closed,
     });
     this.#onSettled = opts.onSettled;
   }
 
-  static async open(dir: string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
-    const q = new FileBatchQueue(dir, opts);
-    await mkdirDurable(join(dir, 'segments'));
-    await q.#recover();
-    return q;
+  /**
+   * Opens the queue of `dir` with its index in `state`: the service's state database (shared
+   * with the session store and the ledger), or the path of one the queue opens (and closes)
+   * itself (tests, tools).
+   */
+  static async open(dir: string, state: StateDatabase | string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
+    const owned = typeof state === 'string';
+    const db = owned ? await StateDatabase.open(state) : state;
+    try {
+      const q = new FileBatchQueue(dir, db, owned, opts);
+      await mkdirDurable(join(dir, 'segments'));
+      await q.#recover();
+      return q;
+    } catch (err) {
+      if (owned) await db.close().catch(() => undefined);
+      throw err;
+    }
   }
 
   /** Damaged records found so far (each also handed to `onDamage`). */
@@ -192,7 +204,8 @@ export class FileBatchQueue implements BatchQueue {
       e.purged = true;
       this.#remove(e);
     }
-    await this.#index.append({ t: 'p', upload_uuid: uploadUuid }, true);
+    // After any commit of the session already sent: the writer applies them in order.
+    await this.#removal({ t: 'queue-purge', upload: uploadUuid });
   }
 
   async close(): Promise<void> {
@@ -200,10 +213,10 @@ export class FileBatchQueue implements BatchQueue {
     this.#closed = true;
     await Promise.all([...this.#consumers].map((c) => c.stop()));
     await Promise.all([...this.#writers].map((w) => w.abort()));
+    await Promise.allSettled([...this.#committing, this.#lastRemoval]);
     await this.#segments.settled();
-    await this.#index.idle();
     // Every file is closed, whatever fails (a handle left open would fail its close at garbage collection, off any caller).
-    const closed = await Promise.allSettled([this.#index.close(), ...this.#segments.closing()]);
+    const closed = await Promise.allSettled([...this.#segments.closing(), ...(this.#ownsDb ? [this.#db.close()] : [])]);
     const failed = closed.find((r) => r.status === 'rejected');
     if (failed) throw failed.reason;
   }
@@ -220,7 +233,7 @@ export class FileBatchQueue implements BatchQueue {
     batches: { segment: Segment; location: Location }[],
     inMemory: InMemory | null,
   ): Promise<void> {
-    // The batches first, then the line that makes them a package.
+    // The batches first, then the row that makes them a package.
     for (const segment of new Set(batches.map((b) => b.segment))) {
       try {
         await (await segment.file).sync();
@@ -230,6 +243,8 @@ export class FileBatchQueue implements BatchQueue {
       }
     }
     if (writer.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${writer.meta.package_id} was dropped before its commit completed`);
+    // The seq is taken as the row is sent: rows are written, and answered, in seq order, so
+    // packages become visible in commit order.
     const rec: CommitRecord = {
       t: 'c',
       seq: ++this.#seq,
@@ -239,11 +254,17 @@ export class FileBatchQueue implements BatchQueue {
       at: Date.now(),
       batches: batches.map((b) => b.location),
     };
-    const line = indexLine(rec);
-    await this.#index.append(line, true, () => {
-      // Purged while its line was being written: the purge line comes after it, so it stays dropped after a restart too.
-      if (writer.dropped) return;
-      const entry: Entry = { ...rec, lineBytes: line.length, attempt: 0, notBefore: 0, inFlight: false, purged: false };
+    const written = this.#db.write({ t: 'queue-commit', seq: rec.seq, upload: rec.meta.upload_uuid, record: recordJson(rec) });
+    this.#committing.add(written);
+    try {
+      // Durable once it resolves (WAL, synchronous=FULL); a failure rejects with STORE_UNAVAILABLE and the row is not there.
+      await written;
+    } finally {
+      this.#committing.delete(written);
+    }
+    // Purged while its row was being written: the purge's delete comes after the insert, so it stays dropped after a restart too.
+    if (!writer.dropped) {
+      const entry: Entry = { ...rec, attempt: 0, notBefore: 0, inFlight: false, purged: false };
       // Other packages may have taken the room since the writer copied its batches.
       if (inMemory && this.#heldBytes + inMemory.bytes <= this.#heldBudget) {
         entry.inMemory = inMemory;
@@ -251,20 +272,18 @@ export class FileBatchQueue implements BatchQueue {
       }
       this.#add(entry);
       this.#wake();
-    });
+    }
     if (writer.dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${writer.meta.package_id} was dropped before its commit completed`);
   }
 
   #add(e: Entry): void {
     this.#entries.set(e.seq, e);
-    this.#liveLineBytes += e.lineBytes;
     this.#perSession.set(e.meta.upload_uuid, (this.#perSession.get(e.meta.upload_uuid) ?? 0) + 1);
   }
 
   /** Forgets an entry (acked or purged) and releases its segments. */
   #remove(e: Entry): void {
     if (!this.#entries.delete(e.seq)) return;
-    this.#liveLineBytes -= e.lineBytes;
     if (e.inMemory) {
       this.#heldBytes -= e.inMemory.bytes;
       delete e.inMemory;
@@ -275,35 +294,53 @@ export class FileBatchQueue implements BatchQueue {
     this.#segments.release(new Set(e.batches.map((b) => this.#segments.get(b[0])).filter((s): s is Segment => s !== undefined)));
   }
 
-  async #recover(): Promise<void> {
-    const { records, end, damaged, legacy, path, no } = await IndexLog.read(this.#dir);
-    const live = new Map<number, CommitRecord & { lineBytes: number }>();
-    let maxSegment = -1;
-    for (const { rec, bytes } of records) {
-      if (rec.t === 'c') {
-        live.set(rec.seq, { ...rec, lineBytes: bytes });
-        for (const b of rec.batches) maxSegment = Math.max(maxSegment, b[0]);
-      } else if (rec.t === 'a') live.delete(rec.seq);
-      else for (const [seq, c] of live) if (c.meta.upload_uuid === rec.upload_uuid) live.delete(seq);
-    }
-    for (const d of damaged) this.#damage.report(path, d.offset, d.reason);
-    this.#index = await IndexLog.open(this.#dir, no, end, this.#indexCompactBytes, {
-      live: () => this.#entries.values(),
-      liveLineBytes: () => this.#liveLineBytes,
-    });
+  /** An ack or purge: sent now, not awaited by the consumer; a segment it frees goes once it is durable. */
+  #removal(op: { t: 'queue-ack'; seq: number } | { t: 'queue-purge'; upload: string }): Promise<unknown> {
+    const written = this.#db.write(op);
+    written.catch(() => undefined); // a lost ack is one more delivery; the segment stays (see `acksDurable`)
+    this.#lastRemoval = written;
+    return written;
+  }
 
+  async #recover(): Promise<void> {
+    await this.#importOldIndex();
+    const rows = this.#db.read(() => this.#db.reader.prepare<[], { seq: number; record: string }>('SELECT seq, record FROM queue ORDER BY seq').all());
+    const live = rows.map((r) => ({ t: 'c' as const, seq: r.seq, ...(JSON.parse(r.record) as Omit<CommitRecord, 't' | 'seq'>) }));
+    let maxSegment = -1;
     const used = new Map<number, number>();
-    for (const c of live.values()) for (const s of new Set(c.batches.map((b) => b[0]))) used.set(s, (used.get(s) ?? 0) + 1);
+    for (const c of live) {
+      for (const b of c.batches) maxSegment = Math.max(maxSegment, b[0]);
+      for (const s of new Set(c.batches.map((b) => b[0]))) used.set(s, (used.get(s) ?? 0) + 1);
+      this.#seq = Math.max(this.#seq, c.seq);
+    }
     await this.#segments.recover(used, maxSegment);
-    for (const c of [...live.values()].sort((a, b) => a.seq - b.seq)) {
-      const missing = c.batches.some((b) => !this.#segments.has(b[0]));
-      if (missing) continue; // its bytes are gone with an acked neighbour's segment: it was acked too
+    for (const c of live) {
+      // Its bytes are gone with an acked neighbour's segment (a commit whose failure was
+      // reported as of unknown outcome, come back): not a package; its row goes.
+      if (c.batches.some((b) => !this.#segments.has(b[0]))) {
+        void this.#removal({ t: 'queue-ack', seq: c.seq });
+        continue;
+      }
       this.#add({ ...c, attempt: 0, notBefore: 0, inFlight: false, purged: false });
     }
-    for (const seq of live.keys()) this.#seq = Math.max(this.#seq, seq);
-    // Damage, once reported, goes with the index it was in; lines of an older version gain their checksums.
-    if (damaged.length > 0 || legacy) await this.#index.compact();
     await adoptReady(this.#dir, (meta) => this.open(meta));
+  }
+
+  /**
+   * The index file of an earlier version (`index-<m>.ndjson`), if any: its live packages go
+   * into the table in one transaction, which also marks the import done; the files are
+   * removed only once it is durable. A crash in between finds the mark and only removes them.
+   */
+  async #importOldIndex(): Promise<void> {
+    const old = await readOldIndex(this.#dir);
+    if (old.files.length === 0) return;
+    const imported = this.#db.read(() => this.#db.reader.prepare("SELECT 1 AS one FROM meta WHERE name = 'queue_import'").get());
+    if (!imported) {
+      for (const d of old.damaged) this.#damage.report(old.path, d.offset, d.reason);
+      const rows = old.live.map((c) => ({ seq: c.seq, upload: c.meta.upload_uuid, record: recordJson(c) }));
+      await this.#db.write({ t: 'queue-import', rows });
+    }
+    for (const f of old.files) await unlink(f).catch(() => undefined);
   }
 
   async #run(state: { stopped: boolean }, handler: (pkg: CommittedPackage) => Promise<void>): Promise<void> {
@@ -347,8 +384,9 @@ export class FileBatchQueue implements BatchQueue {
     e.inFlight = false;
     if (e.purged) return;
     if (ok) {
+      // The ack is sent before its segments are released: their removal waits for it.
+      void this.#removal({ t: 'queue-ack', seq: e.seq });
       this.#remove(e);
-      void this.#index.append({ t: 'a', seq: e.seq }, false).catch(() => undefined);
     } else {
       e.notBefore = Date.now() + Math.min(this.#delayMs * 2 ** (e.attempt - 1), Math.max(this.#delayMs, MAX_DELAY_MS));
     }
@@ -411,6 +449,11 @@ export class FileBatchQueue implements BatchQueue {
   #check(): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Batch queue is closed');
   }
+}
+
+/** A package's row of `queue`: its record but the seq (a column of its own). */
+function recordJson({ meta, rows, bytes, at, batches }: CommitRecord): string {
+  return JSON.stringify({ meta, rows, bytes, at, batches });
 }
 
 /** A held package's batches, as `#read` would yield them from its segment. */

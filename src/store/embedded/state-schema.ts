@@ -8,7 +8,9 @@
  * ledger  (upload, package_id PRIMARY KEY, entity, rows, bytes, object_bytes)
  * stored  (upload, package_id PRIMARY KEY)   the uploader's markers: packages in object storage
  * stored_count (upload, entity PRIMARY KEY, n)   markers per entity, kept in the markers' transaction
- * meta    ('revision': the last revision handed out; 'fence': see state-writer.ts)
+ * queue   (seq INTEGER PRIMARY KEY, upload, record)   the batch queue's committed, unacked packages
+ * meta    ('revision': the last revision handed out; 'fence': see state-writer.ts; 'queue_import':
+ *          1 once the queue's index file of an earlier version is in `queue`)
  * ```
  * WAL with `synchronous=FULL`: a commit is in the log and synced (fsync) before any reader sees
  * it, and readers never wait for the writer.
@@ -17,7 +19,7 @@ import Database from 'better-sqlite3';
 import type { LedgerEntry } from '../ports.js';
 
 /** `PRAGMA user_version` of the schema below. */
-const SCHEMA_VERSION = 2;
+const SCHEMA_VERSION = 3;
 
 const SCHEMA = `
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, revision INTEGER NOT NULL, value TEXT NOT NULL) WITHOUT ROWID;
@@ -29,6 +31,8 @@ CREATE TABLE IF NOT EXISTS ledger (
 CREATE TABLE IF NOT EXISTS stored (upload TEXT NOT NULL, package_id TEXT NOT NULL, PRIMARY KEY (upload, package_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS stored_count (upload TEXT NOT NULL, entity TEXT NOT NULL, n INTEGER NOT NULL, PRIMARY KEY (upload, entity)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS queue (seq INTEGER PRIMARY KEY, upload TEXT NOT NULL, record TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS queue_upload ON queue (upload);
 INSERT OR IGNORE INTO meta (name, value) VALUES ('revision', 0), ('fence', 0);
 `;
 
@@ -89,7 +93,13 @@ export type WriteOp =
   | { t: 'ledger-append'; upload: string; entries: readonly LedgerEntry[] }
   /** `entities`: count each new marker (`stored_count`); `guard`: only while that key is there and not marked `deleted`. */
   | { t: 'ledger-stored'; upload: string; ids: readonly string[]; entities?: readonly string[]; guard?: string }
-  | { t: 'ledger-drop'; upload: string };
+  | { t: 'ledger-drop'; upload: string }
+  /** A package of the batch queue committed: `record` is its JSON (batch-queue.ts). */
+  | { t: 'queue-commit'; seq: number; upload: string; record: string }
+  | { t: 'queue-ack'; seq: number }
+  | { t: 'queue-purge'; upload: string }
+  /** The live packages of the queue's index file of an earlier version, all in one transaction, and the mark that they are in. */
+  | { t: 'queue-import'; rows: readonly { seq: number; upload: string; record: string }[] };
 
 /** What one op did: its new revision (create, update), or a lost compare-and-set. */
 export interface WriteOutcome {

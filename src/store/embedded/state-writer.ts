@@ -34,6 +34,10 @@ const stmt = {
   live: db.prepare<[string], { one: number }>("SELECT 1 AS one FROM kv WHERE key = ? AND coalesce(json_extract(value, '$.deleted'), 0) = 0"),
   countDrop: db.prepare<[string]>('DELETE FROM stored_count WHERE upload = ?'),
   saveRevision: db.prepare<[number]>("UPDATE meta SET value = ? WHERE name = 'revision'"),
+  queueAdd: db.prepare<[number, string, string]>('INSERT INTO queue (seq, upload, record) VALUES (?, ?, ?)'),
+  queueAck: db.prepare<[number]>('DELETE FROM queue WHERE seq = ?'),
+  queuePurge: db.prepare<[string]>('DELETE FROM queue WHERE upload = ?'),
+  queueImported: db.prepare("INSERT OR REPLACE INTO meta (name, value) VALUES ('queue_import', 1)"),
   fence: db.prepare("UPDATE meta SET value = value + 1 WHERE name = 'fence'"),
 };
 
@@ -95,6 +99,22 @@ function apply(op: WriteOp): WriteOutcome {
       stmt.ledgerDrop.run(op.upload);
       stmt.storedDrop.run(op.upload);
       stmt.countDrop.run(op.upload);
+      return {};
+    // The queue's commits share the group's transaction (and fsync) with the session writes
+    // around them; acks and purges too, though nothing waits on them (a lost ack is one more
+    // delivery), so they cost no fsync of their own once the queue is busy.
+    case 'queue-commit':
+      stmt.queueAdd.run(op.seq, op.upload, op.record);
+      return {};
+    case 'queue-ack':
+      stmt.queueAck.run(op.seq);
+      return {};
+    case 'queue-purge':
+      stmt.queuePurge.run(op.upload);
+      return {};
+    case 'queue-import':
+      for (const r of op.rows) stmt.queueAdd.run(r.seq, r.upload, r.record);
+      stmt.queueImported.run();
       return {};
   }
 }

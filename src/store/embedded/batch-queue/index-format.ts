@@ -1,15 +1,18 @@
 /**
- * The queue's index file, as lines (see `FileBatchQueue`): one per commit, ack and purge,
- * each the CRC-32 of its JSON, a space and the JSON. Written by `indexLine`, read back by
- * `readIndex`.
+ * The queue's commit records, and the index file an earlier version kept them in
+ * (`<dir>/index-<m>.ndjson`: one line per commit, ack and purge, each the CRC-32 of its JSON,
+ * a space and the JSON). The records now live in the state database's `queue` table
+ * (batch-queue.ts); the file is only read, once, to import its live packages (`readOldIndex`).
  */
+import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
 import type { PackageMeta } from '../../ports.js';
 
 /** Where one batch lies: segment number, offset, length, CRC-32 of its bytes (none in indexes of earlier versions). */
 export type Location = [segment: number, offset: number, length: number, crc?: number];
 
-/** The index line of a committed package. */
+/** A committed package, as its row of `queue` (and its line of an old index) holds it. */
 export interface CommitRecord {
   t: 'c';
   seq: number;
@@ -23,47 +26,56 @@ export interface CommitRecord {
 
 export type IndexRecord = CommitRecord | { t: 'a'; seq: number } | { t: 'p'; upload_uuid: string };
 
-/** An index line: the CRC-32 of its JSON (8 hex digits), a space, the JSON. */
-export function indexLine(rec: IndexRecord): string {
-  const json = JSON.stringify(rec);
-  return `${crc32(json).toString(16).padStart(8, '0')} ${json}\n`;
+const INDEX = /^index-(\d+)\.ndjson$/;
+
+/**
+ * The old index files of `dir` (none: an empty list) and the live packages of the newest
+ * one (older ones were left by a crash mid-compaction), replayed in commit order, with the
+ * damage found in it.
+ */
+export async function readOldIndex(dir: string): Promise<{ files: string[]; path: string; live: CommitRecord[]; damaged: { offset: number; reason: string }[] }> {
+  const nos = (await readdir(dir))
+    .map((n) => Number(INDEX.exec(n)?.[1] ?? NaN))
+    .filter(Number.isInteger)
+    .sort((a, b) => a - b);
+  const files = nos.map((no) => join(dir, `index-${no}.ndjson`));
+  const path = files.at(-1) ?? join(dir, 'index-0.ndjson');
+  if (files.length === 0) return { files, path, live: [], damaged: [] };
+  const { records, damaged } = readIndex(await readFile(path));
+  const live = new Map<number, CommitRecord>();
+  for (const { rec } of records) {
+    if (rec.t === 'c') live.set(rec.seq, rec);
+    else if (rec.t === 'a') live.delete(rec.seq);
+    else for (const [seq, c] of live) if (c.meta.upload_uuid === rec.upload_uuid) live.delete(seq);
+  }
+  return { files, path, live: [...live.values()].sort((a, b) => a.seq - b.seq), damaged };
 }
 
 const CHECKED_LINE = /^([0-9a-f]{8}) /;
 
 /**
- * The records of an index file, in order, with where its valid part ends. A line that fails
- * its checksum (or does not parse) with a valid line after it is damage; failing lines with
- * none after them, and a last line without its newline, are a torn tail: `end` stops before
- * them. Lines without a checksum (an older version's) count until the first checked one.
+ * The records of an index file, in order. A line that fails its checksum (or does not parse)
+ * with a valid line after it is damage; failing lines with none after them, and a last line
+ * without its newline, are a torn tail, not damage. Lines without a checksum (an older
+ * version's still) count until the first checked one.
  */
-export function readIndex(text: Buffer): {
-  records: { rec: IndexRecord; bytes: number }[];
-  end: number;
-  damaged: { offset: number; reason: string }[];
-  legacy: boolean;
-} {
-  const records: { rec: IndexRecord; bytes: number }[] = [];
+export function readIndex(text: Buffer): { records: { rec: IndexRecord }[]; damaged: { offset: number; reason: string }[] } {
+  const records: { rec: IndexRecord }[] = [];
   const damaged: { offset: number; reason: string }[] = [];
   let suspects: { offset: number; reason: string }[] = [];
-  let end = 0;
-  let legacy = false;
   let checked = false;
   for (let start = 0, nl = text.indexOf(0x0a); nl >= 0; start = nl + 1, nl = text.indexOf(0x0a, start)) {
-    const line = text.subarray(start, nl);
-    const parsed = parseIndexLine(line, checked);
+    const parsed = parseIndexLine(text.subarray(start, nl), checked);
     if (typeof parsed === 'string') {
       suspects.push({ offset: start, reason: parsed });
       continue;
     }
     if (parsed.checked) checked = true;
-    else legacy = true;
     damaged.push(...suspects);
     suspects = [];
-    records.push({ rec: parsed.rec, bytes: line.length + 1 });
-    end = nl + 1;
+    records.push({ rec: parsed.rec });
   }
-  return { records, end, damaged, legacy };
+  return { records, damaged };
 }
 
 /** An index line's record, or why it is not one. */

@@ -22,8 +22,8 @@ const REPLACE_EMPTIED_BYTES = 1024 * 1024;
 const SEGMENT = /^(\d+)\.seg$/;
 
 export interface SegmentsHooks {
-  /** Makes the index lines written so far durable: the acks that freed a segment are, before its bytes go. */
-  syncIndex(): Promise<void>;
+  /** Resolves once the acks and purges sent so far are durable (rejects if one failed): those that freed a segment are, before its bytes go. */
+  acksDurable(): Promise<void>;
   /** Whether the queue holds no package. */
   empty(): boolean;
   closed(): boolean;
@@ -43,7 +43,7 @@ export class Segments {
   readonly #all = new Map<number, Segment>();
   /** The segment batches go to; null after a failure (the next batch opens a fresh one). */
   #current: Segment | null = null;
-  /** Number of the next segment: never one used before, so no index line can name a segment it did not write to. */
+  /** Number of the next segment: never one used before, so no commit record can name a segment it did not write to. */
   #next = 0;
   /** Segments being removed. */
   readonly #dropping = new Set<Promise<void>>();
@@ -70,7 +70,7 @@ export class Segments {
   /**
    * Takes over the segments on disk at open: those the live packages use (`used`: how many
    * per segment) stay, the others go; batches go to a fresh one numbered past every segment
-   * seen (`maxUsed`: the highest an index line names).
+   * seen (`maxUsed`: the highest a commit record names).
    */
   async recover(used: Map<number, number>, maxUsed: number): Promise<void> {
     const onDisk = (await readdir(this.#dir)).map((n) => Number(SEGMENT.exec(n)?.[1] ?? NaN)).filter(Number.isInteger);
@@ -137,7 +137,7 @@ export class Segments {
       const file = await s.file.catch(() => null);
       if (!file) return;
       // The acks that freed it are durable before its bytes go.
-      await this.#hooks.syncIndex();
+      await this.#hooks.acksDurable();
       await file.close();
       await unlink(file.path);
     } catch {
