@@ -52,12 +52,12 @@ export class NatsLedger implements PackageLedger {
     this.#puts = new GroupPublisher(ctx, `KV_${bucket}`, { atomic, budgetMs: retryMs });
     this.counts = counts;
     if (counts) {
-      this.countStored = (uploadUuid, packages, summaryKey) => {
+      this.countStored = async (uploadUuid, packages, summaryKey) => {
         this.#check(uploadUuid);
         for (const p of packages) this.#key(uploadUuid, p.package_id);
         return counts.count(uploadUuid, packages, summaryKey);
       };
-      this.storedCounts = (uploadUuid) => {
+      this.storedCounts = async (uploadUuid) => {
         this.#check(uploadUuid);
         return counts.perEntity(uploadUuid);
       };
