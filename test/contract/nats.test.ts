@@ -1,8 +1,8 @@
 import t, { type Test } from 'tap';
-import { DiscardPolicy, nanos, RetentionPolicy, StorageType } from 'nats';
-import { connectNats, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type StreamConfig } from 'nats';
+import { connectNats, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
-import { enableAtomicPublish, GroupPublisher } from '../../src/store/nats/group-publisher.js';
+import { GroupPublisher } from '../../src/store/nats/group-publisher.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
@@ -224,7 +224,7 @@ t.test('group commit: a batch the server refuses goes out message by message, id
   await Promise.all(Array.from({ length: 10 }, (_, i) => off.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
   t.equal(off.atomic, false, 'batching turned off');
   t.equal((await h.jsm.streams.info(stream)).state.messages, 10, 'each stored once');
-  t.ok(await enableAtomicPublish(h, stream, 5000), 'allow_atomic turned on');
+  t.ok((await enableStreamFeatures(h, stream, 5000)).atomic, 'allow_atomic turned on');
   // A re-send of messages that landed: the batch is refused for its duplicate ids, the singles dedupe.
   const on = new GroupPublisher(h, stream, { atomic: true, budgetMs: 5000 });
   await Promise.all(Array.from({ length: 10 }, (_, i) => on.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
@@ -649,4 +649,70 @@ t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader',
     'every package with its batches, in order',
   );
   t.equal(await q.pending('u-cluster'), 0);
+});
+
+/**
+ * A process slow between a look at a stream and what it does next: `h`'s JetStream API
+ * requests on `api` (`STREAM.CREATE`, `STREAM.UPDATE`) wait until `release` is called; `held`
+ * resolves when the first one is waiting.
+ */
+function holdRequests(h: NatsHandle, api: string): { held: Promise<void>; release: () => void } {
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  let holding!: () => void;
+  const held = new Promise<void>((resolve) => (holding = resolve));
+  const request = h.nc.request.bind(h.nc);
+  h.nc.request = async (subject, data, opts) => {
+    if (subject.startsWith(`$JS.API.${api}.`)) {
+      holding();
+      await gate;
+    }
+    return request(subject, data, opts);
+  };
+  return { held, release };
+}
+
+const openers = {
+  sessions: (h: NatsHandle, name: string) => NatsSessionStore.open(h, { bucket: name, replicas: 1 }),
+  ledger: (h: NatsHandle, name: string) => NatsLedger.open(h, { bucket: name, replicas: 1 }),
+  queue: (h: NatsHandle, name: string) => NatsBatchQueue.open(h, queueOpts(name)),
+};
+
+t.test('a process that found no stream and makes it after another made and changed it opens it', async (t) => {
+  // Two gateways started at once on an empty server: CI saw the second refuse to start.
+  for (const [what, open] of Object.entries(openers)) {
+    const name = unique(`late_${what}`);
+    const slow = await connection(t);
+    const { held, release } = holdRequests(slow, 'STREAM.CREATE');
+    const late = open(slow, name);
+    await held;
+    await (await open(await connection(t), name)).close();
+    release();
+    const opened = await late.then(
+      (o) => o.close().then(() => 'opened'),
+      (err: unknown) => String(err),
+    );
+    t.equal(opened, 'opened', what);
+  }
+});
+
+t.test('a change of a stream on a stale read keeps what another process turned on', async (t) => {
+  // The uploader opens the ledger without the session store, a gateway with it (and reads it by direct get).
+  const sessions = await NatsSessionStore.open(await connection(t), { bucket: unique('stale_sessions'), replicas: 1 });
+  t.teardown(() => sessions.close());
+  const bucket = unique('stale_ledger');
+  const first = await connection(t);
+  await (await NatsLedger.open(first, { bucket, replicas: 1 })).close();
+  await first.jsm.streams.update(`KV_${bucket}`, { ...(await first.jsm.streams.info(`KV_${bucket}`)).config, allow_direct: false, allow_atomic: false } as StreamConfig);
+  const slow = await connection(t);
+  const { held, release } = holdRequests(slow, 'STREAM.UPDATE');
+  const late = NatsLedger.open(slow, { bucket, replicas: 1 });
+  await held;
+  const gateway = await NatsLedger.open(await connection(t), { bucket, replicas: 1, sessions });
+  release();
+  await (await late).close();
+  await gateway.close();
+  const { config } = await first.jsm.streams.info(`KV_${bucket}`);
+  t.ok(config.allow_direct, 'direct get stays on');
+  t.ok((config as { allow_atomic?: boolean }).allow_atomic, 'atomic batches stay on');
 });

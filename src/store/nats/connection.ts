@@ -3,7 +3,7 @@
  * (gateways and uploaders outlive NATS restarts and leader moves); every request carries a
  * timeout, so nothing waits on a NATS that does not answer.
  */
-import { connect, type JetStreamClient, type JetStreamManager, type MsgHdrs, type NatsConnection, type PubAck } from 'nats';
+import { connect, StorageType, type JetStreamClient, type JetStreamManager, type KV, type MsgHdrs, type NatsConnection, type PubAck, type StreamConfig } from 'nats';
 import { StoreError } from '../ports.js';
 
 export interface NatsConnectOptions {
@@ -266,15 +266,46 @@ export async function directGet(
   }
 }
 
-/** Turns on direct get for `stream` (every replica answers `$JS.API.DIRECT.GET`), and tells whether it is on. */
-export async function enableDirectGet(ctx: NatsContext, stream: string, budgetMs: number): Promise<boolean> {
-  const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
-  if (config.allow_direct) return true;
+/** "stream name already in use with a different configuration": a create met a stream another process made. */
+export const JS_STREAM_NAME_IN_USE = 10058;
+
+/**
+ * Opens KV bucket `bucket`, making its stream if there is none. nats.js looks for the stream
+ * and makes it when it finds none; where another process made it in between and changed it
+ * already (`enableStreamFeatures`), the server refuses the make as a different configuration
+ * (two gateways started at once on an empty server): the bucket is there, so it is opened again.
+ * Told no direct get, nats.js keeps `kv.get` on the stream's leader whatever the stream allows.
+ */
+export async function openKv(ctx: NatsContext, bucket: string, replicas: number, budgetMs: number): Promise<KV> {
+  const open = () => withRetry(ctx, budgetMs, () => ctx.js.views.kv(bucket, { history: 1, replicas, storage: StorageType.File, allow_direct: false }));
   try {
-    return (await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, allow_direct: true }))).config.allow_direct === true;
-  } catch {
-    return false;
+    return await open();
+  } catch (err) {
+    if (jsErrorCode(err) !== JS_STREAM_NAME_IN_USE) throw err;
+    return open();
   }
+}
+
+/**
+ * Turns on direct get (every replica answers `$JS.API.DIRECT.GET`) and atomic batches (2.12+)
+ * for `stream` in one update, and tells which are on. Every process asks for both on every
+ * stream of the service, whether it uses them or not: an update writes the whole configuration
+ * as that process last read it, with no compare-and-set, so two processes asking for different
+ * ones could each undo the other's. A server that refuses `allow_atomic` gets direct get alone;
+ * one that drops it answers without it.
+ */
+export async function enableStreamFeatures(ctx: NatsContext, stream: string, budgetMs: number): Promise<{ direct: boolean; atomic: boolean }> {
+  const on = (config: StreamConfig) => ({ direct: config.allow_direct === true, atomic: (config as { allow_atomic?: boolean }).allow_atomic === true });
+  const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
+  if (on(config).direct && on(config).atomic) return on(config);
+  for (const change of [{ allow_direct: true, allow_atomic: true }, { allow_direct: true }]) {
+    try {
+      return on((await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, ...change } as StreamConfig))).config);
+    } catch {
+      // Refused: the next, smaller change.
+    }
+  }
+  return on(config);
 }
 
 /**

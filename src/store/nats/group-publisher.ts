@@ -18,7 +18,7 @@
  * acknowledgements); the messages without one are plain puts that store the same value again.
  */
 import { headers as natsHeaders, nuid, type Msg, type MsgHdrs } from 'nats';
-import { publishOnce, withRetry, type NatsContext } from './connection.js';
+import { publishOnce, type NatsContext } from './connection.js';
 
 /** Fewer waiting messages than this go out one by one: a batch costs about four syncs. */
 export const BATCH_MIN = 5;
@@ -33,21 +33,6 @@ const BATCH_MAX_MESSAGES = 256;
 const BATCH_MAX_BYTES = 4 * 1024 * 1024;
 /** "atomic publish is disabled": the stream was made or changed without `allow_atomic`. */
 const JS_ATOMIC_PUBLISH_DISABLED = 10174;
-
-/**
- * Turns on `allow_atomic` for `stream` where the server has it (2.12+), and tells whether it
- * is on. An older server refuses or drops the field: then every round goes message by message.
- */
-export async function enableAtomicPublish(ctx: NatsContext, stream: string, budgetMs: number): Promise<boolean> {
-  const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
-  if ((config as { allow_atomic?: boolean }).allow_atomic === true) return true;
-  try {
-    const updated = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, allow_atomic: true } as typeof config));
-    return (updated.config as { allow_atomic?: boolean }).allow_atomic === true;
-  } catch {
-    return false;
-  }
-}
 
 export interface GroupMessage {
   subject: string;

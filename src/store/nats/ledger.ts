@@ -1,7 +1,7 @@
-import { StorageType, type KV, type KvEntry } from 'nats';
+import type { KV, KvEntry } from 'nats';
 import { StoreError, type LedgerEntry, type PackageLedger, type SessionStore } from '../ports.js';
-import { enableDirectGet, withRetry, type NatsContext } from './connection.js';
-import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
+import { enableStreamFeatures, openKv, withRetry, type NatsContext } from './connection.js';
+import { GroupPublisher } from './group-publisher.js';
 import { NatsStoredCounts } from './stored-counts.js';
 
 export interface NatsLedgerOptions {
@@ -72,10 +72,8 @@ export class NatsLedger implements PackageLedger {
   static async open(ctx: NatsContext, opts: NatsLedgerOptions): Promise<NatsLedger> {
     if (!ID.test(opts.bucket)) throw new StoreError('STORE_MISCONFIGURED', `Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
     const retryMs = opts.retryMs ?? 10_000;
-    const kv = await withRetry(ctx, retryMs, () =>
-      ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
-    );
-    const atomic = await enableAtomicPublish(ctx, `KV_${opts.bucket}`, retryMs);
+    const kv = await openKv(ctx, opts.bucket, opts.replicas, retryMs);
+    const { atomic, direct } = await enableStreamFeatures(ctx, `KV_${opts.bucket}`, retryMs);
     const counts =
       atomic && opts.sessions
         ? new NatsStoredCounts(ctx, {
@@ -84,7 +82,7 @@ export class NatsLedger implements PackageLedger {
             sessions: opts.sessions,
             retryMs,
             // Answers (status) read the counts from any replica; decisions read the leader (`kv` is told no direct get).
-            direct: await enableDirectGet(ctx, `KV_${opts.bucket}`, retryMs),
+            direct,
           })
         : undefined;
     return new NatsLedger(ctx, kv, opts.bucket, retryMs, atomic, counts);

@@ -1,7 +1,7 @@
-import { headers, nuid, StorageType, type KV, type MsgHdrs } from 'nats';
+import { headers, nuid, type KV, type MsgHdrs } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { answerSoon, directGet, enableDirectGet, isWrongLastSequence, LastRead, withRetry, type NatsContext } from './connection.js';
-import { enableAtomicPublish, GroupPublisher } from './group-publisher.js';
+import { answerSoon, directGet, enableStreamFeatures, isWrongLastSequence, LastRead, openKv, withRetry, type NatsContext } from './connection.js';
+import { GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
   /** KV bucket name (`[A-Za-z0-9_-]+`); the stream is `KV_<bucket>`. Created if missing, else used as it is. */
@@ -79,14 +79,10 @@ export class NatsSessionStore implements SessionStore {
     if (!/^[A-Za-z0-9_-]+$/.test(opts.bucket)) throw new StoreError('STORE_MISCONFIGURED', `Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
     if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for bucket ${opts.bucket}`);
     const retryMs = opts.retryMs ?? 10_000;
-    // nats.js told "no direct get" keeps `kv.get` on the leader, whatever the stream allows:
-    // no stale read from a lagging replica where a decision rests on it.
-    const kv = await withRetry(ctx, retryMs, () =>
-      ctx.js.views.kv(opts.bucket, { history: 1, replicas: opts.replicas, storage: StorageType.File, allow_direct: false }),
-    );
-    const stream = `KV_${opts.bucket}`;
-    const direct = await enableDirectGet(ctx, stream, retryMs);
-    return new NatsSessionStore(ctx, kv, opts.bucket, retryMs, await enableAtomicPublish(ctx, stream, retryMs), direct);
+    // `kv.get` stays on the leader: no stale read from a lagging replica where a decision rests on it.
+    const kv = await openKv(ctx, opts.bucket, opts.replicas, retryMs);
+    const { atomic, direct } = await enableStreamFeatures(ctx, `KV_${opts.bucket}`, retryMs);
+    return new NatsSessionStore(ctx, kv, opts.bucket, retryMs, atomic, direct);
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {

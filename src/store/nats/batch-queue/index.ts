@@ -13,14 +13,14 @@ import {
   type StreamConfig,
 } from 'nats';
 import { StoreError, type BatchQueue, type CommittedPackage, type PackageMeta, type PackageWriter, type QueueBacklog, type QueueConsumer } from '../../ports.js';
-import { answerSoon, JS_NO_MESSAGE_FOUND, LastRead, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsContext } from '../connection.js';
+import { answerSoon, enableStreamFeatures, JS_NO_MESSAGE_FOUND, JS_STREAM_NAME_IN_USE, JS_STREAM_NOT_FOUND, jsErrorCode, LastRead, withRetry, type NatsContext } from '../connection.js';
 import { NatsConsumer } from './consumer.js';
 import { StreamMessages } from './messages.js';
 import { inlineCommitHeaders } from './record.js';
 import { AckedRemover } from './remover.js';
 import { NAME, packageTail, QueueSubjects, token } from './subjects.js';
 import { sweepAcknowledged, sweepOrphans } from './sweeper.js';
-import { enableAtomicPublish, GroupPublisher } from '../group-publisher.js';
+import { GroupPublisher } from '../group-publisher.js';
 import { NatsWriter } from './writer.js';
 
 export interface NatsBatchQueueOptions {
@@ -65,7 +65,6 @@ const FLOOR_WAIT_MS = 250;
 const REMEMBERED_ANSWERS = 4096;
 
 const JS_CONSUMER_NOT_FOUND = 10014;
-const JS_STREAM_NAME_IN_USE = 10058;
 
 /**
  * `BatchQueue` on one JetStream stream with limits retention (no limit set) and file storage.
@@ -152,7 +151,7 @@ export class NatsBatchQueue implements BatchQueue {
         onRemoved: () => q.#onAcked?.(),
       });
     }
-    q.#commits = new GroupPublisher(ctx, opts.stream, { atomic: await enableAtomicPublish(ctx, opts.stream, q.#retryMs), budgetMs: q.#retryMs });
+    q.#commits = new GroupPublisher(ctx, opts.stream, { atomic: (await enableStreamFeatures(ctx, opts.stream, q.#retryMs)).atomic, budgetMs: q.#retryMs });
     const every = opts.sweepIntervalMs ?? 600_000;
     if (every > 0) {
       q.#sweeper = setInterval(() => {
