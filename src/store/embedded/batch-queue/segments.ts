@@ -133,16 +133,18 @@ export class Segments {
   }
 
   async #unlink(s: Segment): Promise<void> {
-    try {
-      const file = await s.file.catch(() => null);
-      if (!file) return;
-      // The acks that freed it are durable before its bytes go.
-      await this.#hooks.acksDurable();
-      await file.close();
-      await unlink(file.path);
-    } catch {
-      // Left for the next open, which removes segments no package uses.
-    }
+    const file = await s.file.catch(() => null);
+    if (!file) return;
+    // The acks that freed it are durable before its bytes go; if they cannot be made so, the
+    // file is left for the next open, which removes segments no package uses. Closed either
+    // way: a handle left to the garbage collector whose close fails (a disk gone) is an
+    // uncaught exception, the end of the process.
+    const durable = await this.#hooks.acksDurable().then(
+      () => true,
+      () => false,
+    );
+    await file.close().catch(() => undefined);
+    if (durable) await unlink(file.path).catch(() => undefined);
   }
 
   #open(): Segment {
