@@ -79,15 +79,26 @@ function shape(schema: Json): string {
   return `{${fields.join(', ')}}`;
 }
 
-function schemaSection(name: string, schema: Json): string[] {
+/** A field's notes, by field and text, to the schema that first gave them: a later schema with the same notes names it instead. */
+type NotesSeen = Map<string, string>;
+
+function schemaSection(name: string, schema: Json, seen: NotesSeen): string[] {
   const out = [`### ${name}`, ''];
   const lead = schema.description ? `${schema.description} ` : '';
   if (schema.type === 'object' && schema.properties) {
     out.push(`${lead}${shape(schema)}`, '');
+    const repeated = new Map<string, string[]>();
     for (const [field, prop] of Object.entries(schema.properties as Json)) {
       const notes = describe(prop as Json);
-      if (notes) out.push(`- \`${field}\`: ${notes}`);
+      if (!notes) continue;
+      const key = `${field}\n${notes}`;
+      const first = seen.get(key);
+      if (first === undefined) {
+        seen.set(key, name);
+        out.push(`- \`${field}\`: ${notes}`);
+      } else repeated.set(first, [...(repeated.get(first) ?? []), `\`${field}\``]);
     }
+    for (const [first, fields] of repeated) out.push(`- ${fields.join(', ')}: as in ${schemaLink(first)}.`);
   } else if (schema.type === 'object' && schema.additionalProperties) {
     out.push(`${lead}An object; each value is ${typeOf(schema.additionalProperties)}.`);
   } else {
@@ -115,7 +126,7 @@ interface Operation {
 /** A message of an error response: a line `- ...` of its description. Its head is its leading code span (the message itself). */
 const head = (bullet: string): string => (bullet.startsWith('`') ? /^`[^`]*`/.exec(bullet)![0] : bullet);
 
-/** Messages several responses carry: each explained once (in "Common messages"), named by its head in each operation. */
+/** Messages several responses carry: named by their head (the message) in each operation; docs/api.md explains each. */
 function commonMessages(doc: Json, operations: Operation[]): Map<string, Set<string>> {
   const messages = new Map<string, Set<string>>();
   const seen = new Map<string, number>();
@@ -134,6 +145,13 @@ function commonMessages(doc: Json, operations: Operation[]): Map<string, Set<str
   return messages;
 }
 
+/** Parameters (`$ref`s into components) that three operations or more take: described once ("Common parameters"), named in each. */
+function commonParameters(operations: Operation[]): Set<string> {
+  const uses = new Map<string, number>();
+  for (const { op } of operations) for (const p of (op.parameters ?? []) as Json[]) if (p.$ref) uses.set(p.$ref, (uses.get(p.$ref) ?? 0) + 1);
+  return new Set([...uses].filter(([, n]) => n >= 3).map(([ref]) => ref));
+}
+
 const paramRow = (p: Json): string =>
   `| \`${p.name}\` | ${p.in} | ${p.required ? 'yes' : 'no'} | ${typeOf(p.schema)} | ${cell(describe({ ...p.schema, description: p.description }))} |`;
 
@@ -141,15 +159,18 @@ const paramRow = (p: Json): string =>
 const authentication = (security: Json[]): string =>
   security.map((req) => Object.keys(req).map((s) => `\`${s}\``).join(' + ') || 'none').join(', or ') || 'none';
 
-function operationSection(doc: Json, o: Operation, common: Map<string, Set<string>>, standard: Set<string>): string[] {
+function operationSection(doc: Json, o: Operation, common: Map<string, Set<string>>, standard: Set<string>, commonParams: Set<string>): string[] {
   const { method, path, op } = o;
   const auth = op.security === undefined ? '' : ` Authentication: ${authentication(op.security)}.`;
   const out = [`### ${method.toUpperCase()} ${path}`, '', `**${op.summary}** (\`${op.operationId}\`).${auth}`, ''];
   if (op.description) out.push(op.description, '');
   const params = (op.parameters ?? []) as Json[];
-  if (params.length) {
+  const own = params.filter((p) => !commonParams.has(p.$ref));
+  const shared = params.filter((p) => commonParams.has(p.$ref)).map((p) => parameter(doc, p));
+  if (shared.length) out.push(`${shared.length === 1 ? 'Parameter' : 'Parameters'} ${shared.map((p) => `[\`${p.name}\`](#common-parameters) (${p.in})`).join(', ')}.`, '');
+  if (own.length) {
     out.push('| parameter | in | required | type | notes |', '|---|---|---|---|---|');
-    for (const raw of params) out.push(paramRow(parameter(doc, raw)));
+    for (const raw of own) out.push(paramRow(parameter(doc, raw)));
     out.push('');
   }
   const body = op.requestBody?.content?.['application/json'];
@@ -159,10 +180,10 @@ function operationSection(doc: Json, o: Operation, common: Map<string, Set<strin
     for (const [label, value] of examples) out.push(`${label}: \`${JSON.stringify(value)}\``, '');
   }
   const rows = responseRows(doc, o, common);
-  const shared = rows.filter((r) => standard.has(r.row));
-  const own = rows.filter((r) => !standard.has(r.row));
-  if (own.length) out.push('| status | meaning |', '|---|---|', ...own.map((r) => r.row), '');
-  if (shared.length) out.push(`${own.length ? 'Also' : 'Answers'} ${shared.map((r) => r.status).join(', ')} as in [Standard answers](#standard-answers).`, '');
+  const standardOnes = rows.filter((r) => standard.has(r.row));
+  const ownRows = rows.filter((r) => !standard.has(r.row));
+  if (ownRows.length) out.push('| status | meaning |', '|---|---|', ...ownRows.map((r) => r.row), '');
+  if (standardOnes.length) out.push(`${ownRows.length ? 'Also' : 'Answers'} ${standardOnes.map((r) => r.status).join(', ')} as in [Standard answers](#standard-answers).`, '');
   return out;
 }
 
@@ -205,16 +226,15 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
   );
   const common = commonMessages(doc, operations);
   const standard = standardRows(doc, operations, common);
+  const commonParams = commonParameters(operations);
   const out = [
     '# API reference',
     '',
     `<!-- Generated by scripts/api-reference.ts from the OpenAPI document the service serves; do not edit. Run \`npm run docs:api\` after changing a route's declaration (src/api/) or the document's frame (src/api/openapi.ts). -->`,
     '',
-    `${doc.info.title}, version ${doc.info.version}: every operation of \`GET /openapi.json\`, rendered; the rules behind it: [api.md](api.md).`,
+    `${doc.info.title}, version ${doc.info.version}: every operation of \`GET /openapi.json\`, rendered; the rules behind it and what each message means: [api.md](api.md#status-codes-and-messages).`,
     '',
-    doc.info.description,
-    '',
-    `Unless an operation says otherwise it needs ${authentication(doc.security)} and its error bodies are [\`ErrorDetail\`](#errordetail); [Common messages](#common-messages) explains the messages shown bare; \`?\` marks an optional field.`,
+    `Unless an operation says otherwise it needs ${authentication(doc.security)} and its error bodies are [\`ErrorDetail\`](#errordetail); \`?\` marks an optional field.`,
     '',
     '## Authentication',
     '',
@@ -224,32 +244,25 @@ export function renderApiReference(doc: Json = openApiDocument() as Json): strin
       ([name, s]) => `| \`${name}\` | ${cell(s.type === 'apiKey' ? `header \`${s.name}\`: ${s.description}` : `HTTP ${s.scheme}: ${s.description}`)} |`,
     ),
     '',
-    '## Common messages',
-    '',
-    '| status | message |',
-    '|---|---|',
-    ...[...common].sort(([, a], [, b]) => Number([...a][0]) - Number([...b][0])).map(([bullet, statuses]) => `| ${[...statuses].join(', ')} | ${cell(bullet)} |`),
-    '',
     '## Standard answers',
-    '',
-    'What most operations answer alike; each operation names the ones it gives.',
     '',
     '| status | meaning |',
     '|---|---|',
     ...[...standard].sort(),
     '',
-    '## Operations',
-    '',
   ];
-  const byTag = (doc.tags as Json[]).map((tag) => ({ tag, ops: operations.filter((o) => (o.op.tags ?? [])[0] === tag.name) }));
-  for (const { tag, ops } of byTag) {
-    if (!ops.length) continue;
-    out.push(`- **${tag.name}** (${tag.description.replace(/\.$/, '')}): ${ops.map((o) => `[${o.op.summary}](#${anchor(`${o.method} ${o.path}`)})`).join(', ')}.`);
+  if (commonParams.size) {
+    out.push('## Common parameters', '', '| parameter | in | required | type | notes |', '|---|---|---|---|---|');
+    for (const ref of commonParams) out.push(paramRow(doc.components.parameters[refName(ref)]));
+    out.push('');
   }
-  out.push('');
-  for (const { ops } of byTag) for (const o of ops) out.push(...operationSection(doc, o, common, standard));
+  out.push('## Operations', '');
+  // In the order of their tags; each section's heading is its entry in the page's outline.
+  const byTag = (doc.tags as Json[]).map((tag) => operations.filter((o) => (o.op.tags ?? [])[0] === tag.name));
+  for (const ops of byTag) for (const o of ops) out.push(...operationSection(doc, o, common, standard, commonParams));
   out.push('## Schemas', '');
-  for (const [name, schema] of Object.entries(doc.components.schemas as Json)) out.push(...schemaSection(name, schema as Json));
+  const seen: NotesSeen = new Map();
+  for (const [name, schema] of Object.entries(doc.components.schemas as Json)) out.push(...schemaSection(name, schema as Json, seen));
   return `${out.join('\n').replace(/\n{3,}/g, '\n\n').trimEnd()}\n`;
 }
 
