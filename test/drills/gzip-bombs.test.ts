@@ -14,7 +14,7 @@
  * threshold to the largest block freed (up to 32 MiB), after which the buffers of the next
  * storm come from heap arenas that keep their pages; with the threshold fixed at 128 KiB
  * (`MALLOC_MMAP_THRESHOLD_`, as the image sets it) every large buffer is unmapped when freed
- * (docs/reliability.md has both measurements).
+ * (bench/results/HISTORY.md has both measurements).
  */
 import { readFileSync } from 'node:fs';
 import { createGzip } from 'node:zlib';
