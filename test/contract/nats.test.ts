@@ -2,7 +2,7 @@ import t, { type Test } from 'tap';
 import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type StreamConfig } from 'nats';
 import { connectNats, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
-import { GroupPublisher } from '../../src/store/nats/group-publisher.js';
+import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
 import { NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
@@ -220,18 +220,20 @@ t.test('group commit: a batch the server refuses goes out message by message, id
   const stream = unique('REFUSE');
   await h.jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File });
   // The stream has no allow_atomic: the server refuses the batch (10174), the publisher stops batching.
+  // Enough at once that some wait while every round is out: those go as a batch.
+  const n = MAX_ROUNDS + 2 * BATCH_MIN;
   const off = new GroupPublisher(h, stream, { atomic: true, budgetMs: 5000 });
-  await Promise.all(Array.from({ length: 10 }, (_, i) => off.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
+  await Promise.all(Array.from({ length: n }, (_, i) => off.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
   t.equal(off.atomic, false, 'batching turned off');
-  t.equal((await h.jsm.streams.info(stream)).state.messages, 10, 'each stored once');
+  t.equal((await h.jsm.streams.info(stream)).state.messages, n, 'each stored once');
   t.ok((await enableStreamFeatures(h, stream, 5000)).atomic, 'allow_atomic turned on');
   // A re-send of messages that landed: the batch is refused for its duplicate ids, the singles dedupe.
   const on = new GroupPublisher(h, stream, { atomic: true, budgetMs: 5000 });
-  await Promise.all(Array.from({ length: 10 }, (_, i) => on.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
-  t.equal((await h.jsm.streams.info(stream)).state.messages, 10, 'nothing stored twice');
+  await Promise.all(Array.from({ length: n }, (_, i) => on.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
+  t.equal((await h.jsm.streams.info(stream)).state.messages, n, 'nothing stored twice');
   t.equal(on.atomic, true, 'batching stays on');
-  await Promise.all(Array.from({ length: 10 }, (_, i) => on.publish({ subject: `${stream}.b`, data: Buffer.from(`${i}`), msgID: `b${i}` })));
-  t.equal((await h.jsm.streams.info(stream)).state.messages, 20);
+  await Promise.all(Array.from({ length: n }, (_, i) => on.publish({ subject: `${stream}.b`, data: Buffer.from(`${i}`), msgID: `b${i}` })));
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 2 * n);
   t.ok(on.stats.batches >= 1, `new ids batched: ${JSON.stringify(on.stats)}`);
 });
 
