@@ -15,7 +15,7 @@
  * runs nats-server's default instead (an fsync every 2 minutes), to show in one run what
  * syncing before each acknowledgement costs. For NATS engines the report also gives, per
  * package, the messages stored in every stream plus acknowledgements and (single server)
- * the server's fsync calls (strace with a seccomp filter), and in `many` the status p99
+ * the server's fsync calls per stream (strace with a seccomp filter), and in `many` the status p99
  * measured during the load.
  *
  * Scenarios: `many` — 16 sessions (one client each), 4 packages of ~7 KB in flight per
@@ -93,8 +93,8 @@ interface Target {
   stored?(client: BenchClient, uuid: string): Promise<boolean>;
   /** On NATS: messages stored in every stream plus acknowledgements so far. */
   jetStreamWrites?(): Promise<number>;
-  /** On a single nats-server: its fsync and fdatasync calls so far. */
-  fsyncs?(): Promise<number>;
+  /** On a single nats-server: its fsync and fdatasync calls so far, per stream. */
+  fsyncs?(): Promise<Map<string, number>>;
 }
 
 interface BenchClient {
@@ -320,7 +320,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
   };
   let config: Record<string, unknown>;
   let natsUrl: string | undefined;
-  let fsyncs: (() => Promise<number>) | undefined;
+  let fsyncs: (() => Promise<Map<string, number>>) | undefined;
   if (engine === 'embedded') {
     config = { ...relaxed, connector: { webhookSecret: null } };
   } else {
@@ -382,9 +382,17 @@ async function startPeer(dir: string): Promise<Target> {
  * JetStream's messages and acknowledgements, and the server's fsyncs, per package answered,
  * counted from the start of the load until its end (the uploads still running then are not in it).
  */
-function perPackage(packages: number, writes: number | undefined, syncs: number | undefined): string {
+function perPackage(packages: number, writes: number | undefined, syncs: Map<string, number> | undefined): string {
   const per = (n: number) => (n / Math.max(1, packages)).toFixed(2);
-  return (writes === undefined ? '' : `; JetStream messages + acks per package ${per(writes)}`) + (syncs === undefined ? '' : `; nats-server fsyncs per package ${per(syncs)}`);
+  const total = syncs && [...syncs.values()].reduce((a, b) => a + b, 0);
+  const streams = syncs && [...syncs].sort((a, b) => b[1] - a[1]).map(([stream, n]) => `${stream} ${per(n)}`).join(', ');
+  return (writes === undefined ? '' : `; JetStream messages + acks per package ${per(writes)}`) + (syncs === undefined ? '' : `; nats-server fsyncs per package ${per(total!)} (${streams})`);
+}
+
+/** Calls since `before`, per stream. */
+function syncsSince(before: Map<string, number> | undefined, now: Map<string, number> | undefined): Map<string, number> | undefined {
+  if (!before || !now) return undefined;
+  return new Map([...now].map(([stream, n]) => [stream, n - (before.get(stream) ?? 0)]));
 }
 
 function fmt(l: Load): string {
@@ -454,7 +462,7 @@ try {
       await poll;
       say(`| ${target.name} | 16 sessions × 4 in flight, 7 KB | ${fmt(r)} |`);
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
-      const syncs = syncs0 === undefined ? undefined : (await target.fsyncs!()) - syncs0;
+      const syncs = syncsSince(syncs0, await target.fsyncs?.());
       if (target.status || writes !== undefined) {
         notes.push(
           `${target.name}, 16 sessions: status p99 during the load ${pct(statusLatencies.sort((a, b) => a - b), 99).toFixed(1)} ms (${statusLatencies.length} asked)` +
@@ -469,7 +477,7 @@ try {
       const syncs0 = await target.fsyncs?.();
       const r = await load(target, small, Array.from({ length: 16 }, () => one), { count: GROW, blocks: 10 });
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
-      const syncs = syncs0 === undefined ? undefined : (await target.fsyncs!()) - syncs0;
+      const syncs = syncsSince(syncs0, await target.fsyncs?.());
       const b = r.blocks!;
       say(`| ${target.name} | one session × 16 in flight, ${GROW} × 7 KB | ${fmt(r)} |`);
       const status = target.status ? await statusP99(target, grower, one.uuid) : null;

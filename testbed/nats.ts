@@ -28,8 +28,8 @@ export interface NatsServer {
   stop(): Promise<void>;
   /** SIGKILL: a crash. The signal is sent before this returns, so kills made in one tick land together. */
   kill(): Promise<void>;
-  /** fsync and fdatasync calls of the server so far (started with `countSyncs`). */
-  fsyncs(): Promise<number>;
+  /** fsync and fdatasync calls of the server so far, per stream (`other`: the server's own files); started with `countSyncs`. */
+  fsyncs(): Promise<Map<string, number>>;
   /** Stops if running, then starts again on the same port and store; resolves when JetStream answers. */
   restart(): Promise<void>;
   /** SIGSTOP: the server holds its connections and answers nothing (a hung disk, a frozen host). */
@@ -174,12 +174,18 @@ class Node implements NatsServer {
     });
   }
 
-  /** fsync and fdatasync calls of the server so far (`countSyncs`). */
-  async fsyncs(): Promise<number> {
+  /** fsync and fdatasync calls of the server so far, per stream (`countSyncs`). */
+  async fsyncs(): Promise<Map<string, number>> {
     if (!this.#syncLog) throw new Error('started without countSyncs');
     const text = await readFile(this.#syncLog, 'utf8').catch(() => '');
-    // One line per call ("fsync(9</…/1.blk>) = 0", or "… <unfinished ...>" then a resumed line without the parenthesis).
-    return text.split('\n').filter((l) => /\bf(?:data)?sync\(/.test(l)).length;
+    // One line per call ("fsync(9</…/streams/KV_x/msgs/1.blk>) = 0", or "… <unfinished ...>" then a resumed line without the parenthesis).
+    const counts = new Map<string, number>();
+    for (const line of text.split('\n')) {
+      if (!/\bf(?:data)?sync\(/.test(line)) continue;
+      const stream = /\/streams\/([^/>]+)/.exec(line)?.[1] ?? 'other';
+      counts.set(stream, (counts.get(stream) ?? 0) + 1);
+    }
+    return counts;
   }
 
   get running(): boolean {
