@@ -193,12 +193,13 @@ export class SessionService {
   }
 
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
-    const [record, [pending, stored]] = await Promise.all([
-      this.summaries.read(uploadUuid, true),
-      // The stored count is read once the queue answered: a package is counted before it is
-      // acked, so when nothing is pending every package's count is already there to read.
-      this.deps.queue.hasPending(uploadUuid, { forAnswer: true }).then(async (p) => [p, UPLOAD_UUID.test(uploadUuid) ? await this.stored.perEntity(uploadUuid) : new Map<string, number>()] as const),
-    ]);
+    const counts = () => (UPLOAD_UUID.test(uploadUuid) ? this.stored.perEntity(uploadUuid) : Promise.resolve(new Map<string, number>()));
+    // The three reads go at once. When nothing is pending the stored counts are read again,
+    // after the queue answered: a package is counted before it is acked, so only then is every
+    // package's count there to read. While anything is pending a count read a moment early
+    // serves (the uploads are not finished, and a count never goes back).
+    const [record, pending, early] = await Promise.all([this.summaries.read(uploadUuid, true), this.deps.queue.hasPending(uploadUuid, { forAnswer: true }), counts()]);
+    const stored = pending ? early : await counts();
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
     // Only whether any package waits for the uploader matters, not how many.
     return statusView(record.value, pending ? 1 : 0, this.now(), stored);

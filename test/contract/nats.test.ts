@@ -543,6 +543,27 @@ t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the s
 });
 }
 
+t.test('NatsBatchQueue: an answer serves the last ack floor read and never waits for a fresh one; a decision does', async (t) => {
+  const h = await connection(t);
+  const stream = unique('FLOOR');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  await commit(await openQueue(t, h, queueOpts(stream)), meta('u-f', 'p1'), [Buffer.from('["a"]\n')]);
+  let now = 0;
+  const reader = await connection(t);
+  const q = await openQueue(t, reader, { ...queueOpts(stream), clock: () => now });
+  t.equal(await q.hasPending('u-f', { forAnswer: true }), true, 'pending: nobody acked it (the first answer reads the floor)');
+
+  // The floor moves past p1 (acked by another process, still in the stream: nats-server 2.14+'s reset).
+  const p1 = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.c.${Buffer.from('client-1').toString('hex')}.u-f.stores.p1` });
+  t.notOk((await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p1.seq + 1 })), { timeout: 5000 })).json<{ error?: unknown }>().error);
+  t.equal(await q.hasPending('u-f', { forAnswer: true }), true, 'within the reuse time the floor read before serves');
+
+  now += 1001; // the floor read is old now
+  t.equal(await q.hasPending('u-f', { forAnswer: true }), true, 'an answer does not wait for the consumer info: the last floor serves, and a fresh read starts');
+  t.equal(await q.hasPending('u-f'), false, 'a decision (start-upload) waits for the fresh floor: acknowledged, not pending');
+  t.equal(await q.hasPending('u-f', { forAnswer: true }), false, 'and the answers after it read it');
+});
+
 t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, not redelivered forever', async (t) => {
   const h = await connection(t);
   const stream = unique('LOST');

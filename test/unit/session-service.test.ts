@@ -15,7 +15,7 @@ import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
-import { StoreError, type SessionStore } from '../../src/store/ports.js';
+import { StoreError, type BatchQueue, type PackageLedger, type SessionStore } from '../../src/store/ports.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = {
@@ -64,9 +64,9 @@ async function rig(t: Test) {
     await objects.close();
     await sessions.close();
   });
-  const service = (clock?: () => number) =>
-    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}) });
-  return { sessions, ledger, service };
+  const service = (clock?: () => number, over: { queue?: BatchQueue; ledger?: PackageLedger } = {}) =>
+    new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}), ...over });
+  return { sessions, ledger, queue, service };
 }
 
 t.test('50 concurrent leases and records of one session share writes; none is lost', async (t) => {
@@ -166,4 +166,54 @@ t.test('a record write of unknown outcome is resolved before the ingest answers:
   t.notOk(lost in after.in_flight, 'and its lease ended, so it never can be (the uploader drops it)');
   t.notOk(lost in after.recording);
   t.same((await s.status(client, uuid)).entities, ['stock']);
+});
+
+/** `target` with the members of `over` in place of its own (its methods bound to it). */
+function overriding<T extends object>(target: T, over: Partial<T>): T {
+  return new Proxy(target, {
+    get: (o, k) => (k in over ? over[k as keyof T] : typeof o[k as keyof T] === 'function' ? (o[k as keyof T] as (...a: unknown[]) => unknown).bind(o) : o[k as keyof T]),
+  });
+}
+
+t.test('status: with nothing pending, the stored counts are read after the queue answered (they read at once while anything is)', async (t) => {
+  const { ledger, queue, service } = await rig(t);
+  const setup = service();
+  const { upload_uuid: uuid } = await setup.initialize(client);
+  const id = await setup.beginIngest(client, uuid);
+  await setup.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await setup.flushLedger();
+
+  // The uploader stores the package, counts it, then acks it, while status asks: a count read
+  // that began before the count landed sees nothing, and the queue says not pending once it did.
+  let counted = false;
+  let pending = true;
+  const reads: boolean[] = [];
+  const racing = overriding(ledger, {
+    storedCounts: async (u: string) => {
+      const sawCount = counted;
+      reads.push(sawCount);
+      const got = await ledger.storedCounts!(u);
+      return sawCount ? got : new Map();
+    },
+  });
+  const uploading = overriding(queue, {
+    hasPending: async () => {
+      if (pending) return true;
+      await ledger.countStored!(uuid, [{ package_id: id, entity: 'stock' }], sessionKey(uuid));
+      counted = true;
+      return false;
+    },
+  });
+  const s = service(undefined, { queue: uploading, ledger: racing });
+
+  const during = await s.status(client, uuid);
+  t.equal(during.upload_tasks_finished, false);
+  t.equal(during.totals.stored_packages, 0, 'while pending: the count as read');
+  t.same(reads, [false], 'read once, beside the other reads');
+
+  pending = false;
+  const after = await s.status(client, uuid);
+  t.equal(after.upload_tasks_finished, true, 'nothing pending');
+  t.equal(after.totals.stored_packages, 1, 'and the package that is no longer pending is counted stored');
+  t.equal(reads.at(-1), true, 'by a read after the queue answered');
 });

@@ -49,6 +49,8 @@ export interface NatsBatchQueueOptions {
    * acked commits: what `pending` answers, this process's or (the removal) another's, may have changed.
    */
   onAcked?: () => void;
+  /** Milliseconds, for the ack floor's age (default `performance.now`; tests drive their own). */
+  clock?: () => number;
 }
 
 /** Packages handed out and not yet acked, over all consumers of all processes. */
@@ -59,8 +61,6 @@ const PULL_EXPIRES_MS = 10_000;
 const READ_AHEAD = 3;
 /** How long `hasPending` reuses the consumer's ack floor it read. */
 const ACK_FLOOR_REUSE_MS = 1000;
-/** How long an answer waits for a fresh ack floor before the last one read serves. */
-const FLOOR_WAIT_MS = 250;
 /** Sessions whose last `hasPending` answer is kept. */
 const REMEMBERED_ANSWERS = 4096;
 
@@ -104,6 +104,7 @@ export class NatsBatchQueue implements BatchQueue {
   readonly #orphanAfterMs: number;
   readonly #onError: (err: unknown, what: string) => void;
   readonly #onAcked: (() => void) | undefined;
+  readonly #clock: () => number;
   readonly #writers = new Set<NatsWriter>();
   readonly #consumers = new Set<QueueConsumer>();
   /** Commit messages of every package committed meanwhile go out together (group-publisher.ts). */
@@ -132,6 +133,7 @@ export class NatsBatchQueue implements BatchQueue {
     this.#orphanAfterMs = opts.orphanAfterMs ?? 3_600_000;
     this.#onError = opts.onError ?? (() => {});
     this.#onAcked = opts.onAcked;
+    this.#clock = opts.clock ?? (() => performance.now());
   }
 
   static async open(ctx: NatsContext, opts: NatsBatchQueueOptions): Promise<NatsBatchQueue> {
@@ -270,18 +272,18 @@ export class NatsBatchQueue implements BatchQueue {
   }
 
   /**
-   * The ack floor for an answer: as `#ackFloor`, but when a fresh read takes longer than
-   * `FLOOR_WAIT_MS` (a consumer leader being elected) the last floor read serves. Lower than
-   * the real one, it only counts as pending what was acknowledged meanwhile.
+   * The ack floor for an answer: the last floor read, at once; when it is older than
+   * `ACK_FLOOR_REUSE_MS` a fresh read starts for the answers after this one. An answer never
+   * waits for the consumer's info, which queues behind the server's other API requests (under
+   * load its p99 was the status's). Lower than the real one, the floor only counts as pending
+   * what was acknowledged meanwhile and not yet removed from the stream: this process's acks
+   * are skipped anyway, another process's show for one more answer.
    */
   async #lastFloor(): Promise<number> {
     const known = this.#knownFloor;
     if (known === null) return this.#ackFloor();
-    let timer: NodeJS.Timeout | undefined;
-    const fresh = this.#ackFloor().catch(() => known);
-    const floor = await Promise.race([fresh, new Promise<number>((resolve) => (timer = setTimeout(() => resolve(known), FLOOR_WAIT_MS)))]);
-    clearTimeout(timer);
-    return floor;
+    this.#ackFloor().catch(() => {}); // a failed read is the next answer's to retry
+    return known;
   }
 
   /**
@@ -292,13 +294,13 @@ export class NatsBatchQueue implements BatchQueue {
    */
   #ackFloor(): Promise<number> {
     const cached = this.#floor;
-    if (cached && performance.now() - cached.at < ACK_FLOOR_REUSE_MS) return cached.seq;
+    if (cached && this.#clock() - cached.at < ACK_FLOOR_REUSE_MS) return cached.seq;
     return this.#readFloor(this.#retryMs);
   }
 
   /** Reads the ack floor now (through transient failures for `retryMs`) and shares it with `#ackFloor`. */
   #readFloor(retryMs: number): Promise<number> {
-    const at = performance.now();
+    const at = this.#clock();
     const seq = withRetry(this.#ctx, retryMs, () => this.#ctx.jsm.consumers.info(this.#stream, this.#durable)).then(
       (info) => (this.#knownFloor = info.ack_floor.stream_seq),
       (err: unknown) => {
