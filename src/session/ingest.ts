@@ -100,9 +100,15 @@ export class PackageIngest {
       throw err;
     });
     const release = () => service.releaseIngest(client, uploadUuid, packageId);
+    // On a spare lease the session's state is checked while the body is read (service.beginIngest):
+    // its refusal, a session error, comes before anything of the body or the record.
+    const refused = service.taken(packageId).then(
+      () => null,
+      (err: unknown) => (isServiceError(err) && err.statusCode < 500 ? err : null),
+    );
     if (req.encoding === null) {
       await release();
-      throw errors.unsupportedMediaType();
+      throw (await refused) ?? errors.unsupportedMediaType();
     }
 
     let attempt: Attempt | null = null;
@@ -151,8 +157,19 @@ export class PackageIngest {
       const answer = success(entity.name, result.rows);
       await attempt?.finish(answer);
       return { ...answer, replayed: false };
-    } catch (err) {
+    } catch (caught) {
       await release();
+      // The take's refusal comes first, and with the pointer unread (`hinted`) the pointer's before it.
+      const refusal = await refused;
+      if (refusal && hinted) {
+        try {
+          await service.requirePointer(client, uploadUuid);
+        } catch (pointer) {
+          await attempt?.release(false);
+          throw pointer;
+        }
+      }
+      const err = refusal ?? caught;
       if (attempt) {
         if (stage === 'body' && isDefiniteAnswer(err)) await attempt.finish({ status: err.statusCode, body: err.body });
         // A ServiceError from recording is the decision refusing it (nothing written); anything else may have landed.

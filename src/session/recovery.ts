@@ -13,6 +13,7 @@ import {
   decideIngestRelease,
   decideReleaseAllLeases,
   fromStored,
+  holdsLeases,
   packageFate,
   type ActivePointer,
   type Decision,
@@ -71,7 +72,7 @@ export async function recoverLeftovers(
       if (!stored) break;
       const record = { value: fromStored(stored.value), revision: stored.revision };
       const recording = Object.entries(record.value.recording);
-      if (Object.keys(record.value.in_flight).length === 0 && recording.length === 0 && !('packages' in stored.value)) break;
+      if (!holdsLeases(record.value) && recording.length === 0 && !('packages' in stored.value)) break;
       await ledger.append(
         uploadUuid,
         recording.map(([id, e]) => ({ package_id: id, entity: e.entity, rows: e.rows, bytes: e.bytes, object_bytes: e.object_bytes })),

@@ -28,6 +28,7 @@ import {
   decideIngestRecord,
   decideIngestRelease,
   decideIngestRenew,
+  decideIngestTake,
   decideInitialize,
   decideStart,
   decideStartFailed,
@@ -78,6 +79,10 @@ export interface SessionServiceDeps {
 
 /** How long a record write of unknown outcome is resolved before its ingest answers anyway (`resolveRecord`). */
 const RESOLVE_RECORD_MS = 30_000;
+/** Spare leases (state.ts `decideIngestRecord`) a process holds per session at most: more than most clients keep in flight. */
+const SPARE_LEASES = 8;
+/** How long the write that takes a spare lease waits for company: about a round trip to the store under load. */
+const TAKE_LINGER_MS = 20;
 
 export class SessionService {
   private readonly now: () => number;
@@ -91,6 +96,8 @@ export class SessionService {
   private readonly folder = (uploadUuid: string, entries: readonly { id: string }[]): Promise<void> => this.fold(uploadUuid, entries);
   /** The leases of the ingests running in this process, renewed by `renewLeases`. */
   private readonly leases: HeldLeases;
+  /** Per package begun on a spare lease: the write that makes it an ingest in flight (`taken`). */
+  private readonly takes = new Map<string, Promise<unknown>>();
 
   /** What deletes left to remove, durable and retried until done (clean-up.ts). */
   private readonly cleanUps: SessionCleanUps;
@@ -102,7 +109,7 @@ export class SessionService {
     const { sessions, ledger, queue, objects, objectPrefix, onBackgroundError } = deps;
     this.stored = storedCounter({ sessions, ledger });
     this.summaries = new Summaries(deps);
-    this.leases = new HeldLeases(deps, () => void this.renewLeases());
+    this.leases = new HeldLeases({ inFlightLeaseMs: deps.inFlightLeaseMs, spareLeases: SPARE_LEASES }, () => void this.renewLeases());
     this.listing = new SessionListing(deps, this.stored, this.now);
     this.ledgerWriter = new LedgerWriter(deps, this.folder);
     this.cleanUps = new SessionCleanUps({
@@ -217,9 +224,20 @@ export class SessionService {
 
   /**
    * Registers an ingest (its lease keeps `upload_tasks_finished` false) and returns its
-   * package id. Checks the session's state: 409 when it is not UPLOADING.
+   * package id. Checks the session's state: 409 when it is not UPLOADING. A spare lease
+   * granted here with an earlier record of the session serves at once: its move to the
+   * ingests in flight (`decideIngestTake`) is written while the body is read and committed,
+   * with the session's next write if one comes within `TAKE_LINGER_MS`, and the record,
+   * queued behind it, fails as it did (a start-upload came first: 409).
    */
   async beginIngest(client: ClientRef, uploadUuid: string): Promise<string> {
+    const spare = this.leases.takeSpare(uploadUuid);
+    if (spare !== undefined) {
+      const take = this.summaries.mutate(client, uploadUuid, 'active', (r) => decideIngestTake(r, spare, this.now(), this.deps.inFlightLeaseMs), TAKE_LINGER_MS);
+      take.catch(() => undefined); // its failure is the ingest's, through `taken`
+      this.takes.set(spare, take);
+      return spare;
+    }
     const packageId = randomUUID();
     try {
       await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
@@ -235,17 +253,32 @@ export class SessionService {
   }
 
   /**
-   * Renews the leases of the ingests running in this process (`decideIngestRenew`): one
-   * compare-and-set per session, shared with whatever else the session's next write carries.
+   * Resolves once the session accepted the ingest `packageId` began on a spare lease
+   * (`beginIngest`), at once for one that took its lease with a write; rejects with the
+   * session's refusal (400, 409) or a store failure. Asked once per ingest.
+   */
+  async taken(packageId: string): Promise<void> {
+    const take = this.takes.get(packageId);
+    this.takes.delete(packageId);
+    await take;
+  }
+
+  /**
+   * Renews the leases of the ingests running in this process (`decideIngestRenew`), and ends
+   * the spare leases no ingest took since the last beat: one compare-and-set per session,
+   * shared with whatever else the session's next write carries.
    * Runs every third of `inFlightLeaseMs` while any is held, so a lease outlives two failed
    * renewals, and a dead instance's leases end within `inFlightLeaseMs` (docs/reliability.md,
    * Leftovers after a restart heal themselves).
    */
   async renewLeases(): Promise<void> {
     await Promise.all(
-      this.leases.sessions().map(async ([uploadUuid, { client, ids }]) => {
+      this.leases.beat().map(async ({ uploadUuid, client, ids, idle }) => {
         try {
-          await this.summaries.mutate(client, uploadUuid, 'any', (r) => decideIngestRenew(r, ids, this.now(), this.deps.inFlightLeaseMs));
+          await this.summaries.mutate(client, uploadUuid, 'any', (r) => {
+            const released = decideIngestRelease(r, idle, this.now());
+            return released.ok ? decideIngestRenew(released.next, ids, this.now(), this.deps.inFlightLeaseMs) : released;
+          });
         } catch (err) {
           // The session is gone, or the store is out (the next beat tries again; readiness says so).
           if (isServiceError(err) || isStorageUnavailable(err) || isStoreError(err, 'STORE_CLOSED')) return;
@@ -261,8 +294,14 @@ export class SessionService {
    * into the summary's totals (see state.ts).
    */
   async recordIngest(client: ClientRef, uploadUuid: string, pkg: PackageEntry): Promise<void> {
+    // The client is likely to send more: a spare lease saves its next ingest here the lease write.
+    const grant = this.leases.reserveSpare(uploadUuid) ? randomUUID() : null;
+    let granted = false;
     try {
-      await this.summaries.mutate(client, uploadUuid, 'active', (r) => decideIngestRecord(r, pkg, this.now()));
+      const recorded = await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
+        decideIngestRecord(r, pkg, this.now(), grant === null ? {} : { grant: { id: grant, until: this.now() + this.deps.inFlightLeaseMs }, maxPackages: this.deps.maxPackages }),
+      );
+      granted = grant !== null && recorded.spare_leases?.[grant] !== undefined;
     } catch (err) {
       // The decision refused (nothing written): the caller releases the lease.
       if (isServiceError(err)) throw err;
@@ -271,6 +310,7 @@ export class SessionService {
     } finally {
       // Recorded (the lease became the record), or failed: no more renewals.
       this.leases.unhold(uploadUuid, pkg.id);
+      if (grant !== null) this.leases.settleSpare(client, uploadUuid, granted ? grant : null);
     }
     this.ledgerWriter.write(uploadUuid, [pkg]);
   }
@@ -341,6 +381,8 @@ export class SessionService {
   ): Promise<unknown> {
     await this.requirePointer(client, uploadUuid);
     const pendingBatches = (await this.deps.queue.hasPending(uploadUuid)) ? 1 : 0;
+    // A start ends every spare lease (`decideStart`): none is handed out meanwhile.
+    this.leases.dropSpares(uploadUuid);
     const started = await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
       decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now() }),
     );
@@ -369,6 +411,7 @@ export class SessionService {
    */
   async delete(client: ClientRef, uploadUuid: string): Promise<void> {
     await this.requirePointer(client, uploadUuid);
+    this.leases.dropSpares(uploadUuid);
     try {
       await this.summaries.mutate(client, uploadUuid, 'active', (r) => decideDelete(r, this.now()));
     } catch (err) {

@@ -62,6 +62,12 @@ export interface SessionRecord {
   recording: Record<string, Omit<PackageEntry, 'id'>>;
   /** Ingest requests under way: package id → lease expiry (epoch ms). Expired leases are dead instances. */
   in_flight: Record<string, number>;
+  /**
+   * Leases granted ahead, each with a record, to the gateway that wrote it, for its next
+   * ingest of the session (package id → expiry, as `in_flight`): an ingest begins on one at
+   * once, and `decideIngestTake` moves it to `in_flight`. Status and start-upload do not count them.
+   */
+  spare_leases?: Record<string, number>;
   created_at: string;
   updated_at: string;
   previous_upload_uuid?: string;
@@ -188,17 +194,39 @@ export function packageCount(r: SessionRecord): number {
   return n;
 }
 
-/** Live in-flight ingests, ignoring leases of instances that died. */
+/** Live in-flight ingests, ignoring leases of instances that died (and spare leases). */
 export function liveInFlight(r: SessionRecord, now: number): number {
+  return liveLeases(r.in_flight, now);
+}
+
+function liveLeases(leases: Record<string, number> | undefined, now: number): number {
   let n = 0;
-  for (const until of Object.values(r.in_flight)) if (until > now) n++;
+  for (const until of Object.values(leases ?? {})) if (until > now) n++;
   return n;
 }
 
-function pruneLeases(inFlight: Record<string, number>, now: number, without?: ReadonlySet<string>): Record<string, number> {
+function pruneLeases(inFlight: Record<string, number> | undefined, now: number, without?: ReadonlySet<string>): Record<string, number> {
   const out: Record<string, number> = {};
-  for (const [id, until] of Object.entries(inFlight)) if (!without?.has(id) && until > now) out[id] = until;
+  for (const [id, until] of Object.entries(inFlight ?? {})) if (!without?.has(id) && until > now) out[id] = until;
   return out;
+}
+
+/** A package's lease, taken with a write (`in_flight`) or spare (`spare_leases`). */
+function leaseOf(r: SessionRecord, packageId: string): number | undefined {
+  return r.in_flight[packageId] ?? r.spare_leases?.[packageId];
+}
+
+/** Both lease maps without `ids` and expired leases (no `spare_leases` key once none is left). */
+function withoutLeases(r: SessionRecord, now: number, ids: ReadonlySet<string>): Pick<SessionRecord, 'in_flight' | 'spare_leases'> {
+  const spare = pruneLeases(r.spare_leases, now, ids);
+  return { in_flight: pruneLeases(r.in_flight, now, ids), spare_leases: Object.keys(spare).length > 0 ? spare : undefined };
+}
+
+/** `touch` that leaves no `spare_leases: undefined` behind in the stored summary. */
+function touchLeases(r: SessionRecord, now: number, patch: Partial<SessionRecord>): SessionRecord {
+  const next = touch(r, now, patch);
+  if (next.spare_leases === undefined) delete next.spare_leases;
+  return next;
 }
 
 /**
@@ -209,8 +237,15 @@ function pruneLeases(inFlight: Record<string, number>, now: number, without?: Re
 export function decideIngestBegin(r: SessionRecord, packageId: string, now: number, leaseMs: number, maxPackages = Infinity): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
-  if (packageCount(r) + liveInFlight(r, now) >= maxPackages) return fail(errors.sessionFull(maxPackages));
+  if (packageCount(r) + liveInFlight(r, now) + liveLeases(r.spare_leases, now) >= maxPackages) return fail(errors.sessionFull(maxPackages));
   return ok(touch(r, now, { in_flight: { ...pruneLeases(r.in_flight, now), [packageId]: now + leaseMs } }));
+}
+
+/** A spare lease granted with a record's write (`decideIngestRecord`). */
+export interface SpareLeases {
+  grant?: { id: string; until: number };
+  /** The bound of `decideIngestBegin`: no spare is granted at it. */
+  maxPackages?: number;
 }
 
 /**
@@ -218,20 +253,29 @@ export function decideIngestBegin(r: SessionRecord, packageId: string, now: numb
  * its lease is live: once the lease is gone (released, expired, or revoked by an uploader
  * that found the package unrecorded, see `packageFate`), the package may already have been
  * dropped from the queue, so recording it would answer 200 for rows that are never stored.
+ *
+ * The same write may grant the gateway a spare lease for its next ingest of the session,
+ * which then begins on it at once: the package has its lease before its queue commit, and
+ * `decideIngestTake` moves it to `in_flight` meanwhile. An unused spare lease holds
+ * nothing, so status and start-upload do not count spare leases, and start-upload ends them.
  */
-export function decideIngestRecord(r: SessionRecord, pkg: PackageEntry, now: number): Decision {
+export function decideIngestRecord(r: SessionRecord, pkg: PackageEntry, now: number, spares: SpareLeases = {}): Decision {
   const bad = requireUploading(r);
   if (bad) return fail(bad);
-  const lease = r.in_flight[pkg.id];
+  const lease = leaseOf(r, pkg.id);
   // 503, not 500: the lease ended because its renewals could not be written in time (or a
   // retry took the request over); nothing of the package is stored, and a retry runs it again.
   if (lease === undefined || lease <= now) return fail(errors.storageUnavailable(new Error(`Ingest lease of package ${pkg.id} is gone`)));
   const { id, ...entry } = pkg;
+  const leases = withoutLeases(r, now, new Set([id]));
+  const grant = spares.grant;
+  const full = packageCount(r) + 1 + liveLeases(leases.in_flight, now) + liveLeases(leases.spare_leases, now) >= (spares.maxPackages ?? Infinity);
+  if (grant && !full) leases.spare_leases = { ...leases.spare_leases, [grant.id]: grant.until };
   return ok(
-    touch(r, now, {
+    touchLeases(r, now, {
       entities: r.entities.includes(entry.entity) ? r.entities : [...r.entities, entry.entity],
       recording: { ...r.recording, [id]: entry },
-      in_flight: pruneLeases(r.in_flight, now, new Set([id])),
+      ...leases,
     }),
   );
 }
@@ -275,15 +319,34 @@ export type PackageFate = 'store' | 'drop' | 'wait' | 'revoke' | 'ledger';
 export function packageFate(r: SessionRecord | null, packageId: string, now: number): PackageFate {
   if (r === null || r.deleted) return 'drop';
   if (packageId in r.recording) return 'store';
-  const lease = r.in_flight[packageId];
+  const lease = leaseOf(r, packageId);
   if (lease === undefined) return 'ledger';
   return lease > now ? 'wait' : 'revoke';
 }
 
 /** A restarted embedded instance: every lease in the summary belongs to the dead process. */
 export function decideReleaseAllLeases(r: SessionRecord, now: number): Decision {
-  if (Object.keys(r.in_flight).length === 0) return ok(r);
-  return ok(touch(r, now, { in_flight: {} }));
+  if (!holdsLeases(r)) return ok(r);
+  return ok(touchLeases(r, now, { in_flight: {}, spare_leases: undefined }));
+}
+
+/** Whether the summary holds any lease, live or expired, spare or not. */
+export function holdsLeases(r: SessionRecord): boolean {
+  return Object.keys(r.in_flight).length > 0 || r.spare_leases !== undefined;
+}
+
+/**
+ * An ingest began on a spare lease: it becomes an ingest in flight like any other (status and
+ * start-upload count it from now on). Only while the session is UPLOADING and the spare lease
+ * live: otherwise the ingest's record will be refused as well (409, or 503 for the lease).
+ */
+export function decideIngestTake(r: SessionRecord, packageId: string, now: number, leaseMs: number): Decision {
+  const bad = requireUploading(r);
+  if (bad) return fail(bad);
+  const lease = r.spare_leases?.[packageId];
+  if (lease === undefined || lease <= now) return fail(errors.storageUnavailable(new Error(`Spare lease ${packageId} is gone`)));
+  const leases = withoutLeases(r, now, new Set([packageId]));
+  return ok(touchLeases(r, now, { ...leases, in_flight: { ...leases.in_flight, [packageId]: now + leaseMs } }));
 }
 
 /**
@@ -293,20 +356,21 @@ export function decideReleaseAllLeases(r: SessionRecord, now: number): Decision 
  * and renewing it would let it be recorded. Allowed in any state; expired leases are pruned.
  */
 export function decideIngestRenew(r: SessionRecord, packageIds: Iterable<string>, now: number, leaseMs: number): Decision {
-  let in_flight: Record<string, number> | null = null;
+  let leases: Pick<SessionRecord, 'in_flight' | 'spare_leases'> | null = null;
   for (const id of packageIds) {
-    const lease = r.in_flight[id];
+    const lease = leaseOf(r, id);
     if (lease === undefined || lease <= now) continue;
-    in_flight ??= pruneLeases(r.in_flight, now);
-    in_flight[id] = now + leaseMs;
+    leases ??= withoutLeases(r, now, new Set());
+    if (id in r.in_flight) leases.in_flight[id] = now + leaseMs;
+    else leases.spare_leases = { ...leases.spare_leases, [id]: now + leaseMs };
   }
-  return in_flight ? ok(touch(r, now, { in_flight })) : ok(r);
+  return leases ? ok(touchLeases(r, now, leases)) : ok(r);
 }
 
-/** Packages failed or were abandoned: only their leases end. Allowed in any state. */
+/** Packages failed or were abandoned, or spare leases unused: only their leases end. Allowed in any state. */
 export function decideIngestRelease(r: SessionRecord, packageIds: readonly string[], now: number): Decision {
-  if (!packageIds.some((id) => id in r.in_flight)) return ok(r);
-  return ok(touch(r, now, { in_flight: pruneLeases(r.in_flight, now, new Set(packageIds)) }));
+  if (!packageIds.some((id) => leaseOf(r, id) !== undefined)) return ok(r);
+  return ok(touchLeases(r, now, withoutLeases(r, now, new Set(packageIds))));
 }
 
 export interface StartInput {
@@ -328,10 +392,11 @@ export function decideStart(r: SessionRecord, input: StartInput): Decision {
   if (packageCount(r) === 0) return fail(errors.noEntities());
   if (liveInFlight(r, input.now) > 0 || input.pendingBatches > 0) return fail(errors.uploadTasksInProgress());
   return ok(
-    touch(r, input.now, {
+    touchLeases(r, input.now, {
       status: 'STARTED',
-      // Dead instances' leases can never be recorded any more (recording needs UPLOADING).
+      // Dead instances' leases and spare ones can never be recorded any more (recording needs UPLOADING).
       in_flight: {},
+      spare_leases: undefined,
       workflow: { date_from, date_to, started_at: new Date(input.now).toISOString() },
     }),
   );

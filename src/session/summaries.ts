@@ -41,10 +41,16 @@ interface PendingDecision {
   reject: (err: unknown) => void;
 }
 
+interface Writer {
+  waiting: PendingDecision[];
+  running: boolean;
+  linger?: NodeJS.Timeout;
+}
+
 /** The summaries as this process last saw them, and the per-session queue of decisions that writes them. */
 export class Summaries {
-  /** Per session: decisions waiting for the next write, and whether a write is under way. */
-  private readonly writers = new Map<string, { waiting: PendingDecision[]; running: boolean }>();
+  /** Per session: decisions waiting for the next write, whether a write is under way, and the timer of lingering ones. */
+  private readonly writers = new Map<string, Writer>();
   /** Per session: the summary as this process last wrote or read it (least recently used first). */
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
 
@@ -82,8 +88,10 @@ export class Summaries {
   /**
    * Queues `decide` for the session's next write and resolves with the summary after it
    * (or rejects with its error). `decide` must be pure: it runs again if the write loses.
+   * `lingerMs`: with no write under way, waits that long for another decision to share the
+   * write with (one that does not linger starts it at once).
    */
-  mutate(client: ClientRef | null, uploadUuid: string, access: Access, decide: (r: SessionRecord) => Decision): Promise<SessionRecord> {
+  mutate(client: ClientRef | null, uploadUuid: string, access: Access, decide: (r: SessionRecord) => Decision, lingerMs = 0): Promise<SessionRecord> {
     return new Promise((resolve, reject) => {
       let writer = this.writers.get(uploadUuid);
       if (!writer) {
@@ -91,12 +99,19 @@ export class Summaries {
         this.writers.set(uploadUuid, writer);
       }
       writer.waiting.push({ client, access, decide, resolve, reject });
-      if (!writer.running) void this.write(uploadUuid, writer);
+      if (writer.running) return;
+      if (lingerMs === 0) {
+        clearTimeout(writer.linger);
+        void this.write(uploadUuid, writer);
+      } else writer.linger ??= setTimeout(() => void this.write(uploadUuid, writer), lingerMs);
     });
   }
 
   /** Writes the waiting decisions of one session, a group at a time, until none is left. */
-  private async write(uploadUuid: string, writer: { waiting: PendingDecision[]; running: boolean }): Promise<void> {
+  private async write(uploadUuid: string, writer: Writer): Promise<void> {
+    if (writer.running) return;
+    clearTimeout(writer.linger);
+    writer.linger = undefined;
     writer.running = true;
     try {
       while (writer.waiting.length > 0) {

@@ -26,12 +26,16 @@ const noConnector: Connector = {
 
 /**
  * A session store that counts the summary writes it is asked for; `failNext` makes the next
- * summary write fail as a NATS timeout does, after it landed or before.
+ * summary write fail as a NATS timeout does, after it landed or before; `stall` holds summary
+ * writes until it resolves; `landed` resolves once the next summary write has.
  */
-function counting(store: SessionStore): SessionStore & { updates: number; failNext: 'landed' | 'lost' | null } {
+function counting(store: SessionStore): SessionStore & { updates: number; failNext: 'landed' | 'lost' | null; stall: Promise<void> | null; landed: () => Promise<void> } {
+  const onLanded: (() => void)[] = [];
   const counted = {
     updates: 0,
     failNext: null as 'landed' | 'lost' | null,
+    stall: null as Promise<void> | null,
+    landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
     capabilities: store.capabilities,
     get: store.get.bind(store),
     create: store.create.bind(store),
@@ -40,7 +44,9 @@ function counting(store: SessionStore): SessionStore & { updates: number; failNe
       const fail = key.startsWith('session.') ? counted.failNext : null;
       counted.failNext = null;
       if (fail === 'lost') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      if (key.startsWith('session.')) await counted.stall;
       const written = await store.update(key, value, revision);
+      if (key.startsWith('session.')) for (const resolve of onLanded.splice(0)) resolve();
       if (fail === 'landed') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
       return written;
     },
@@ -166,6 +172,52 @@ t.test('a record write of unknown outcome is resolved before the ingest answers:
   t.notOk(lost in after.in_flight, 'and its lease ended, so it never can be (the uploader drops it)');
   t.notOk(lost in after.recording);
   t.same((await s.status(client, uuid)).entities, ['stock']);
+});
+
+t.test('spare leases: an ingest after a record here begins without a write; unused ones hold back neither status nor start-upload, and a beat ends them (injected clock)', async (t) => {
+  const { sessions, service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  const s = service(() => now);
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const pkg = (id: string) => ({ id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  const summary = async () => (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  const spares = async () => Object.keys((await summary()).spare_leases ?? {});
+
+  const a = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, pkg(a));
+  const [spare] = await spares();
+  t.ok(spare, 'the record granted a spare lease');
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, true, 'an unused spare lease holds nothing');
+  let resume!: () => void;
+  sessions.stall = new Promise((resolve) => (resume = resolve));
+  const b = await s.beginIngest(client, uuid);
+  t.equal(b, spare, 'the next ingest began on the spare lease, its write held back');
+  const taken = sessions.landed();
+  sessions.stall = null;
+  resume();
+  await taken;
+  t.equal((await s.status(client, uuid)).upload_tasks_finished, false, 'which then counts as an ingest in flight');
+  t.ok(b in (await summary()).in_flight);
+  await s.recordIngest(client, uuid, pkg(b));
+  t.equal(packageCount(await summary()), 2, 'recorded under it');
+  t.equal((await spares()).length, 1, 'and its record granted the next');
+
+  now += 5_000;
+  await s.renewLeases();
+  t.equal((await spares()).length, 1, 'a beat keeps a spare lease granted since the last');
+  now += 5_000;
+  await s.renewLeases();
+  t.same(await spares(), [], 'the next ends it, untaken');
+  const c = await s.beginIngest(client, uuid);
+  t.ok(c in (await summary()).in_flight, 'then an ingest takes its lease with a write');
+  await s.recordIngest(client, uuid, pkg(c));
+  t.equal((await spares()).length, 1);
+
+  await s.flushLedger();
+  await s.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' });
+  t.same(await spares(), [], 'start-upload, right after the last record, ends the spare lease');
+  const late = await s.beginIngest(client, uuid).catch((err: unknown) => err);
+  t.match(late, { code: 'INVALID_SESSION_STATUS', statusCode: 409 }, 'and no ingest here begins on it afterwards');
 });
 
 /** `target` with the members of `over` in place of its own (its methods bound to it). */

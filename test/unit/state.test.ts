@@ -7,7 +7,9 @@ import {
   decideIngestRecord,
   decideIngestRelease,
   decideIngestRenew,
+  decideIngestTake,
   decideInitialize,
+  decideReleaseAllLeases,
   decideStart,
   decideStartFailed,
   decideTerminate,
@@ -99,6 +101,44 @@ t.test('renew extends live leases only: an expired, released or revoked one stay
   // Renewed, then recorded: the record needs exactly that live lease.
   const recorded = decideIngestRecord(d.next, { id: 'live', ...entry('products') }, NOW + 14_000);
   t.ok(recorded.ok, 'a renewed lease is recorded after the first lease would have ended');
+});
+
+t.test('spare leases: granted with a record, recorded like a lease, invisible to status and start-upload, ended by start', async (t) => {
+  const r = session('UPLOADING', { in_flight: { p1: NOW + 100, p2: NOW + 100 } });
+  const d = decideIngestRecord(r, { id: 'p1', ...entry('products') }, NOW, { grant: { id: 's1', until: NOW + 100 } });
+  if (!t.ok(d.ok) || !d.ok) return;
+  t.same(d.next.spare_leases, { s1: NOW + 100 }, 'granted in the record\'s write');
+  t.same(d.next.in_flight, { p2: NOW + 100 });
+  t.equal(packageFate(d.next, 's1', NOW), 'wait', 'a package under a live spare lease may still be recorded');
+  t.equal(packageFate(d.next, 's1', NOW + 100), 'revoke');
+  // p2 records: nothing else is under way, so the status counts no ingest in flight.
+  const p2 = decideIngestRecord(d.next, { id: 'p2', ...entry('products') }, NOW);
+  if (!t.ok(p2.ok) || !p2.ok) return;
+  t.equal(statusView(p2.next, 0, NOW).upload_tasks_finished, true, 'an unused spare lease holds nothing: upload tasks finished');
+  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW });
+  t.ok(started.ok && !('spare_leases' in started.next), 'start-upload is not held back by a spare lease, and ends it');
+  // Taken by an ingest, the spare lease is recorded like any lease; renewed and released alike.
+  const renewed = decideIngestRenew(p2.next, ['s1'], NOW + 50, 1000);
+  t.ok(renewed.ok && renewed.next.spare_leases?.s1 === NOW + 1050, 'renewed where it is');
+  const rec = decideIngestRecord(p2.next, { id: 's1', ...entry('stock', 2) }, NOW);
+  t.ok(rec.ok && rec.next.recording.s1?.rows === 2 && !('spare_leases' in rec.next), 'recorded under its spare lease, which ends');
+  const released = decideIngestRelease(p2.next, ['s1'], NOW);
+  t.ok(released.ok && !('spare_leases' in released.next), 'released');
+  const all = decideReleaseAllLeases(p2.next, NOW);
+  t.ok(all.ok && !('spare_leases' in all.next), 'a restarted embedded instance ends them');
+  // An ingest on it counts as in flight once taken; not after a start, nor once it expired.
+  const taken = decideIngestTake(p2.next, 's1', NOW + 10, 1000);
+  t.ok(taken.ok && taken.next.in_flight.s1 === NOW + 1010 && !('spare_leases' in taken.next), 'taken: an ingest in flight');
+  t.equal(taken.ok && statusView(taken.next, 0, NOW + 10).upload_tasks_finished, false, 'which status counts');
+  const afterStart = started.ok ? decideIngestTake(started.next, 's1', NOW, 1000) : null;
+  t.match(afterStart, { ok: false, error: { code: 'INVALID_SESSION_STATUS' } }, 'start-upload came first: 409');
+  t.match(decideIngestTake(p2.next, 's1', NOW + 100, 1000), { ok: false, error: { code: 'STORAGE_UNAVAILABLE' } }, 'expired: gone');
+  // None is granted at maxPackages. One package recorded before (`session`), p1 now: p2's lease and a spare would make 4.
+  const full = decideIngestRecord(r, { id: 'p1', ...entry('products') }, NOW, { grant: { id: 's1', until: NOW + 100 }, maxPackages: 3 });
+  t.ok(full.ok && !('spare_leases' in full.next), 'no spare lease past maxPackages');
+  const room = decideIngestRecord(r, { id: 'p1', ...entry('products') }, NOW, { grant: { id: 's1', until: NOW + 100 }, maxPackages: 4 });
+  t.ok(room.ok && room.next.spare_leases?.s1 === NOW + 100, 'one below maxPackages: granted');
+  t.notOk(decideIngestBegin(room.ok ? room.next : r, 'p9', NOW, 1000, 4).ok, 'spare leases count against maxPackages at begin');
 });
 
 t.test('fold moves recorded packages into the totals, once; the sum never changes', async (t) => {
