@@ -212,6 +212,10 @@ t.test('spare leases: an ingest after a record here begins without a write; unus
   t.ok(c in (await summary()).in_flight, 'then an ingest takes its lease with a write');
   await s.recordIngest(client, uuid, pkg(c));
   t.equal((await spares()).length, 1);
+  const writes = sessions.updates;
+  const d = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, pkg(d));
+  t.equal(sessions.updates - writes, 1, 'a take lingers for company: begun on a spare lease and recorded at once, one write');
 
   await s.flushLedger();
   await s.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' });
