@@ -3,7 +3,7 @@ import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type StreamConfig }
 import { connectNats, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
-import { NatsLedger } from '../../src/store/nats/ledger.js';
+import { ENTRY_ROUNDS, NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../../testbed/nats.js';
@@ -188,6 +188,7 @@ t.test('group commit: ledger entries and queue commits written at one moment sha
   await Promise.all(Array.from({ length: 40 }, (_, i) => ledger.append(`u${i}`, [entry(`p${i}`)])));
   t.ok(ledger.publishStats.batches >= 1, `batched: ${JSON.stringify(ledger.publishStats)}`);
   t.equal(ledger.publishStats.batched + ledger.publishStats.single, 40, 'every entry went out once');
+  t.ok(ledger.publishStats.single <= ENTRY_ROUNDS, `entries go ${ENTRY_ROUNDS} rounds at a time, the rest wait for one: ${JSON.stringify(ledger.publishStats)}`);
   for (let i = 0; i < 40; i++) t.same(await ledger.get(`u${i}`, `p${i}`), entry(`p${i}`));
 
   const sessions = await NatsSessionStore.open(h, { bucket: unique('sessions'), replicas: 1 });

@@ -4,7 +4,8 @@
  * at a time per stream; on nats-server 2.15 an atomic batch (ADR-50, 2.12+) is stored with
  * its syncs coalesced: about four per batch whatever its size, against one per message
  * (measured on 2.15.1: 20 batches of 2, 10 or 50 messages, 82 fsyncs each run; 200 single
- * publishes, 202). So the messages that wait while `MAX_ROUNDS` rounds are in flight go out
+ * publishes, 202). Three of the four are the batch's staging, a file store of its own under
+ * the stream's directory, synced on any `sync_interval`: batches cost syncs even there. So the messages that wait while `MAX_ROUNDS` rounds are in flight go out
  * together in the next round: as one atomic batch when there are at least `BATCH_MIN` of
  * them, else as single publishes. A message's promise resolves once the server acknowledged it.
  *
@@ -58,6 +59,7 @@ export class GroupPublisher {
   readonly #ctx: NatsContext;
   readonly #stream: string;
   readonly #budgetMs: number;
+  readonly #maxRounds: number;
   #atomic: boolean;
   #waiting: Waiting[] = [];
   /** Rounds in flight. */
@@ -65,10 +67,12 @@ export class GroupPublisher {
   /** Rounds sent as one batch, and messages in them: what the tests and the bench read. */
   readonly stats = { batches: 0, batched: 0, single: 0 };
 
-  constructor(ctx: NatsContext, stream: string, opts: { atomic: boolean; budgetMs: number }) {
+  /** `maxRounds`: rounds in flight at once (default `MAX_ROUNDS`); fewer for writes nobody waits for, in bigger batches. */
+  constructor(ctx: NatsContext, stream: string, opts: { atomic: boolean; budgetMs: number; maxRounds?: number }) {
     this.#ctx = ctx;
     this.#stream = stream;
     this.#budgetMs = opts.budgetMs;
+    this.#maxRounds = opts.maxRounds ?? MAX_ROUNDS;
     this.#atomic = opts.atomic;
   }
 
@@ -85,9 +89,9 @@ export class GroupPublisher {
     });
   }
 
-  /** Starts rounds while messages wait and fewer than `MAX_ROUNDS` are in flight. */
+  /** Starts rounds while messages wait and fewer than `maxRounds` are in flight. */
   #pump(): void {
-    while (this.#waiting.length > 0 && this.#rounds < MAX_ROUNDS) {
+    while (this.#waiting.length > 0 && this.#rounds < this.#maxRounds) {
       const round = this.#take();
       this.#rounds++;
       const sent = this.#atomic && round.length >= BATCH_MIN ? this.#batch(round) : Promise.all(round.map((m) => this.#single(m)));
