@@ -5,9 +5,10 @@
  * its syncs coalesced: about four per batch whatever its size, against one per message
  * (measured on 2.15.1: 20 batches of 2, 10 or 50 messages, 82 fsyncs each run; 200 single
  * publishes, 202). Three of the four are the batch's staging, a file store of its own under
- * the stream's directory, synced on any `sync_interval`: batches cost syncs even there. So the messages that wait while `MAX_ROUNDS` rounds are in flight go out
- * together in the next round: as one atomic batch when there are at least `BATCH_MIN` of
- * them, else as single publishes. A message's promise resolves once the server acknowledged it.
+ * the stream's directory, synced on any `sync_interval`. So the messages that wait while
+ * `maxRounds` rounds are in flight go out together in the next round: as one atomic batch
+ * when there are at least `BATCH_MIN` of them, else as single publishes. A message's promise
+ * resolves once the server acknowledged it.
  *
  * nats.js 2.x has no batch publish (its successor's `@nats-io/jetstream` does): the batch is
  * the ADR's headers on plain publishes, the last one a request whose reply is the batch's

@@ -52,7 +52,8 @@ export class NatsLedger implements PackageLedger {
     this.#bucket = bucket;
     this.#retryMs = retryMs;
     // Entries are written after their package's 200, and nobody waits for one: two rounds at
-    // a time make bigger batches, fewer syncs of the stream the uploader's markers share.
+    // a time make bigger batches, fewer syncs of the stream. (Markers go this way too where the
+    // ledger keeps no count, before 2.12: there a round sends up to 256 waiting messages at once.)
     this.#puts = new GroupPublisher(ctx, `KV_${bucket}`, { atomic, budgetMs: retryMs, maxRounds: ENTRY_ROUNDS });
     this.counts = counts;
     if (counts) {
