@@ -13,7 +13,8 @@
  * Every nats-server runs the shipped JetStream settings (config/nats/jetstream.conf:
  * `sync_interval: always`); a NATS engine with `:default-sync` appended (`nats:default-sync`)
  * runs nats-server's default instead (an fsync every 2 minutes), to show in one run what
- * syncing before each acknowledgement costs. For NATS engines the report also gives, per
+ * syncing before each acknowledgement costs; with `:no-uploader` the service runs no uploader
+ * (status while the uploaders are behind). For NATS engines the report also gives, per
  * package, the messages stored in every stream plus acknowledgements and (single server)
  * the server's fsync calls per stream (strace with a seccomp filter), and in `many` the status p99
  * measured during the load.
@@ -305,7 +306,7 @@ async function jetStreamWrites(natsUrl: string): Promise<number> {
 
 async function startService(spec: string, dir: string, inlineBytes?: number): Promise<Target> {
   const [engine, variant] = spec.split(':') as [string, string | undefined];
-  if (variant !== undefined && variant !== 'default-sync') throw new Error(`unknown engine variant ${spec}`);
+  if (variant !== undefined && variant !== 'default-sync' && variant !== 'no-uploader') throw new Error(`unknown engine variant ${spec}`);
   const natsOpts = variant === 'default-sync' ? { syncInterval: '2m' } : {};
   const clientsFile = join(dir, 'clients.json');
   await writeFile(
@@ -353,7 +354,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
       });
     }
     const base = distributed(natsUrl, s3) as Record<string, any>;
-    config = { ...base, ...relaxed, nats: { ...base.nats, replicas } };
+    config = { ...base, ...relaxed, nats: { ...base.nats, replicas }, ...(variant === 'no-uploader' ? { storage: { inProcessUploader: false } } : {}) };
   }
   const flags = process.env.BENCH_SERVER_FLAGS?.split(' ').filter(Boolean) ?? [];
   const gw = await spawnGateway(t, config as never, {}, flags, [], AS_IN_PRODUCTION);
@@ -365,7 +366,8 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
     pid: gw.child.pid!,
     session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
     status: async (client, uuid) => void (await api(gw.url, client, 'GET', `/${uuid}/status`)),
-    stored: async (client, uuid) => (await api(gw.url, client, 'GET', `/${uuid}/status`)).upload_tasks_finished === true,
+    // Without an uploader nothing is ever stored: no stored rate.
+    ...(variant === 'no-uploader' ? {} : { stored: async (client: BenchClient, uuid: string) => (await api(gw.url, client, 'GET', `/${uuid}/status`)).upload_tasks_finished === true }),
     ...(natsUrl ? { jetStreamWrites: () => jetStreamWrites(natsUrl!) } : {}),
     ...(fsyncs ? { fsyncs } : {}),
   };

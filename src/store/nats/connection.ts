@@ -318,7 +318,7 @@ export const ANSWER_STALE_MS = 30_000;
 
 /**
  * Values as last read (or written), per key, for `answerSoon`: the `size` most recently set.
- * `peek` gives one whatever its age; `recent` only one set within `ANSWER_STALE_MS`.
+ * `peek` gives one whatever its age; `recent` only one set within `ANSWER_STALE_MS` (or the age asked).
  */
 export class LastRead<V> {
   readonly #values = new Map<string, { value: V; at: number }>();
@@ -342,9 +342,10 @@ export class LastRead<V> {
     return this.#values.get(key)?.value;
   }
 
-  recent(key: string): V | undefined {
+  /** The value set within `maxAgeMs` (default `ANSWER_STALE_MS`), if any. */
+  recent(key: string, maxAgeMs = ANSWER_STALE_MS): V | undefined {
     const got = this.#values.get(key);
-    return got && this.now() - got.at <= ANSWER_STALE_MS ? got.value : undefined;
+    return got && this.now() - got.at <= maxAgeMs ? got.value : undefined;
   }
 }
 

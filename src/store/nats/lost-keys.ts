@@ -13,7 +13,7 @@
  * delete writes a marker), means lost data: `STORE_UNAVAILABLE`, never "absent".
  */
 import { readForAnswer, StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { JS_NO_MESSAGE_FOUND, jsErrorCode, withRetry, type NatsContext } from './connection.js';
+import { JS_NO_MESSAGE_FOUND, jsErrorCode, LastRead, withRetry, type NatsContext } from './connection.js';
 import { kvKey } from './session-store.js';
 
 /** The header of a KV delete or purge marker (nats.js KV). */
@@ -21,18 +21,28 @@ const KV_OPERATION = 'KV-Operation';
 
 /** How long the check re-sends through transient failures, as one store operation does. */
 const RETRY_MS = 10_000;
+/** How long a key found absent by the check stays so for answers (`getRecent`). */
+export const ABSENT_REUSE_MS = 1000;
+/** Keys whose absence is remembered (the most recently checked). */
+const REMEMBERED_ABSENT = 4096;
 
 export class LostKeysGuard implements SessionStore {
   readonly #inner: SessionStore;
   readonly #ctx: NatsContext;
   readonly #bucket: string;
   readonly #stream: string;
+  /** Keys the check found absent, for answers. */
+  readonly #foundAbsent: LastRead<true>;
+  /** Checks under way for answers, by key. */
+  readonly #checking = new Map<string, Promise<unknown>>();
 
-  constructor(inner: SessionStore, ctx: NatsContext, bucket: string) {
+  /** `now`: milliseconds, for how long an absence is reused (tests drive their own). */
+  constructor(inner: SessionStore, ctx: NatsContext, bucket: string, now: () => number = () => performance.now()) {
     this.#inner = inner;
     this.#ctx = ctx;
     this.#bucket = bucket;
     this.#stream = `KV_${bucket}`;
+    this.#foundAbsent = new LastRead<true>(REMEMBERED_ABSENT, now);
   }
 
   get capabilities() {
@@ -43,9 +53,28 @@ export class LostKeysGuard implements SessionStore {
     return (await this.#inner.get<T>(key)) ?? this.#checkNothing<T>(key);
   }
 
-  /** Nothing found is checked as `get` checks it (on the leader: a found value needs no check). */
+  /**
+   * Nothing found is checked as `get` checks it (on the leader: a found value needs no check),
+   * at most once per `ABSENT_REUSE_MS` and key: an answer may be that moment behind, and a
+   * status polled while no package of its session is stored yet (its counts key absent, the
+   * uploaders behind) would otherwise ask the stream's subject state every time, an API
+   * request that queues behind the server's others under load. Concurrent checks share one.
+   */
   async getRecent<T>(key: string): Promise<Versioned<T> | null> {
-    return (await readForAnswer<T>(this.#inner, key)) ?? this.#checkNothing<T>(key);
+    const found = await readForAnswer<T>(this.#inner, key);
+    if (found) return found;
+    if (this.#foundAbsent.recent(key, ABSENT_REUSE_MS)) return null;
+    let checking = this.#checking.get(key);
+    if (!checking) {
+      checking = this.#checkNothing<unknown>(key)
+        .then((v) => {
+          if (v === null) this.#foundAbsent.set(key, true);
+          return v;
+        })
+        .finally(() => this.#checking.delete(key));
+      this.#checking.set(key, checking);
+    }
+    return (await checking) as Versioned<T> | null;
   }
 
   create<T>(key: string, value: T): Promise<number> {
