@@ -23,11 +23,14 @@ import {
 const MAX_CAS_ATTEMPTS = 32;
 
 /**
- * `store`, `drop` or `wait` for one queued package. An expired lease still in the summary is
- * revoked with a compare-and-set before the package is dropped, so that a gateway whose clock
- * runs behind cannot record the package afterwards. A package neither recording nor leased
- * is looked up in the ledger, read after the summary: an entry leaves `recording` only once
- * the ledger holds it, so a recorded package is never missed.
+ * `store`, `drop` or `wait` for one queued package. The ledger first: an entry is written
+ * only for a recorded package (after its record), so one there is `store` in a single read,
+ * which is how the uploader usually finds a package (folded out of the summary by then); a
+ * delete since is `sessionLive`'s to see, after the put. Otherwise the summary: an expired
+ * lease still in it is revoked with a compare-and-set before the package is dropped, so that
+ * a gateway whose clock runs behind cannot record the package afterwards; a package neither
+ * recording nor leased is looked up in the ledger again, read after the summary: an entry
+ * leaves `recording` only once the ledger holds it, so a recorded package is never missed.
  */
 export async function packageVerdict(
   sessions: SessionStore,
@@ -36,6 +39,7 @@ export async function packageVerdict(
   packageId: string,
   now: () => number = Date.now,
 ): Promise<'store' | 'drop' | 'wait'> {
+  if (await ledger.get(uploadUuid, packageId)) return 'store';
   for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
     const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
     const record = stored ? { value: fromStored(stored.value), revision: stored.revision } : null;
@@ -46,6 +50,16 @@ export async function packageVerdict(
     await casOnce(sessions, uploadUuid, record!, decideIngestRelease(record!.value, [packageId], now()));
   }
   return 'wait';
+}
+
+/**
+ * Whether the session is still there and not deleted, read from the leader: asked after a
+ * package's put, since a delete's clean-up may have listed the session's objects before that
+ * one was there.
+ */
+export async function sessionLive(sessions: SessionStore, uploadUuid: string): Promise<boolean> {
+  const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
+  return stored !== null && !stored.value.deleted;
 }
 
 /**

@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { Config } from '../config/config.js';
 import type { InternalErrorCode } from '../errors.js';
 import type { Logger } from '../log.js';
-import { packageVerdict } from '../session/recovery.js';
+import { packageVerdict, sessionLive } from '../session/recovery.js';
 import { storedCounter } from '../session/stored-counts.js';
 import type { Engines } from '../store/engines.js';
 import { objectKey } from '../store/keys.js';
@@ -32,6 +32,13 @@ export interface UploaderOptions {
    * got a 200 for it); or `wait`: its ingest may still record it. Unset: store everything.
    */
   verdict?: (pkg: PackageMeta) => Promise<'store' | 'drop' | 'wait'>;
+  /**
+   * After the put, before the count: whether the package's session is still there (see
+   * `sessionLive`). A delete meanwhile may have had its clean-up list the session's objects
+   * before this one was there: false, and the object is deleted again and the package acked
+   * unstored. Unset: always.
+   */
+  live?: (pkg: PackageMeta) => Promise<boolean>;
   observer?: UploaderObserver;
   /**
    * Counts a stored package in its session (session/stored-counts.ts), after the put and
@@ -78,6 +85,7 @@ export async function runUploader(
     prefix: config.storage.objectPrefix,
     concurrency: config.storage.uploaderConcurrency,
     verdict: (meta) => packageVerdict(engines.sessions, engines.ledger, meta.upload_uuid, meta.package_id),
+    live: (meta) => sessionLive(engines.sessions, meta.upload_uuid),
     counted: (meta) => stored.count(meta),
     onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
     ...(observer ? { observer } : {}),
@@ -101,9 +109,10 @@ export function startUploader(opts: UploaderOptions): QueueConsumer {
 }
 
 function consumeOne(opts: UploaderOptions): QueueConsumer {
-  const { objects, prefix, onError, verdict, observer, counted } = opts;
+  const { objects, prefix, onError, verdict, live, observer, counted } = opts;
   return opts.queue.consume(async (pkg) => {
     let decided: 'store' | 'drop' | 'wait' = 'store';
+    const key = objectKey(prefix, pkg.meta);
     try {
       if (verdict) {
         decided = await verdict(pkg.meta);
@@ -113,13 +122,21 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
           decided = await verdict(pkg.meta);
         }
       }
+      let put = false;
       if (decided === 'store') {
         const started = performance.now();
-        await objects.put(objectKey(prefix, pkg.meta), objectBody(pkg, objects.capabilities.consumesChunksInTurn));
+        await objects.put(key, objectBody(pkg, objects.capabilities.consumesChunksInTurn));
+        put = true;
         const durationMs = performance.now() - started;
-        await counted?.(pkg.meta);
-        observer?.stored(durationMs);
-      } else if (decided === 'drop') {
+        if (live && !(await live(pkg.meta))) decided = 'drop';
+        else {
+          await counted?.(pkg.meta);
+          observer?.stored(durationMs);
+        }
+      }
+      if (decided === 'drop') {
+        // Stored just now for a session deleted meanwhile, or perhaps by an earlier delivery (the key is the whole name).
+        if (put || pkg.attempt > 1) await objects.deletePrefix(key);
         observer?.abandoned();
       }
     } catch (err) {

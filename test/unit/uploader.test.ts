@@ -7,7 +7,12 @@ import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { ObjectStore, PackageMeta, StoredObject } from '../../src/store/ports.js';
 import { objectKey } from '../../src/store/keys.js';
 import { countRows } from '../../src/store/object-format.js';
-import { startUploader } from '../../src/uploader/uploader.js';
+import { runUploader, startUploader } from '../../src/uploader/uploader.js';
+import type { Config } from '../../src/config/config.js';
+import { silentLogger } from '../../src/log.js';
+import { SessionService } from '../../src/session/service.js';
+import { sessionObjectPrefix } from '../../src/store/keys.js';
+import { embeddedStores } from '../support/embedded-stores.js';
 
 const meta = (package_id: string, entity = 'stores'): PackageMeta => ({
   package_id,
@@ -123,4 +128,67 @@ t.test('uploader: one object per package, header + rows, a failed put is redeliv
     t.equal(stored, `${JSON.stringify(header)}\n${batches.join('')}`, `${package_id}: header line, then the batches unchanged`);
     t.same(await countRows(await files.get(objectKey('exports', m)) ?? bytes('')), { header, rows: header.rows });
   }
+});
+
+t.test('a session deleted while its package is put: the object goes again, nothing of the session stays', async (t) => {
+  const { sessions, ledger, queue, objects } = await embeddedStores(t, 'uploader-delete-');
+  const client = { id: 'acme', minDate: '2020-01-01' };
+  const service = new SessionService({
+    sessions,
+    ledger,
+    queue,
+    objects,
+    connector: { start: async () => ({}), terminate: async () => {}, close: async () => {} },
+    objectPrefix: 'up',
+    inFlightLeaseMs: 60_000,
+    callbackUrl: 'http://x/cb',
+    ledgerLingerMs: 0,
+  });
+  t.teardown(() => service.close());
+  const { upload_uuid: uuid } = await service.initialize(client);
+  const id = await service.beginIngest(client, uuid);
+  const w = await queue.open({ package_id: id, client_id: client.id, upload_uuid: uuid, entity: 'stock', columns: ['store_id'] });
+  await w.append(Buffer.from('["s1"]\n'));
+  await w.commit({ rows: 1, bytes: 7 });
+  await service.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 7, object_bytes: 100 });
+  await service.flushLedger();
+
+  // The put has its body and completes only when released: an upload under way, its object not there yet.
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  let putting!: () => void;
+  const underWay = new Promise<void>((resolve) => (putting = resolve));
+  const gated: ObjectStore = {
+    capabilities: objects.capabilities,
+    list: (prefix) => objects.list(prefix),
+    get: (key) => objects.get(key),
+    deletePrefix: (prefix) => objects.deletePrefix(prefix),
+    close: async () => {},
+    async put(key, body) {
+      const chunks: Uint8Array[] = [];
+      for await (const c of body) chunks.push(c);
+      putting();
+      await released;
+      return objects.put(key, (async function* () {
+        yield* chunks;
+      })());
+    },
+  };
+  let outcome!: (what: string) => void;
+  const settled = new Promise<string>((resolve) => (outcome = resolve));
+  const uploader = await runUploader(
+    { queue, objects: gated, sessions, ledger, sweepIncompleteUploads: async () => 0 },
+    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 } } as Pick<Config, 'storage'>,
+    silentLogger,
+    { stored: () => outcome('stored'), abandoned: () => outcome('abandoned'), failed: () => outcome('failed') },
+  );
+  t.teardown(() => uploader.stop());
+
+  await underWay;
+  await service.delete(client, uuid);
+  await service.cleanUpsIdle();
+  t.same(await objects.list(sessionObjectPrefix('up', client.id, uuid)), [], "the delete's clean-up is done: no object yet");
+  release();
+  t.equal(await settled, 'abandoned', 'the uploader finds the session deleted after its put');
+  t.same(await objects.list(sessionObjectPrefix('up', client.id, uuid)), [], 'and deletes the object it stored');
 });
