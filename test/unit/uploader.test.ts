@@ -2,16 +2,15 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
-import { FileObjectStore } from '../../src/store/embedded/object-store.js';
-import type { ObjectStore, PackageMeta, StoredObject } from '../../src/store/ports.js';
-import { objectKey } from '../../src/store/keys.js';
-import { countRows } from '../../src/store/object-format.js';
-import { runUploader, startUploader } from '../../src/uploader/uploader.js';
 import type { Config } from '../../src/config/config.js';
 import { silentLogger } from '../../src/log.js';
 import { SessionService } from '../../src/session/service.js';
-import { sessionObjectPrefix } from '../../src/store/keys.js';
+import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
+import { FileObjectStore } from '../../src/store/embedded/object-store.js';
+import type { ObjectStore, PackageMeta, StoredObject } from '../../src/store/ports.js';
+import { objectKey, sessionObjectPrefix } from '../../src/store/keys.js';
+import { countRows } from '../../src/store/object-format.js';
+import { runUploader, startUploader } from '../../src/uploader/uploader.js';
 import { embeddedStores } from '../support/embedded-stores.js';
 
 const meta = (package_id: string, entity = 'stores'): PackageMeta => ({
