@@ -73,6 +73,8 @@ export interface SessionServiceDeps {
   clock?: () => number;
   /** The retry pauses of a delete's clean-up (clean-up.ts; default 500 ms doubling to 60 s). */
   cleanUpBackoff?: CleanUpDeps['backoff'];
+  /** How long after a delete its clean-up runs every step again (clean-up.ts; default 15 min). */
+  cleanUpLatePassMs?: number;
   /** Background failures (ledger writes, clean-up after delete); never client errors. */
   onBackgroundError?: (err: unknown, what: string) => void;
 }
@@ -120,6 +122,7 @@ export class SessionService {
       objectPrefix,
       clock: this.now,
       ...(deps.cleanUpBackoff ? { backoff: deps.cleanUpBackoff } : {}),
+      ...(deps.cleanUpLatePassMs !== undefined ? { latePassMs: deps.cleanUpLatePassMs } : {}),
       ...(onBackgroundError ? { onError: onBackgroundError } : {}),
     });
   }

@@ -1,8 +1,8 @@
 /**
  * A delete's clean-up as durable work (session/clean-up.ts), on the embedded stores (real
  * files) with injected faults: recorded before the answer, retried until every step
- * succeeded, taken up again by another process after a stop, and never run for a session
- * whose delete did not happen.
+ * succeeded, taken up again by another process after a stop, never run for a session
+ * whose delete did not happen, and run again once its late pass is due.
  */
 import t, { type Test } from 'tap';
 import type { Connector } from '../../src/connector/types.js';
@@ -38,7 +38,8 @@ function patched<T extends object>(target: T, patch: Partial<T>): T {
   });
 }
 
-async function rig(t: Test) {
+/** `latePassMs`: 0 unless set (the late pass due at once: the tests of the first pass); `clock`: the wall clock unless set. */
+async function rig(t: Test, opts: { latePassMs?: number; clock?: () => number } = {}) {
   const { sessions, ledger, queue, objects } = await embeddedStores(t, 'clean-up-');
   const faults = { deletePrefix: { n: 0, calls: 0 }, drop: { n: 0, calls: 0 }, createCleanUp: { n: 0, calls: 0 } };
   const faultyObjects = patched<ObjectStore>(objects, { deletePrefix: failing((prefix: string) => objects.deletePrefix(prefix), faults.deletePrefix) });
@@ -63,6 +64,8 @@ async function rig(t: Test) {
       callbackUrl: 'http://x/cb',
       ledgerLingerMs: 0,
       cleanUpBackoff: { firstMs: 1, maxMs: 4 },
+      cleanUpLatePassMs: opts.latePassMs ?? 0,
+      ...(opts.clock ? { clock: opts.clock } : {}),
       onBackgroundError: (err) => errors.push((err as Error).message),
     });
     t.teardown(() => s.close());
@@ -94,7 +97,7 @@ async function rig(t: Test) {
     };
   };
   const nothing = { objects: 0, ledger: 0, idempotency: false, summary: false, cleanUp: false };
-  return { sessions, objects, faults, errors, service, session, left, nothing };
+  return { sessions, ledger, objects, faults, errors, service, session, left, nothing };
 }
 
 t.test('a delete whose clean-up fails (EMFILE) a few times: recorded before the answer, retried until everything is gone', async (t) => {
@@ -167,4 +170,37 @@ t.test('a clean-up record of a session that was not deleted touches nothing', as
   t.equal(await s.resumeCleanUps(), 1);
   await s.cleanUpsIdle();
   t.same(await r.left(uuid), { objects: 1, ledger: 1, idempotency: true, summary: true, cleanUp: false }, 'only the stale record is gone');
+});
+
+t.test('what an uploader that began before the delete stores after the first pass: the late pass removes it, on any instance', async (t) => {
+  let now = Date.parse('2026-11-27T12:00:00Z');
+  const latePassMs = 15 * 60_000;
+  const r = await rig(t, { latePassMs, clock: () => now });
+  const s = r.service();
+  const uuid = await r.session(s);
+  await s.delete(client, uuid);
+  await s.cleanUpsIdle();
+  t.match(await r.left(uuid), { objects: 0, ledger: 0, idempotency: false, summary: false, cleanUp: true }, 'the first pass removed everything but its record');
+  t.match((await r.sessions.get(cleanUpKey(uuid)))?.value, { since: now, swept: now }, 'marked swept');
+
+  // An uploader put the package before the delete and crashed before it read the session
+  // again; its put lands now, with its ledger entry, and the purge took its queue message.
+  const id = 'landed-late';
+  await r.objects.put(objectKey('up', { client_id: client.id, upload_uuid: uuid, entity: 'stock', package_id: id }), (async function* () {
+    yield Buffer.from('{"rows":1}\n');
+  })());
+  await r.ledger.append(uuid, [{ package_id: id, entity: 'stock', rows: 1, bytes: 10, object_bytes: 110 }]);
+  t.equal(await s.resumeCleanUps(), 0, 'a housekeeping round before the late pass is due starts nothing');
+  const other = r.service();
+  t.equal(await other.resumeCleanUps(), 0, 'nor does another instance run the swept pass again');
+  t.match(await r.left(uuid), { objects: 1, ledger: 1, cleanUp: true });
+
+  now += latePassMs - 1;
+  t.equal(await other.resumeCleanUps(), 0, 'not due one millisecond early');
+  now += 1;
+  t.equal(await other.resumeCleanUps(), 1, 'due: the next round on any instance starts the late pass');
+  await other.cleanUpsIdle();
+  t.same(await r.left(uuid), r.nothing, 'the late object and entry are gone, and the record with them');
+  t.equal(await s.resumeCleanUps(), 0);
+  t.same(r.errors, []);
 });
