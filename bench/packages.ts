@@ -29,7 +29,9 @@
  *
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
  * --grow N (20000), --out DIR (bench/results), --no-peer, --inline-bytes LIST (the service once per
- * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none). `BENCH_SERVER_FLAGS` adds Node flags
+ * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none),
+ * --rounds N (1: every target N times in turn, A B A B, each a fresh service; medians and, for an
+ * engine run beside its `:default-sync`, the ratio of each round's pair). `BENCH_SERVER_FLAGS` adds Node flags
  * to the service (as for `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`; `BENCH_NATS_SUBJECTS=FILE`
  * writes every message the NATS server carried, counted by subject shape.
  */
@@ -60,6 +62,7 @@ const { values } = parseArgs({
     'no-peer': { type: 'boolean', default: false },
     clients: { type: 'string', default: '2' },
     'inline-bytes': { type: 'string', default: '' },
+    rounds: { type: 'string', default: '1' },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -67,6 +70,7 @@ const SCENARIOS = values.scenario!.split(',');
 const DURATION_MS = Number(values.duration) * 1000;
 const GROW = Number(values.grow);
 const CLIENT_PROCS = Number(values.clients);
+const ROUNDS = Math.max(1, Number(values.rounds));
 /** `ingest.inlineBytes` of the service, one measurement each (e.g. `32768,0`: the short way against none); empty: the default. */
 const INLINE: (number | undefined)[] = values['inline-bytes'] ? values['inline-bytes'].split(',').map(Number) : [undefined];
 const SESSIONS = 16;
@@ -245,6 +249,62 @@ async function load(
     }
   }
   return out;
+}
+
+/** One target's result in one scenario of one round. */
+interface Measured {
+  label: string;
+  scenario: 'many' | 'one' | 'mib';
+  round: number;
+  perSecond: number;
+  /** Status p99: during the load (`many`), at the end (`one`). */
+  statusMs?: number;
+  /** `one`: the last tenth's rate ÷ the first's. */
+  lastFirst?: number;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 === 1 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+}
+
+/**
+ * After more than one round, each target's median (min–max) per scenario; and for every engine
+ * run beside its `:default-sync`, the ratio of the two in each round (they ran one after the
+ * other: the pair shares the machine's speed of the moment) and the median of those.
+ */
+function summarize(measured: Measured[]): void {
+  const range = (xs: number[], digits: number) =>
+    `${median(xs).toFixed(digits)}${xs.length > 1 ? ` (${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)})` : ''}`;
+  const keys = [...new Set(measured.map((m) => `${m.label}\u0000${m.scenario}`))].map((k) => k.split('\u0000') as [string, Measured['scenario']]);
+  const of = (label: string, scenario: string) => measured.filter((m) => m.label === label && m.scenario === scenario);
+  if (ROUNDS > 1) {
+    say('');
+    say(`Over ${ROUNDS} rounds, median (min–max):`);
+    say('');
+    say('| target | scenario | packages/s | status p99 ms (`many`: during the load; `one`: at the end) | last ÷ first |');
+    say('|---|---|---:|---:|---:|');
+    for (const [label, scenario] of keys) {
+      const ms = of(label, scenario);
+      const status = ms.flatMap((m) => (m.statusMs === undefined ? [] : [m.statusMs]));
+      const lastFirst = ms.flatMap((m) => (m.lastFirst === undefined ? [] : [m.lastFirst]));
+      say(`| ${label} | ${scenario} | ${range(ms.map((m) => m.perSecond), 0)} | ${status.length ? range(status, 1) : ''} | ${lastFirst.length ? range(lastFirst, 2) : ''} |`);
+    }
+  }
+  const pairs: string[] = [];
+  for (const [label, scenario] of keys) {
+    const base = label.replace(':default-sync', '');
+    if (base === label || !keys.some(([l, s]) => l === base && s === scenario)) continue;
+    const ratios = of(base, scenario).flatMap((m) => {
+      const other = of(label, scenario).find((d) => d.round === m.round);
+      return other ? [m.perSecond / other.perSecond] : [];
+    });
+    pairs.push(`- \`${scenario}\`: ${base} ÷ ${label}, packages/s, per round ${ratios.map((x) => x.toFixed(2)).join(', ')}; median ${median(ratios).toFixed(2)}`);
+  }
+  if (pairs.length > 0) {
+    say('');
+    for (const p of pairs) say(p);
+  }
 }
 
 async function statusP99(target: Target, client: BenchClient, uuid: string, n = 300): Promise<number> {
@@ -430,17 +490,23 @@ try {
   say('');
   say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | stored/s | CPU ms/package until stored | packages |');
   say('|---|---|---:|---:|---:|---:|---:|---:|---:|');
-  const targets: (() => Promise<Target>)[] = ENGINES.flatMap((e) =>
-    INLINE.map((inline) => async () => {
-      const dir = join(work, `${e}-${inline ?? 'default'}`);
-      await mkdir(dir, { recursive: true });
-      return startService(e, dir, inline);
-    }),
+  /** `label`: the engine as `--engine` names it (`:default-sync` pairs are found by it), with its `inlineBytes` if given. */
+  const targets: { label: string; make: (round: number) => Promise<Target> }[] = ENGINES.flatMap((e) =>
+    INLINE.map((inline) => ({
+      label: inline === undefined ? e : `${e} inline ${inline}`,
+      make: async (round: number) => {
+        const dir = join(work, `${e}-${inline ?? 'default'}-${round}`);
+        await mkdir(dir, { recursive: true });
+        return startService(e, dir, inline);
+      },
+    })),
   );
-  if (!values['no-peer']) targets.push(() => startPeer(work));
+  if (!values['no-peer']) targets.push({ label: 'peer', make: () => startPeer(work) });
   const notes: string[] = [];
-  for (const make of targets) {
-    const target = await make();
+  const measured: Measured[] = [];
+  for (let round = 1; round <= ROUNDS; round++) for (const { label, make } of targets) {
+    const target = await make(round);
+    if (ROUNDS > 1) target.name += ` #${round}`;
     const sessions = await Promise.all(clients.map(async (c) => ({ uuid: await target.session(c), clientId: c.id, token: c.token })));
     if (SCENARIOS.includes('many')) {
       const lanes = sessions.flatMap((s) => [s, s, s, s]);
@@ -465,9 +531,11 @@ try {
       say(`| ${target.name} | 16 sessions × 4 in flight, 7 KB | ${fmt(r)} |`);
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
       const syncs = syncsSince(syncs0, await target.fsyncs?.());
+      const statusMs = target.status ? pct(statusLatencies.sort((a, b) => a - b), 99) : undefined;
+      measured.push({ label, scenario: 'many', round, perSecond: r.perSecond, ...(statusMs === undefined ? {} : { statusMs }) });
       if (target.status || writes !== undefined) {
         notes.push(
-          `${target.name}, 16 sessions: status p99 during the load ${pct(statusLatencies.sort((a, b) => a - b), 99).toFixed(1)} ms (${statusLatencies.length} asked)` +
+          `${target.name}, 16 sessions: status p99 during the load ${statusMs?.toFixed(1)} ms (${statusLatencies.length} asked)` +
             perPackage(r.packages, writes, syncs) +
             `; CPU ms per package until stored: ${r.cpuParts}`,
         );
@@ -483,6 +551,7 @@ try {
       const b = r.blocks!;
       say(`| ${target.name} | one session × 16 in flight, ${GROW} × 7 KB | ${fmt(r)} |`);
       const status = target.status ? await statusP99(target, grower, one.uuid) : null;
+      measured.push({ label, scenario: 'one', round, perSecond: r.perSecond, lastFirst: b.at(-1)! / b[0]!, ...(status === null ? {} : { statusMs: status }) });
       notes.push(
         `${target.name}, one session: packages/s per tenth ${b.map((x) => x.toFixed(0)).join(', ')}; last ÷ first ${(b.at(-1)! / b[0]!).toFixed(2)}` +
           (status === null ? '' : `; status p99 at ${GROW} packages ${status.toFixed(1)} ms`) +
@@ -493,11 +562,13 @@ try {
     if (SCENARIOS.includes('mib')) {
       const r = await load(target, mib, sessions, { durationMs: DURATION_MS });
       say(`| ${target.name} | 16 × 1 MiB in flight | ${fmt(r)} (${((r.perSecond * 1024 * 1024) / 1e6).toFixed(0)} MB/s) |`);
+      measured.push({ label, scenario: 'mib', round, perSecond: r.perSecond });
     }
     await cleanUp();
   }
   say('');
   for (const n of notes) say(`- ${n}`);
+  summarize(measured);
   await mkdir(values.out!, { recursive: true });
   await writeFile(join(values.out!, `packages-${new Date().toISOString().replace(/[:.]/g, '-')}.md`), `${lines.join('\n')}\n`);
 } finally {
