@@ -183,8 +183,9 @@ t.test('what an uploader that began before the delete stores after the first pas
   t.match(await r.left(uuid), { objects: 0, ledger: 0, idempotency: false, summary: false, cleanUp: true }, 'the first pass removed everything but its record');
   t.match((await r.sessions.get(cleanUpKey(uuid)))?.value, { since: now, swept: now }, 'marked swept');
 
-  // An uploader put the package before the delete and crashed before it read the session
-  // again; its put lands now, with its ledger entry, and the purge took its queue message.
+  // An uploader put a package before the delete and crashed before it read the session again:
+  // its put lands now (the purge took its queue message: no redelivery), and a late ledger
+  // write with it.
   const id = 'landed-late';
   await r.objects.put(objectKey('up', { client_id: client.id, upload_uuid: uuid, entity: 'stock', package_id: id }), (async function* () {
     yield Buffer.from('{"rows":1}\n');
