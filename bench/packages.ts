@@ -276,7 +276,8 @@ function median(xs: number[]): number {
 function summarize(measured: Measured[]): void {
   const range = (xs: number[], digits: number) =>
     `${median(xs).toFixed(digits)}${xs.length > 1 ? ` (${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)})` : ''}`;
-  const keys = [...new Set(measured.map((m) => `${m.label}\u0000${m.scenario}`))].map((k) => k.split('\u0000') as [string, Measured['scenario']]);
+  /** Each target and scenario measured, once, in the order first measured. */
+  const keys = [...new Map(measured.map((m) => [`${m.label} ${m.scenario}`, m])).values()];
   const of = (label: string, scenario: string) => measured.filter((m) => m.label === label && m.scenario === scenario);
   if (ROUNDS > 1) {
     say('');
@@ -284,7 +285,7 @@ function summarize(measured: Measured[]): void {
     say('');
     say('| target | scenario | packages/s | status p99 ms (`many`: during the load; `one`: at the end) | last ÷ first |');
     say('|---|---|---:|---:|---:|');
-    for (const [label, scenario] of keys) {
+    for (const { label, scenario } of keys) {
       const ms = of(label, scenario);
       const status = ms.flatMap((m) => (m.statusMs === undefined ? [] : [m.statusMs]));
       const lastFirst = ms.flatMap((m) => (m.lastFirst === undefined ? [] : [m.lastFirst]));
@@ -292,9 +293,9 @@ function summarize(measured: Measured[]): void {
     }
   }
   const pairs: string[] = [];
-  for (const [label, scenario] of keys) {
+  for (const { label, scenario } of keys) {
     const base = label.replace(':default-sync', '');
-    if (base === label || !keys.some(([l, s]) => l === base && s === scenario)) continue;
+    if (base === label || !keys.some((k) => k.label === base && k.scenario === scenario)) continue;
     const ratios = of(base, scenario).flatMap((m) => {
       const other = of(label, scenario).find((d) => d.round === m.round);
       return other ? [m.perSecond / other.perSecond] : [];

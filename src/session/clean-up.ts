@@ -114,7 +114,7 @@ export class SessionCleanUps {
     let started = 0;
     for await (const { value } of this.#deps.sessions.list<PendingCleanUp>(PREFIX)) {
       if (this.#stop.signal.aborted) break;
-      if (this.#running.has(value.upload_uuid) || !this.#hasPassToDo(value)) continue;
+      if (this.#running.has(value.upload_uuid) || !this.#needsPass(value)) continue;
       void this.run(value.client_id, value.upload_uuid);
       started++;
     }
@@ -132,8 +132,13 @@ export class SessionCleanUps {
     await Promise.allSettled([...this.#running.values()]);
   }
 
-  #hasPassToDo(pending: PendingCleanUp): boolean {
-    return pending.swept === undefined || this.#now() >= pending.since + this.#latePassMs;
+  /** Whether the record has a pass to do: its first, or its late one once due. */
+  #needsPass(pending: PendingCleanUp): boolean {
+    return pending.swept === undefined || this.#latePassDue(pending);
+  }
+
+  #latePassDue(pending: PendingCleanUp): boolean {
+    return this.#now() >= pending.since + this.#latePassMs;
   }
 
   async #untilDone(clientId: string, uploadUuid: string): Promise<void> {
@@ -170,7 +175,7 @@ export class SessionCleanUps {
     const { sessions, queue, objects, ledger, objectPrefix } = this.#deps;
     const key = cleanUpKey(uploadUuid);
     const pending = await sessions.get<PendingCleanUp>(key);
-    if (!pending || !this.#hasPassToDo(pending.value)) return; // done, or swept by another process meanwhile
+    if (!pending || !this.#needsPass(pending.value)) return; // done, or swept by another process meanwhile
     const summary = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
     if (summary && !summary.value.deleted) {
       await sessions.delete(key);
@@ -184,8 +189,7 @@ export class SessionCleanUps {
     await sessions.delete(clientSessionKey(clientId, uploadUuid));
     if (summary) await sessions.delete(sessionKey(uploadUuid), summary.revision);
     // A pass once the late one is due is the last (a put begun before the delete has landed by then).
-    const now = this.#now();
-    if (now >= pending.value.since + this.#latePassMs) await sessions.delete(key);
-    else await sessions.update(key, { ...pending.value, swept: now }, pending.revision);
+    if (this.#latePassDue(pending.value)) await sessions.delete(key);
+    else await sessions.update(key, { ...pending.value, swept: this.#now() }, pending.revision);
   }
 }
