@@ -20,20 +20,22 @@
  * measured during the load.
  *
  * Scenarios: `many` — 16 sessions (one client each), 4 packages of ~7 KB in flight per
- * session, for --duration seconds; `one` — one session, 16 in flight, --grow packages, the
- * rate per tenth of them and the status latency at the end; `mib` — 1 MiB packages, 16 in
- * flight over 16 sessions, for --duration seconds. Reports packages/s, latency p50/p99, and
- * the server's CPU ms per package (all its threads, from /proc); for the service also the rate
- * until the last package was stored (its background uploads finished: the rate it sustains)
- * and the CPU per package until then.
+ * session (--in-flight), for --duration seconds, the status asked in turn while the clients
+ * send (not while the uploads catch up after); `one` — one session, 16 in flight, --grow
+ * packages, the rate per tenth of them and the status latency at the end; `mib` — 1 MiB
+ * packages, 16 in flight over 16 sessions, for --duration seconds. Reports packages/s, latency
+ * p50/p99, and the server's CPU ms per package (all its threads, from /proc); for the service
+ * also the rate until the last package was stored (its background uploads finished: the rate
+ * it sustains) and the CPU per package until then.
  *
  * Flags: --engine LIST (embedded,nats), --scenario LIST (many,one,mib), --duration S (10),
  * --grow N (20000), --out DIR (bench/results), --no-peer, --inline-bytes LIST (the service once per
  * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none),
  * --rounds N (1: every target N times in turn, A B A B, each a fresh service; medians and, for an
- * engine run beside its `:default-sync`, the ratio of each round's pair). `BENCH_SERVER_FLAGS` adds Node flags
- * to the service (as for `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`; `BENCH_NATS_SUBJECTS=FILE`
- * writes every message the NATS server carried, counted by subject shape.
+ * engine run beside its `:default-sync`, the ratio of each round's pair), --in-flight N (4: packages
+ * in flight per session in `many`). `BENCH_SERVER_FLAGS` adds Node flags to the service (as for
+ * `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`; `BENCH_NATS_SUBJECTS=FILE` writes
+ * every message the NATS server carried, counted by subject shape.
  */
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
@@ -63,6 +65,7 @@ const { values } = parseArgs({
     clients: { type: 'string', default: '2' },
     'inline-bytes': { type: 'string', default: '' },
     rounds: { type: 'string', default: '1' },
+    'in-flight': { type: 'string', default: '4' },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -71,6 +74,8 @@ const DURATION_MS = Number(values.duration) * 1000;
 const GROW = Number(values.grow);
 const CLIENT_PROCS = Number(values.clients);
 const ROUNDS = Math.max(1, Number(values.rounds));
+/** Packages in flight per session in `many`. */
+const IN_FLIGHT = Math.max(1, Number(values['in-flight']));
 /** `ingest.inlineBytes` of the service, one measurement each (e.g. `32768,0`: the short way against none); empty: the default. */
 const INLINE: (number | undefined)[] = values['inline-bytes'] ? values['inline-bytes'].split(',').map(Number) : [undefined];
 const SESSIONS = 16;
@@ -181,7 +186,7 @@ async function load(
   target: Target,
   bodyFile: string,
   lanes: PackagesJob['lanes'],
-  opts: { count?: number; durationMs?: number; blocks?: number },
+  opts: { count?: number; durationMs?: number; blocks?: number; loaded?: () => void },
 ): Promise<Load> {
   const procs = Math.min(CLIENT_PROCS, lanes.length);
   const children: ChildProcess[] = [];
@@ -209,6 +214,7 @@ async function load(
     ),
   );
   const seconds = (Date.now() - t0) / 1000;
+  opts.loaded?.();
   const cpu = (await cpuMs(target.pid)) - cpu0;
   let stored: Load['stored'];
   if (target.stored) {
@@ -443,7 +449,8 @@ async function startPeer(dir: string): Promise<Target> {
 
 /**
  * JetStream's messages and acknowledgements, and the server's fsyncs, per package answered,
- * counted from the start of the load until its end (the uploads still running then are not in it).
+ * counted from the start of the load until every package is stored (the uploader's own included;
+ * with `:no-uploader`, until the clients stop).
  */
 function perPackage(packages: number, writes: number | undefined, syncs: Map<string, number> | undefined): string {
   const per = (n: number) => (n / Math.max(1, packages)).toFixed(2);
@@ -510,10 +517,10 @@ try {
     if (ROUNDS > 1) target.name += ` #${round}`;
     const sessions = await Promise.all(clients.map(async (c) => ({ uuid: await target.session(c), clientId: c.id, token: c.token })));
     if (SCENARIOS.includes('many')) {
-      const lanes = sessions.flatMap((s) => [s, s, s, s]);
+      const lanes = sessions.flatMap((s) => Array.from({ length: IN_FLIGHT }, () => s));
       const writes0 = await target.jetStreamWrites?.();
       const syncs0 = await target.fsyncs?.();
-      // Status of one of the sessions, asked in turn while the load runs.
+      // Status of one of the sessions, asked in turn while the clients send (not while the uploads catch up after).
       let loading = true;
       const statusLatencies: number[] = [];
       const poll = (async () => {
@@ -526,10 +533,9 @@ try {
           await new Promise((r) => setTimeout(r, 10));
         }
       })();
-      const r = await load(target, small, lanes, { durationMs: DURATION_MS });
-      loading = false;
+      const r = await load(target, small, lanes, { durationMs: DURATION_MS, loaded: () => (loading = false) });
       await poll;
-      say(`| ${target.name} | 16 sessions × 4 in flight, 7 KB | ${fmt(r)} |`);
+      say(`| ${target.name} | 16 sessions × ${IN_FLIGHT} in flight, 7 KB | ${fmt(r)} |`);
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
       const syncs = syncsSince(syncs0, await target.fsyncs?.());
       const statusMs = target.status ? pct(statusLatencies.sort((a, b) => a - b), 99) : undefined;
