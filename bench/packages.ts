@@ -535,14 +535,14 @@ try {
       })();
       const r = await load(target, small, lanes, { durationMs: DURATION_MS, loaded: () => (loading = false) });
       await poll;
-      say(`| ${target.name} | 16 sessions × ${IN_FLIGHT} in flight, 7 KB | ${fmt(r)} |`);
+      say(`| ${target.name} | ${SESSIONS} sessions × ${IN_FLIGHT} in flight, 7 KB | ${fmt(r)} |`);
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
       const syncs = syncsSince(syncs0, await target.fsyncs?.());
       const statusMs = target.status ? pct(statusLatencies.sort((a, b) => a - b), 99) : undefined;
       measured.push({ label, scenario: 'many', round, perSecond: r.perSecond, ...(statusMs === undefined ? {} : { statusMs }) });
       if (target.status || writes !== undefined) {
         notes.push(
-          `${target.name}, 16 sessions: status p99 during the load ${statusMs?.toFixed(1)} ms (${statusLatencies.length} asked)` +
+          `${target.name}, ${SESSIONS} sessions: status p99 during the load ${statusMs?.toFixed(1)} ms (${statusLatencies.length} asked)` +
             perPackage(r.packages, writes, syncs) +
             `; CPU ms per package until stored: ${r.cpuParts}`,
         );
