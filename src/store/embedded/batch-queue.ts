@@ -281,10 +281,7 @@ export class FileBatchQueue implements BatchQueue {
     this.#perSession.set(e.meta.upload_uuid, (this.#perSession.get(e.meta.upload_uuid) ?? 0) + 1);
   }
 
-  /**
-   * Forgets an entry (acked or purged) and releases its segments; those of a delivery still
-   * under way (a purge while the consumer reads it) when it settles: its reads find them there.
-   */
+  /** Forgets an entry (acked or purged) and releases its segments. */
   #remove(e: Entry): void {
     if (!this.#entries.delete(e.seq)) return;
     if (e.inMemory) {
@@ -294,10 +291,6 @@ export class FileBatchQueue implements BatchQueue {
     const left = (this.#perSession.get(e.meta.upload_uuid) ?? 1) - 1;
     if (left > 0) this.#perSession.set(e.meta.upload_uuid, left);
     else this.#perSession.delete(e.meta.upload_uuid);
-    if (!e.inFlight) this.#release(e);
-  }
-
-  #release(e: Entry): void {
     this.#segments.release(new Set(e.batches.map((b) => this.#segments.get(b[0])).filter((s): s is Segment => s !== undefined)));
   }
 
@@ -389,10 +382,7 @@ export class FileBatchQueue implements BatchQueue {
 
   #settle(e: Entry, ok: boolean): void {
     e.inFlight = false;
-    if (e.purged) {
-      this.#release(e); // purged during this delivery: its segments were kept for it (`#remove`)
-      return;
-    }
+    if (e.purged) return;
     if (ok) {
       // The ack is sent before its segments are released: their removal waits for it.
       void this.#removal({ t: 'queue-ack', seq: e.seq });
