@@ -25,7 +25,8 @@ export interface Versioned<T> {
  * - `STORE_CORRUPT`: stored bytes are not what the store wrote (a file shorter than its
  *   index says, a commit message that describes no package).
  * - `QUEUE_PACKAGE_DROPPED`: the package being written was purged (its session deleted) or
- *   aborted; it is never delivered.
+ *   aborted, so it is never delivered; or, from a delivery's batches, it was purged after it
+ *   was taken.
  * - `QUEUE_PACKAGE_COMMITTED`: the package was already committed; no more appends.
  * - `QUEUE_BATCH_LOST`: a committed package's batches are gone; redelivery cannot help.
  */

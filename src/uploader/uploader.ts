@@ -112,6 +112,7 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
   const { objects, prefix, onError, verdict, live, observer, counted } = opts;
   return opts.queue.consume(async (pkg) => {
     let decided: 'store' | 'drop' | 'wait' = 'store';
+    let put = false;
     const key = objectKey(prefix, pkg.meta);
     try {
       if (verdict) {
@@ -122,7 +123,6 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
           decided = await verdict(pkg.meta);
         }
       }
-      let put = false;
       if (decided === 'store') {
         const started = performance.now();
         await objects.put(key, objectBody(pkg, objects.capabilities.consumesChunksInTurn));
@@ -134,12 +134,9 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
           observer?.stored(durationMs);
         }
       }
-      if (decided === 'drop') {
-        // Stored just now for a session deleted meanwhile, or perhaps by an earlier delivery (the key is the whole name).
-        if (put || pkg.attempt > 1) await objects.deletePrefix(key);
-        observer?.abandoned();
-      }
+      if (decided === 'drop') await abandon();
     } catch (err) {
+      if (await deletedMeanwhile()) return;
       observer?.failed();
       onError?.(err, pkg.meta);
       throw err;
@@ -147,6 +144,25 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
     // Not an error: the ingest is still under way (or its gateway died and its lease has yet to expire).
     if (decided === 'wait') throw new PackageNotRecorded(pkg.meta.package_id);
     // 'drop': acked unstored.
+
+    async function abandon(): Promise<void> {
+      // Stored just now for a session deleted meanwhile, or perhaps by an earlier delivery (the key is the whole name).
+      if (put || pkg.attempt > 1) await objects.deletePrefix(key);
+      observer?.abandoned();
+    }
+
+    /**
+     * After a failure: whether the session was deleted meanwhile (its purge ends the read of
+     * the package's batches: QUEUE_PACKAGE_DROPPED on the embedded queue, gone on NATS); the
+     * package is then acked unstored, not failed.
+     */
+    async function deletedMeanwhile(): Promise<boolean> {
+      if (!live || (await live(pkg.meta).catch(() => true))) return false;
+      return abandon().then(
+        () => true,
+        () => false,
+      );
+    }
   });
 }
 

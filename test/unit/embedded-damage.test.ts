@@ -156,6 +156,44 @@ t.test('queue segments: a flipped bit in a batch drops that package (QUEUE_BATCH
   }
 });
 
+t.test('a session purged after one of its packages was taken: its read ends with QUEUE_PACKAGE_DROPPED, no damage is reported', async (t) => {
+  const dir = await tempDir(t);
+  const damage: Damage[] = [];
+  // Nothing held in memory: the delivery reads its segment, the only one, released by the purge.
+  const q = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0, onDamage: (...d) => void damage.push(d) });
+  t.teardown(() => q.close());
+  const w = await q.open(meta(1));
+  await w.append(Buffer.from(batchOf(1)));
+  await w.commit({ rows: 1, bytes: Buffer.byteLength(batchOf(1)) });
+  let taken!: () => void;
+  const inHandler = new Promise<void>((resolve) => (taken = resolve));
+  let purgedNow!: () => void;
+  const purged = new Promise<void>((resolve) => (purgedNow = resolve));
+  let settled!: (r: { body?: string; err?: string }) => void;
+  const outcome = new Promise<{ body?: string; err?: string }>((resolve) => (settled = resolve));
+  const consumer = q.consume(async (pkg) => {
+    taken();
+    await purged;
+    try {
+      const parts: Buffer[] = [];
+      for await (const b of pkg.batches()) parts.push(Buffer.from(b));
+      settled({ body: Buffer.concat(parts).toString() });
+    } catch (err) {
+      settled({ err: (err as { code?: string }).code ?? String(err) });
+    }
+  });
+  t.teardown(() => consumer.stop());
+  await inHandler;
+  await q.purge('u1');
+  purgedNow();
+  t.same(await outcome, { err: 'QUEUE_PACKAGE_DROPPED' }, 'the read ends: nothing of a purged package is handed out');
+  await consumer.stop();
+  t.same(damage, [], 'no damage reported');
+  t.equal(await q.pending('u1'), 0, 'the package is gone from the queue');
+  await q.close();
+  t.notOk((await readdir(join(dir, 'segments'))).includes('0.seg'), 'and so is its segment');
+});
+
 const readAll = readText;
 
 async function* bytes(text: string): AsyncIterable<Uint8Array> {

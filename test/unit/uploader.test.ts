@@ -191,3 +191,74 @@ t.test('a session deleted while its package is put: the object goes again, nothi
   t.equal(await settled, 'abandoned', 'the uploader finds the session deleted after its put');
   t.same(await objects.list(sessionObjectPrefix('up', client.id, uuid)), [], 'and deletes the object it stored');
 });
+
+t.test('a session deleted after its package was taken, before its batches are read: acked unstored, nothing put, nothing logged as a failure', async (t) => {
+  const { sessions, ledger, queue, objects } = await embeddedStores(t, 'uploader-purged-');
+  const client = { id: 'acme', minDate: '2020-01-01' };
+  const service = new SessionService({
+    sessions,
+    ledger,
+    queue,
+    objects,
+    connector: { start: async () => ({}), terminate: async () => {}, close: async () => {} },
+    objectPrefix: 'up',
+    inFlightLeaseMs: 60_000,
+    callbackUrl: 'http://x/cb',
+    ledgerLingerMs: 0,
+  });
+  t.teardown(() => service.close());
+  const { upload_uuid: uuid } = await service.initialize(client);
+  const id = await service.beginIngest(client, uuid);
+  const w = await queue.open({ package_id: id, client_id: client.id, upload_uuid: uuid, entity: 'stock', columns: ['store_id'] });
+  await w.append(Buffer.from('["s1"]\n'));
+  await w.commit({ rows: 1, bytes: 7 });
+  await service.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 7, object_bytes: 100 });
+  await service.flushLedger();
+
+  // The put starts reading its body only when released: the delete comes between the take and the read.
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  let putting!: () => void;
+  const underWay = new Promise<void>((resolve) => (putting = resolve));
+  const puts: string[] = [];
+  const gated: ObjectStore = {
+    capabilities: objects.capabilities,
+    list: (prefix) => objects.list(prefix),
+    get: (key) => objects.get(key),
+    deletePrefix: (prefix) => objects.deletePrefix(prefix),
+    close: async () => {},
+    async put(key, body) {
+      putting();
+      await released;
+      try {
+        const stored = await objects.put(key, body);
+        puts.push('stored');
+        return stored;
+      } catch (err) {
+        puts.push((err as { code?: string }).code ?? String(err));
+        throw err;
+      }
+    },
+  };
+  const errors: string[] = [];
+  const log = { ...silentLogger, error: (msg: string) => void errors.push(msg) };
+  let outcome!: (what: string) => void;
+  const settled = new Promise<string>((resolve) => (outcome = resolve));
+  const uploader = await runUploader(
+    { queue, objects: gated, sessions, ledger, sweepIncompleteUploads: async () => 0 },
+    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 } } as Pick<Config, 'storage'>,
+    log,
+    { stored: () => outcome('stored'), abandoned: () => outcome('abandoned'), failed: () => outcome('failed') },
+  );
+  t.teardown(() => uploader.stop());
+
+  await underWay;
+  await service.delete(client, uuid);
+  await service.cleanUpsIdle();
+  release();
+  t.equal(await settled, 'abandoned', 'the package is acked unstored');
+  t.same(puts, ['QUEUE_PACKAGE_DROPPED'], 'its read ends at the purge: nothing of it is put');
+  t.same(errors, [], 'no failure logged');
+  t.equal(await queue.pending(uuid), 0, 'nothing of the session is left in the queue');
+  t.same(await objects.list(sessionObjectPrefix('up', client.id, uuid)), [], 'and no object');
+});

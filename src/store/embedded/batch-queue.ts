@@ -410,6 +410,8 @@ export class FileBatchQueue implements BatchQueue {
   async *#read(e: Entry, reuse: boolean, lost: { now: boolean }): AsyncIterable<Uint8Array> {
     const shared = reuse ? Buffer.allocUnsafe(e.batches.reduce((max, b) => Math.max(max, b[2]), 0)) : null;
     for (const [no, offset, length, crc] of e.batches) {
+      // Purged (its session deleted) since the take: its segments may be released already; not damage.
+      if (e.purged) throw dropped(e);
       const segment = this.#segments.get(no);
       if (!segment) {
         lost.now = true;
@@ -417,12 +419,17 @@ export class FileBatchQueue implements BatchQueue {
         throw new StoreError('QUEUE_BATCH_LOST', `Segment ${no} of package ${e.meta.package_id} is gone`);
       }
       const buf = shared ? shared.subarray(0, length) : Buffer.allocUnsafe(length);
-      const file = await segment.file;
-      await file.read(buf, offset);
+      try {
+        await (await segment.file).read(buf, offset);
+      } catch (err) {
+        if (e.purged) throw dropped(e);
+        throw err;
+      }
+      if (e.purged) throw dropped(e);
       if (crc !== undefined && crc32(buf) !== crc) {
         lost.now = true;
-        this.#damage.report(file.path, offset, `a batch of ${length} bytes of package ${e.meta.package_id} (session ${e.meta.upload_uuid}) fails its CRC-32; the package is dropped`);
-        throw new StoreError('QUEUE_BATCH_LOST', `A batch of package ${e.meta.package_id} is damaged (${file.path} at ${offset})`);
+        this.#damage.report(this.#segments.path(no), offset, `a batch of ${length} bytes of package ${e.meta.package_id} (session ${e.meta.upload_uuid}) fails its CRC-32; the package is dropped`);
+        throw new StoreError('QUEUE_BATCH_LOST', `A batch of package ${e.meta.package_id} is damaged (${this.#segments.path(no)} at ${offset})`);
       }
       yield buf;
     }
@@ -454,6 +461,11 @@ export class FileBatchQueue implements BatchQueue {
 /** A package's row of `queue`: its record but the seq (a column of its own). */
 function recordJson({ meta, rows, bytes, at, batches }: CommitRecord): string {
   return JSON.stringify({ meta, rows, bytes, at, batches });
+}
+
+/** A read of a package whose session was purged after the uploader took it: a drop, never a loss. */
+function dropped(e: Entry): StoreError {
+  return new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${e.meta.package_id} was purged with its session ${e.meta.upload_uuid} while it was being read`);
 }
 
 /** A held package's batches, as `#read` would yield them from its segment. */
