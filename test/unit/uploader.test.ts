@@ -1,12 +1,13 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import type { Config } from '../../src/config/config.js';
-import { silentLogger } from '../../src/log.js';
+import { silentLogger, type Logger } from '../../src/log.js';
 import { SessionService } from '../../src/session/service.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
+import type { Engines } from '../../src/store/engines.js';
 import type { ObjectStore, PackageMeta, StoredObject } from '../../src/store/ports.js';
 import { objectKey, sessionObjectPrefix } from '../../src/store/keys.js';
 import { countRows } from '../../src/store/object-format.js';
@@ -61,6 +62,47 @@ function observed(inner: ObjectStore, failFirst: Set<string>) {
     while (!cond()) await new Promise<void>((resolve) => waiters.push(resolve));
   };
   return { store, done, until };
+}
+
+/** A session of the embedded stores with one package committed and recorded (its ledger entry written): the uploader's next delivery. */
+async function recordedPackage(t: Test, prefix: string) {
+  const stores = await embeddedStores(t, prefix);
+  const { sessions, ledger, queue, objects } = stores;
+  const client = { id: 'acme', minDate: '2020-01-01' };
+  const service = new SessionService({
+    sessions,
+    ledger,
+    queue,
+    objects,
+    connector: { start: async () => ({}), terminate: async () => {}, close: async () => {} },
+    objectPrefix: 'up',
+    inFlightLeaseMs: 60_000,
+    callbackUrl: 'http://x/cb',
+    ledgerLingerMs: 0,
+  });
+  t.teardown(() => service.close());
+  const { upload_uuid: uuid } = await service.initialize(client);
+  const id = await service.beginIngest(client, uuid);
+  const w = await queue.open({ package_id: id, client_id: client.id, upload_uuid: uuid, entity: 'stock', columns: ['store_id'] });
+  await w.append(Buffer.from('["s1"]\n'));
+  await w.commit({ rows: 1, bytes: 7 });
+  await service.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 7, object_bytes: 100 });
+  await service.flushLedger();
+  return { ...stores, service, client, uuid };
+}
+
+/** Runs the uploader as the gateway does (prefix `up`, one at a time); `settled`: the first delivery's fate. */
+async function uploading(t: Test, stores: Pick<Engines, 'sessions' | 'ledger' | 'queue' | 'objects'>, log: Logger): Promise<{ settled: Promise<string> }> {
+  let outcome!: (what: string) => void;
+  const settled = new Promise<string>((resolve) => (outcome = resolve));
+  const uploader = await runUploader(
+    { ...stores, sweepIncompleteUploads: async () => 0 },
+    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 } } as Pick<Config, 'storage'>,
+    log,
+    { stored: () => outcome('stored'), abandoned: () => outcome('abandoned'), failed: () => outcome('failed') },
+  );
+  t.teardown(() => uploader.stop());
+  return { settled };
 }
 
 t.test('objectKey', async (t) => {
@@ -130,27 +172,7 @@ t.test('uploader: one object per package, header + rows, a failed put is redeliv
 });
 
 t.test('a session deleted while its package is put: the object goes again, nothing of the session stays', async (t) => {
-  const { sessions, ledger, queue, objects } = await embeddedStores(t, 'uploader-delete-');
-  const client = { id: 'acme', minDate: '2020-01-01' };
-  const service = new SessionService({
-    sessions,
-    ledger,
-    queue,
-    objects,
-    connector: { start: async () => ({}), terminate: async () => {}, close: async () => {} },
-    objectPrefix: 'up',
-    inFlightLeaseMs: 60_000,
-    callbackUrl: 'http://x/cb',
-    ledgerLingerMs: 0,
-  });
-  t.teardown(() => service.close());
-  const { upload_uuid: uuid } = await service.initialize(client);
-  const id = await service.beginIngest(client, uuid);
-  const w = await queue.open({ package_id: id, client_id: client.id, upload_uuid: uuid, entity: 'stock', columns: ['store_id'] });
-  await w.append(Buffer.from('["s1"]\n'));
-  await w.commit({ rows: 1, bytes: 7 });
-  await service.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 7, object_bytes: 100 });
-  await service.flushLedger();
+  const { sessions, ledger, queue, objects, service, client, uuid } = await recordedPackage(t, 'uploader-delete-');
 
   // The put has its body and completes only when released: an upload under way, its object not there yet.
   let release!: () => void;
@@ -173,15 +195,7 @@ t.test('a session deleted while its package is put: the object goes again, nothi
       })());
     },
   };
-  let outcome!: (what: string) => void;
-  const settled = new Promise<string>((resolve) => (outcome = resolve));
-  const uploader = await runUploader(
-    { queue, objects: gated, sessions, ledger, sweepIncompleteUploads: async () => 0 },
-    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 } } as Pick<Config, 'storage'>,
-    silentLogger,
-    { stored: () => outcome('stored'), abandoned: () => outcome('abandoned'), failed: () => outcome('failed') },
-  );
-  t.teardown(() => uploader.stop());
+  const { settled } = await uploading(t, { sessions, ledger, queue, objects: gated }, silentLogger);
 
   await underWay;
   await service.delete(client, uuid);
@@ -193,27 +207,7 @@ t.test('a session deleted while its package is put: the object goes again, nothi
 });
 
 t.test('a session deleted after its package was taken, before its batches are read: acked unstored, nothing put, nothing logged as a failure', async (t) => {
-  const { sessions, ledger, queue, objects } = await embeddedStores(t, 'uploader-purged-');
-  const client = { id: 'acme', minDate: '2020-01-01' };
-  const service = new SessionService({
-    sessions,
-    ledger,
-    queue,
-    objects,
-    connector: { start: async () => ({}), terminate: async () => {}, close: async () => {} },
-    objectPrefix: 'up',
-    inFlightLeaseMs: 60_000,
-    callbackUrl: 'http://x/cb',
-    ledgerLingerMs: 0,
-  });
-  t.teardown(() => service.close());
-  const { upload_uuid: uuid } = await service.initialize(client);
-  const id = await service.beginIngest(client, uuid);
-  const w = await queue.open({ package_id: id, client_id: client.id, upload_uuid: uuid, entity: 'stock', columns: ['store_id'] });
-  await w.append(Buffer.from('["s1"]\n'));
-  await w.commit({ rows: 1, bytes: 7 });
-  await service.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 7, object_bytes: 100 });
-  await service.flushLedger();
+  const { sessions, ledger, queue, objects, service, client, uuid } = await recordedPackage(t, 'uploader-purged-');
 
   // The put starts reading its body only when released: the delete comes between the take and the read.
   let release!: () => void;
@@ -242,15 +236,7 @@ t.test('a session deleted after its package was taken, before its batches are re
   };
   const errors: string[] = [];
   const log = { ...silentLogger, error: (msg: string) => void errors.push(msg) };
-  let outcome!: (what: string) => void;
-  const settled = new Promise<string>((resolve) => (outcome = resolve));
-  const uploader = await runUploader(
-    { queue, objects: gated, sessions, ledger, sweepIncompleteUploads: async () => 0 },
-    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 } } as Pick<Config, 'storage'>,
-    log,
-    { stored: () => outcome('stored'), abandoned: () => outcome('abandoned'), failed: () => outcome('failed') },
-  );
-  t.teardown(() => uploader.stop());
+  const { settled } = await uploading(t, { sessions, ledger, queue, objects: gated }, log);
 
   await underWay;
   await service.delete(client, uuid);
