@@ -94,6 +94,8 @@ export const ERROR_CODES = {
   CLIENT_GONE: null,
   /** `PackageNotRecorded` (uploader): the package's ingest is still under way; the queue hands it out again later. */
   PACKAGE_NOT_RECORDED: null,
+  /** `PackMissing` (embedded object store): a delete of an object found its directory removed meanwhile (nothing left to delete); never leaves the store. */
+  PACK_MISSING: null,
   // The store port's (`StoreError`, store/ports.ts: `STORE_ERROR_CODES`).
   /** A store, queue, ledger or file used after its close (the process is stopping). */
   STORE_CLOSED: null,

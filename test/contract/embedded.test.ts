@@ -338,3 +338,28 @@ t.test('FileObjectStore: puts racing deletes of their own prefix never fail on t
   t.same(failures.map((e) => (e as NodeJS.ErrnoException).code), [], 'no put failed');
   t.same(deleteFailures.map((e) => (e as NodeJS.ErrnoException).code), [], 'no delete failed');
 });
+
+t.test("FileObjectStore: a delete of one object racing the delete of its directory whole leaves nothing behind", async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const store = await FileObjectStore.open(dir);
+  t.teardown(() => store.close());
+  // The uploader deletes a package it put into a session deleted meanwhile while the
+  // session's delete removes the session's directories: before, the first found the key in
+  // the directory's index, the second removed the directory, then the first made the
+  // directory and its pack again to append the deletion (a pack of one deletion record).
+  async function* oneLine() {
+    yield Buffer.from('line\n');
+  }
+  for (let round = 0; round < 200; round++) {
+    const session = `c/s${round}/`;
+    await Promise.all(Array.from({ length: 4 }, (_, i) => store.put(`${session}e${i % 2}/p${i}.ndjson`, oneLine())));
+    await Promise.all([
+      ...Array.from({ length: 4 }, (_, i) => store.deletePrefix(`${session}e${i % 2}/p${i}.ndjson`)),
+      store.deletePrefix(session),
+    ]);
+  }
+  const left = await readdir(join(dir, 'objects', 'c')).catch((err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? [] : Promise.reject(err)));
+  t.same(left, [], 'no directory of a deleted session is left');
+  t.same(await store.list('c/'), [], 'no object is left');
+});

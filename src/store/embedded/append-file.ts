@@ -43,16 +43,17 @@ export class AppendFile {
   }
 
   /**
-   * Opens (creating it, and making its name durable, if missing) for appending at `size`
-   * (default: the file's size); anything past `size` (a torn tail) is cut off.
+   * Opens (creating it, and making its name durable, if missing, unless `create` is false:
+   * then a missing file fails with ENOENT) for appending at `size` (default: the file's
+   * size); anything past `size` (a torn tail) is cut off.
    */
-  static async open(path: string, opts: { size?: number } = {}): Promise<AppendFile> {
+  static async open(path: string, opts: { size?: number; create?: boolean } = {}): Promise<AppendFile> {
     let fh: FileHandle;
     let created = false;
     try {
       fh = await open(path, 'r+');
     } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || opts.create === false) throw err;
       fh = await open(path, 'wx+');
       created = true;
     }

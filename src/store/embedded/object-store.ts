@@ -2,13 +2,14 @@ import type { Dirent } from 'node:fs';
 import { open, readdir, rm, rmdir, stat, unlink, type FileHandle } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { crc32 } from 'node:zlib';
+import type { InternalErrorCode } from '../../errors.js';
 import { StoreError, type ObjectStore, type StoredObject } from '../ports.js';
 import { mkdirDurable } from '../../durable-file.js';
 import { AppendFile } from './append-file.js';
 import type { OnDamage } from './damage.js';
 import { OpenHandles } from './open-handles.js';
 import { HeldBytes, HOLD_BYTES } from './object-store/held-bytes.js';
-import { PACK, PackIndexes, type Located } from './object-store/indexes.js';
+import { PACK, PackIndexes, type DirIndex, type Located } from './object-store/indexes.js';
 import { escapeSegment, legacyFile, legacyKey, unescapeSegment } from './object-store/names.js';
 import { ABANDONED, deletion, header } from './object-store/record.js';
 
@@ -211,11 +212,20 @@ export class FileObjectStore implements ObjectStore {
         }
       }
       if (!entries.some((e) => e.name === PACK)) return;
-      const gone = [...(await this.#indexes.index(dir)).entries.keys()].filter((k) => k.startsWith(prefix));
-      if (gone.length === 0) return;
-      await this.#withPack(dir, async (pack) => {
-        while (pack.streaming) await pack.streaming;
-        await pack.file.append(Buffer.concat(gone.map((k) => deletion(k))));
+      const gone = (index: DirIndex) => [...index.entries.keys()].filter((k) => k.startsWith(prefix));
+      if (gone(await this.#indexes.index(dir)).length === 0) return;
+      // A delete of the directory whole may remove it meanwhile: the pack is not made again
+      // for a deletion (it would be a pack holding nothing else), and only what it still holds goes.
+      await this.#withPack(
+        dir,
+        async (pack) => {
+          while (pack.streaming) await pack.streaming;
+          const still = gone(await this.#indexes.index(dir));
+          if (still.length > 0) await pack.file.append(Buffer.concat(still.map((k) => deletion(k))));
+        },
+        { make: false },
+      ).catch((err: unknown) => {
+        if (!(err instanceof PackMissing)) throw err;
       });
     });
     for (const dir of whole) {
@@ -305,9 +315,10 @@ export class FileObjectStore implements ObjectStore {
    * the pack is marked to be cut back to its last durable byte before anyone reads or
    * appends to it again (`PackIndexes.index` does it).
    */
-  #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>): Promise<R> {
+  #withPack<R>(dir: string, fn: (pack: Pack) => Promise<R>, opts: { make?: boolean } = {}): Promise<R> {
     this.#check();
-    return this.#packs.use(dir, async (pack) => {
+    const make = opts.make ?? true;
+    const use = async (pack: Pack): Promise<R> => {
       try {
         return await fn(pack);
       } catch (err) {
@@ -317,23 +328,32 @@ export class FileObjectStore implements ObjectStore {
         }
         throw err;
       }
+    };
+    if (!make) return this.#packs.use(dir, use, (d) => this.#openPack(d, false));
+    return this.#packs.use(dir, use).catch((err: unknown) => {
+      // It came while a delete found no pack to open, and shared that open: this one makes it.
+      if (err instanceof PackMissing) return this.#withPack(dir, fn);
+      throw err;
     });
   }
 
   /**
    * Opens (making them, and the directories above, durable when new) a directory's pack. A
-   * concurrent deletePrefix may remove a freshly made directory: it is made again.
+   * concurrent deletePrefix may remove a freshly made directory: it is made again. Told not
+   * to make it, a missing pack (or directory) fails with `PackMissing`.
    */
-  async #openPack(dir: string): Promise<Pack> {
+  async #openPack(dir: string, make = true): Promise<Pack> {
     for (let tries = 0; ; tries++) {
       try {
-        await mkdirDurable(dir);
+        if (make) await mkdirDurable(dir);
         // Appends go after the last valid record: a torn one (a crash mid-put) is cut off.
         const { readTo } = await this.#indexes.index(dir);
-        const file = await AppendFile.open(join(dir, PACK), { size: readTo });
+        const file = await AppendFile.open(join(dir, PACK), { size: readTo, create: make });
         return { file, streaming: null };
       } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || tries >= 3) throw err;
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+        if (!make) throw new PackMissing(dir);
+        if (tries >= 3) throw err;
       }
     }
   }
@@ -352,6 +372,14 @@ export class FileObjectStore implements ObjectStore {
     const last = segments.pop() as string;
     const dir = join(this.#root, ...segments.map(escapeSegment));
     return { dir, legacy: legacyFile(dir, last) };
+  }
+}
+
+/** A directory with no pack to open, where the caller would not make one (a delete: nothing to delete there). Never leaves the store. */
+class PackMissing extends Error {
+  readonly code = 'PACK_MISSING' satisfies InternalErrorCode;
+  constructor(dir: string) {
+    super(`${dir}: no ${PACK}`);
   }
 }
 

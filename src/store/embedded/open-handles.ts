@@ -23,11 +23,14 @@ export class OpenHandles<T> {
     this.#close = opts.close;
   }
 
-  /** Runs `fn` with the key's handle, opening it if needed; a failure retires the handle. */
-  async use<R>(key: string, fn: (handle: T) => Promise<R>): Promise<R> {
+  /**
+   * Runs `fn` with the key's handle, opening it if needed (with `open` when given, instead of
+   * the one the handles were made with); a failure retires the handle.
+   */
+  async use<R>(key: string, fn: (handle: T) => Promise<R>, open = this.#open): Promise<R> {
     let slot = this.#slots.get(key);
     if (slot) this.#slots.delete(key); // most recently used last
-    else slot = { handle: this.#open(key), users: 0, retired: false };
+    else slot = { handle: open(key), users: 0, retired: false };
     this.#slots.set(key, slot);
     slot.users++;
     this.#trim();
