@@ -11,6 +11,10 @@ import { readText } from '../support/objects.js';
 
 const tempDir = (): Promise<string> => mkdtemp(join(tmpdir(), 'ingest-embedded-'));
 const remove = (dir: string) => () => rm(dir, { recursive: true, force: true });
+/** A one-line object body. */
+async function* oneLine() {
+  yield Buffer.from('line\n');
+}
 
 const queueOpts = { redeliveryDelayMs: 5 };
 batchQueueContract(t, 'FileBatchQueue', async () => {
@@ -322,9 +326,6 @@ t.test('FileObjectStore: puts racing deletes of their own prefix never fail on t
   // (a session deleted while its packages are uploaded): before, the fsync of a directory a
   // delete had just removed threw ENOENT and the upload failed.
   const failures: unknown[] = [];
-  async function* oneLine() {
-    yield Buffer.from('line\n');
-  }
   const deleteFailures: unknown[] = [];
   for (let round = 0; round < 150; round++) {
     const prefix = `c/s${round % 4}/`;
@@ -339,7 +340,7 @@ t.test('FileObjectStore: puts racing deletes of their own prefix never fail on t
   t.same(deleteFailures.map((e) => (e as NodeJS.ErrnoException).code), [], 'no delete failed');
 });
 
-t.test("FileObjectStore: a delete of one object racing the delete of its directory whole leaves nothing behind", async (t) => {
+t.test('FileObjectStore: a delete of one object racing the delete of its directory whole leaves nothing behind', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   const store = await FileObjectStore.open(dir);
@@ -348,9 +349,6 @@ t.test("FileObjectStore: a delete of one object racing the delete of its directo
   // session's delete removes the session's directories: before, the first found the key in
   // the directory's index, the second removed the directory, then the first made the
   // directory and its pack again to append the deletion (a pack of one deletion record).
-  async function* oneLine() {
-    yield Buffer.from('line\n');
-  }
   for (let round = 0; round < 200; round++) {
     const session = `c/s${round}/`;
     await Promise.all(Array.from({ length: 4 }, (_, i) => store.put(`${session}e${i % 2}/p${i}.ndjson`, oneLine())));

@@ -65,9 +65,21 @@ t.test('a commit is visible only once its transaction is durable: not pending, n
   db.write = (op) => (op.t === 'queue-commit' ? gate.then(() => write(op)) : write(op));
   const q = await FileBatchQueue.open(dir, db, { redeliveryDelayMs: 5 });
   t.teardown(() => q.close());
+  // The consumer holds its ack (which deletes the row) until the end of the test.
   const seen: string[] = [];
-  const consumer = q.consume(async (pkg) => void seen.push(pkg.meta.package_id));
-  t.teardown(() => consumer.stop());
+  let ack!: () => void;
+  const acking = new Promise<void>((resolve) => (ack = resolve));
+  let delivered!: () => void;
+  const deliveredOnce = new Promise<void>((resolve) => (delivered = resolve));
+  const consumer = q.consume(async (pkg) => {
+    seen.push(pkg.meta.package_id);
+    delivered();
+    await acking;
+  });
+  t.teardown(() => {
+    ack();
+    return consumer.stop();
+  });
   let committed = false;
   const committing = commit(q, 'p1').then(() => (committed = true));
   await new Promise((resolve) => setTimeout(resolve, 100));
@@ -79,7 +91,7 @@ t.test('a commit is visible only once its transaction is durable: not pending, n
   release();
   await committing;
   t.equal(rowsOf(join(dir, 'state.sqlite')), 1, 'its row is in the database once the commit resolves');
-  await new Promise((resolve) => setTimeout(resolve, 50));
+  await deliveredOnce;
   t.same(seen, ['p1'], 'delivered after');
 });
 
