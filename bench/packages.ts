@@ -17,7 +17,8 @@
  * (status while the uploaders are behind). For NATS engines the report also gives, per
  * package, the messages stored in every stream plus acknowledgements and (single server)
  * the server's fsync calls per stream (strace with a seccomp filter), and in `many` the status p99
- * measured during the load.
+ * measured during the load, beside the p99 of `/healthz` asked between the status requests (an
+ * answer that reads nothing: what the loaded machine alone adds to any answer).
  *
  * Scenarios: `many` — 16 sessions (one client each), 4 packages of ~7 KB in flight per
  * session (--in-flight), for --duration seconds, the status asked in turn while the clients
@@ -99,6 +100,8 @@ interface Target {
   /** Makes the sessions the lanes send to; the peer needs none. */
   session(client: BenchClient): Promise<string>;
   status?(client: BenchClient, uuid: string): Promise<void>;
+  /** `GET /healthz`: an answer that reads nothing, asked beside status as the machine's floor. */
+  health?(): Promise<void>;
   /** Whether every package the session got is stored (its uploads finished). */
   stored?(client: BenchClient, uuid: string): Promise<boolean>;
   /** On NATS: messages stored in every stream plus acknowledgements so far. */
@@ -265,6 +268,8 @@ interface Measured {
   perSecond: number;
   /** Status p99: during the load (`many`), at the end (`one`). */
   statusMs?: number;
+  /** `many`: /healthz p99 during the load. */
+  healthMs?: number;
   /** `one`: the last tenth's rate ÷ the first's. */
   lastFirst?: number;
 }
@@ -289,13 +294,14 @@ function summarize(measured: Measured[]): void {
     say('');
     say(`Over ${ROUNDS} rounds, median (min–max):`);
     say('');
-    say('| target | scenario | packages/s | status p99 ms (`many`: during the load; `one`: at the end) | last ÷ first |');
-    say('|---|---|---:|---:|---:|');
+    say('| target | scenario | packages/s | status p99 ms (`many`: during the load; `one`: at the end) | /healthz p99 ms (`many`) | last ÷ first |');
+    say('|---|---|---:|---:|---:|---:|');
     for (const { label, scenario } of keys) {
       const ms = of(label, scenario);
       const status = ms.flatMap((m) => (m.statusMs === undefined ? [] : [m.statusMs]));
+      const health = ms.flatMap((m) => (m.healthMs === undefined ? [] : [m.healthMs]));
       const lastFirst = ms.flatMap((m) => (m.lastFirst === undefined ? [] : [m.lastFirst]));
-      say(`| ${label} | ${scenario} | ${range(ms.map((m) => m.perSecond), 0)} | ${status.length ? range(status, 1) : ''} | ${lastFirst.length ? range(lastFirst, 2) : ''} |`);
+      say(`| ${label} | ${scenario} | ${range(ms.map((m) => m.perSecond), 0)} | ${status.length ? range(status, 1) : ''} | ${health.length ? range(health, 1) : ''} | ${lastFirst.length ? range(lastFirst, 2) : ''} |`);
     }
   }
   const pairs: string[] = [];
@@ -433,6 +439,11 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
     pid: gw.child.pid!,
     session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
     status: async (client, uuid) => void (await api(gw.url, client, 'GET', `/${uuid}/status`)),
+    health: async () => {
+      const res = await request(`${gw.url}/healthz`);
+      await res.body.dump();
+      if (res.statusCode !== 200) throw new Error(`GET /healthz: ${res.statusCode}`);
+    },
     // Without an uploader nothing is ever stored: no stored rate.
     ...(variant === 'no-uploader' ? {} : { stored: async (client: BenchClient, uuid: string) => (await api(gw.url, client, 'GET', `/${uuid}/status`)).upload_tasks_finished === true }),
     ...(natsUrl ? { jetStreamWrites: () => jetStreamWrites(natsUrl!) } : {}),
@@ -523,6 +534,8 @@ try {
       // Status of one of the sessions, asked in turn while the clients send (not while the uploads catch up after).
       let loading = true;
       const statusLatencies: number[] = [];
+      // Between them, /healthz: what any answer waits for on the loaded machine, status's floor.
+      const healthLatencies: number[] = [];
       const poll = (async () => {
         if (!target.status) return;
         const s0 = sessions[0]!;
@@ -530,6 +543,11 @@ try {
           const t0 = performance.now();
           await target.status({ id: s0.clientId, token: s0.token }, s0.uuid);
           statusLatencies.push(performance.now() - t0);
+          if (target.health) {
+            const t1 = performance.now();
+            await target.health();
+            healthLatencies.push(performance.now() - t1);
+          }
           await new Promise((r) => setTimeout(r, 10));
         }
       })();
@@ -539,10 +557,12 @@ try {
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
       const syncs = syncsSince(syncs0, await target.fsyncs?.());
       const statusMs = target.status ? pct(statusLatencies.sort((a, b) => a - b), 99) : undefined;
-      measured.push({ label, scenario: 'many', round, perSecond: r.perSecond, ...(statusMs === undefined ? {} : { statusMs }) });
+      const healthMs = healthLatencies.length > 0 ? pct(healthLatencies.sort((a, b) => a - b), 99) : undefined;
+      measured.push({ label, scenario: 'many', round, perSecond: r.perSecond, ...(statusMs === undefined ? {} : { statusMs }), ...(healthMs === undefined ? {} : { healthMs }) });
       if (target.status || writes !== undefined) {
         notes.push(
           `${target.name}, ${SESSIONS} sessions: status p99 during the load ${statusMs?.toFixed(1)} ms (${statusLatencies.length} asked)` +
+            (healthMs === undefined ? '' : `, /healthz p99 ${healthMs.toFixed(1)} ms`) +
             perPackage(r.packages, writes, syncs) +
             `; CPU ms per package until stored: ${r.cpuParts}`,
         );
