@@ -240,11 +240,13 @@ t.test('FileObjectStore: a record a crash left unfinished is no object; the writ
   }
 });
 
-t.test('FileObjectStore: a streamed put whose body fails is no object, and its directory goes on', async (t) => {
+t.test('FileObjectStore: a streamed put whose body fails is no object, leaves none of its bytes, and its directory goes on', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));
   const store = await FileObjectStore.open(dir);
   await store.put('y/before', pieces('before'));
+  const pack = join(dir, 'objects', 'y', '~pack');
+  const packed = (await stat(pack)).size;
   const big = Buffer.alloc(3 * 1024 * 1024, 'b');
   async function* failing(): AsyncIterable<Uint8Array> {
     yield big;
@@ -252,6 +254,7 @@ t.test('FileObjectStore: a streamed put whose body fails is no object, and its d
     throw new Error('the body broke');
   }
   await t.rejects(store.put('y/broken', failing()), { message: 'the body broke' });
+  t.equal((await stat(pack)).size, packed, 'the pack is cut back to where the failed put began');
   await store.put('y/after', pieces('after'));
   t.same((await store.list('y/')).map((o) => o.key), ['y/after', 'y/before']);
   await store.close();

@@ -18,7 +18,7 @@ import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { PackageMeta } from '../../src/store/ports.js';
 
-type Call = 'datasync' | 'write' | 'sync';
+type Call = 'datasync' | 'write' | 'sync' | 'truncate';
 
 /** Faults to inject: each fails the next call of its kind on a file whose path matches, once. */
 const faults: { call: Call; path: RegExp; code: 'EIO' | 'ENOSPC' | 'SHORT'; bytes?: number }[] = [];
@@ -39,6 +39,13 @@ async function faultyOpen(...args: Parameters<typeof fsp.open>): Promise<fsp.Fil
   const path = String(args[0]);
   return new Proxy(fh, {
     get(target, prop) {
+      if (prop === 'truncate') {
+        return async (len?: number) => {
+          const err = take('truncate', path);
+          if (err instanceof Error) throw err;
+          return target.truncate(len);
+        };
+      }
       if (prop === 'datasync' || prop === 'sync') {
         return async () => {
           const err = take(prop, path);
@@ -290,6 +297,34 @@ t.test('object store: a streamed put whose fdatasync fails leaves no object; the
     yield Buffer.from('small');
   })());
   t.same((await store.list('b/')).map((o) => o.key), ['b/small']);
+});
+
+t.test('object store: a streamed put whose body fails and whose cut back fails leaves no object; the next put of the directory goes through', async (t) => {
+  const { Objects } = await mocked(t);
+  const dir = await tempDir(t);
+  const store = await Objects.open(dir);
+  t.teardown(() => store.close());
+  await store.put('c/before', (async function* () {
+    yield Buffer.from('before');
+  })());
+  const packed = (await stat(join(dir, 'objects', 'c', '~pack'))).size;
+  async function* failing() {
+    yield Buffer.alloc(3 * 1024 * 1024, 'b');
+    yield Buffer.alloc(3 * 1024 * 1024, 'b'); // past what is held: it streams
+    throw new Error('the body broke');
+  }
+  faults.push({ call: 'truncate', path: /~pack$/, code: 'EIO' });
+  await t.rejects(store.put('c/broken', failing()), { code: 'EIO' });
+  t.equal(faults.length, 0, 'the cut back was tried');
+  t.same((await store.list('c/')).map((o) => o.key), ['c/before']);
+  await store.put('c/after', (async function* () {
+    yield Buffer.from('after');
+  })());
+  t.same((await store.list('c/')).map((o) => o.key), ['c/after', 'c/before']);
+  const again = await Objects.open(dir);
+  t.teardown(() => again.close());
+  t.same((await again.list('c/')).map((o) => o.key), ['c/after', 'c/before'], 'and after a restart');
+  t.ok((await stat(join(dir, 'objects', 'c', '~pack'))).size < packed + 1024, 'none of the failed put is left: the pack was cut back when opened again');
 });
 
 t.test('new directories are made durable: the parent of each one made is fsynced', async (t) => {

@@ -209,6 +209,28 @@ export class AppendFile {
     }
   }
 
+  /**
+   * Cuts the file back to `size`, dropping what was appended past it (a streamed record whose
+   * body failed); resolves once the file is that long. Waits for the writes before it; the
+   * caller appends nothing meanwhile. Not durable until the next `sync`: a crash before it may
+   * leave the dropped bytes, a tail no reader takes for a record. A failure breaks the file
+   * like a failed write.
+   */
+  async truncate(size: number): Promise<void> {
+    this.#check();
+    if (size < 0 || size > this.#end) throw new RangeError(`${this.path}: truncate past the end (${size} > ${this.#end})`);
+    await this.settled();
+    if (this.#broken) throw this.#broken;
+    try {
+      await this.#fh.truncate(size);
+    } catch (err) {
+      this.#broken ??= err;
+      throw err;
+    }
+    this.#end = size;
+    this.#durable = Math.min(this.#durable, size);
+  }
+
   async read(buf: Uint8Array, offset: number): Promise<void> {
     for (let done = 0; done < buf.byteLength; ) {
       const { bytesRead } = await this.#fh.read(buf, done, buf.byteLength - done, offset + done);

@@ -121,7 +121,8 @@ export class FileObjectStore implements ObjectStore {
       });
     }
     // Too large to hold: it streams alone, the directory's other puts wait. A failure of the
-    // body ends the put, not the pack: the record is marked abandoned and the pack goes on.
+    // body ends the put, not the pack: the pack is cut back to where the record began, so a
+    // failed put leaves none of its bytes, and the pack goes on.
     const outcome = await this.#withPack(dir, async (pack) => {
       while (pack.streaming) await pack.streaming;
       let done!: () => void;
@@ -144,11 +145,16 @@ export class FileObjectStore implements ObjectStore {
         } catch (err) {
           failure = { err };
         }
-        const head = header(key, size, failure ? ABANDONED : crc);
+        if (failure) {
+          // Made durable by the pack's next sync; a crash before it leaves a tail still streaming (n -1), cut off at the next open.
+          await pack.file.truncate(at);
+          return failure;
+        }
+        const head = header(key, size, crc);
         await pack.file.writeAt(head, at);
         await pack.file.sync();
-        if (!failure) this.#indexes.learn(dir, key, at, head.byteLength, size, crc);
-        return failure ?? { key, size };
+        this.#indexes.learn(dir, key, at, head.byteLength, size, crc);
+        return { key, size };
       } finally {
         pack.streaming = null;
         done();
