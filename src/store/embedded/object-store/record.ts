@@ -8,9 +8,9 @@ import { crc32 } from 'node:zlib';
  * A record's header line: an object `k` of `n` bytes whose CRC-32 is `c` (its bytes follow the
  * line); `n: -1`: an object still being streamed (or whose put died mid-stream); `c: -1`: `n`
  * bytes of an abandoned put, to be skipped (earlier versions marked a streamed put whose body
- * failed so; now the pack is cut back to where it began); or, with `d: 1`, the removal of `k`. The numbers
- * are padded to a fixed width, so that a streamed object's header is written before its bytes
- * and completed in place after them. Each line ends with `h`, the CRC-32 of the line before
+ * failed so; now the pack is cut back to where it began); or, with `d: 1`, the removal of
+ * `k`. The numbers are padded to a fixed width, so that a streamed object's header is written
+ * before its bytes and completed in place after them. Each line ends with `h`, the CRC-32 of the line before
  * `,"h":` (lines of earlier versions have none: they are read until a pack's first checked one).
  */
 export type Header = { k: string; n: number; c: number } | { k: string; d: 1 };
