@@ -138,17 +138,13 @@ export class FileObjectStore implements ObjectStore {
           crc = crc32(chunk, crc);
           size += chunk.byteLength;
         };
-        let failure: { err: unknown } | null = null;
         try {
           if (held.size > 0) await add(held.bytes());
           for (; !next.done; next = await iterator.next()) await add(next.value);
         } catch (err) {
-          failure = { err };
-        }
-        if (failure) {
           // Made durable by the pack's next sync; a crash before it leaves a tail still streaming (n -1), cut off at the next open.
           await pack.file.truncate(at);
-          return failure;
+          return { err };
         }
         const head = header(key, size, crc);
         await pack.file.writeAt(head, at);

@@ -10,8 +10,9 @@ import { crc32 } from 'node:zlib';
  * bytes of an abandoned put, to be skipped (earlier versions marked a streamed put whose body
  * failed so; now the pack is cut back to where it began); or, with `d: 1`, the removal of
  * `k`. The numbers are padded to a fixed width, so that a streamed object's header is written
- * before its bytes and completed in place after them. Each line ends with `h`, the CRC-32 of the line before
- * `,"h":` (lines of earlier versions have none: they are read until a pack's first checked one).
+ * before its bytes and completed in place after them. Each line ends with `h`, the CRC-32 of
+ * the line before `,"h":` (lines of earlier versions have none: they are read until a pack's
+ * first checked one).
  */
 export type Header = { k: string; n: number; c: number } | { k: string; d: 1 };
 
