@@ -3,6 +3,7 @@
  * (gateways and uploaders outlive NATS restarts and leader moves); every request carries a
  * timeout, so nothing waits on a NATS that does not answer.
  */
+import { Socket } from 'node:net';
 import { connect, StorageType, type JetStreamClient, type JetStreamManager, type KV, type MsgHdrs, type NatsConnection, type PubAck, type StreamConfig } from 'nats';
 import { StoreError } from '../ports.js';
 
@@ -33,6 +34,26 @@ export function supportedServer(version: string | undefined): boolean {
 
 /** Timeout of the first connect; later reconnects never give up. */
 const CONNECT_TIMEOUT_MS = 5000;
+/** Pings to the server this far apart; `STALE_PINGS` of them unanswered end the connection (about 4-6 s). */
+const PING_INTERVAL_MS = 2000;
+const STALE_PINGS = 2;
+/**
+ * Ends a stale connection's socket at once. nats.js 2.29 gives a stale connection up by first
+ * waiting until everything it wrote has left (an empty write's callback), and only then
+ * closing: through a partition the socket's send buffer is full and nothing leaves, so the
+ * connection stayed until the partition healed and TCP's backed-off retransmission got
+ * through (about 25 s after a 30 s cut), and nothing reconnected to the nodes still
+ * reachable meanwhile. Destroyed, the socket closes now (the library's own close handler
+ * runs, with the write's callback failed), and the client reconnects. The library's
+ * transport is not public; a version without this shape (pinned in package.json) is
+ * left to the library's own close.
+ */
+function abandonSocket(nc: NatsConnection): void {
+  const transport = (nc as unknown as { protocol?: { transport?: { socket?: unknown } } }).protocol?.transport;
+  const socket = transport?.socket;
+  if (socket instanceof Socket) socket.destroy();
+}
+
 /** How long `close()` lets in-flight messages drain before it closes hard. */
 const DRAIN_TIMEOUT_MS = 5000;
 
@@ -66,8 +87,13 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
     maxReconnectAttempts: -1,
     reconnectTimeWait: 1000,
     reconnectJitter: 250,
-    pingInterval: 10_000,
-    maxPingOut: 3,
+    // A connection whose server stopped answering (cut off, paused) is given up after
+    // STALE_PINGS pings a PING_INTERVAL_MS apart go unanswered, then the client reconnects to
+    // a node it can reach. Left to TCP, a connection through a partition of 30 s stayed
+    // silent about 25 s past the heal (its retransmissions backed off): status and ingests on
+    // that gateway waited the whole time (test/drills/network-faults, DRILL_LONG=1).
+    pingInterval: PING_INTERVAL_MS,
+    maxPingOut: STALE_PINGS,
     // nats.js otherwise makes an Error (a stack trace) for every request and publish
     // acknowledgement in case it times out: about 5 % of the gateway's main thread at
     // a few hundred packages a second (CPU profile, bench:packages --engine nats).
@@ -87,7 +113,8 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
     let connected = true;
     void (async () => {
       for await (const s of nc.status()) {
-        if (s.type === 'disconnect') connected = false;
+        if (s.type === 'staleConnection') abandonSocket(nc);
+        else if (s.type === 'disconnect') connected = false;
         else if (s.type === 'reconnect') connected = true;
       }
     })().catch(() => {});
