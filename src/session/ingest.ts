@@ -158,7 +158,10 @@ export class PackageIngest {
       await attempt?.finish(answer);
       return { ...answer, replayed: false };
     } catch (caught) {
-      await release();
+      // With the store out, the release goes on in the background (releaseIngest retries it):
+      // waiting on the store that just failed would only hold the 503 back.
+      if (isStorageUnavailable(caught)) void release();
+      else await release();
       // The take's refusal comes first, and with the pointer unread (`hinted`) the pointer's before it.
       const refusal = await refused;
       if (refusal && hinted) {
@@ -209,7 +212,8 @@ export class PackageIngest {
    * answer, given as to a request arriving now (400/403, or 409 when no longer UPLOADING).
    */
   private async sessionGone(err: unknown, client: ClientRef, uploadUuid: string): Promise<ServiceError | null> {
-    if ((isServiceError(err) && err.code !== 'INTERNAL') || (err as { code?: unknown }).code === CLIENT_GONE) return null;
+    // With the store out the session cannot be read either: the failure is the answer.
+    if ((isServiceError(err) && err.code !== 'INTERNAL') || (err as { code?: unknown }).code === CLIENT_GONE || isStorageUnavailable(err)) return null;
     try {
       const session = await this.deps.service.requireActive(client, uploadUuid);
       return session.value.status === 'UPLOADING' ? null : errors.invalidSessionStatus('UPLOADING', session.value.status);

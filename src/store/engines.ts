@@ -67,7 +67,15 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
     /** The JetStream streams the adapters make at open: the session bucket's, the ledger's, the queue. */
     let streams: string[] = [];
     if (config.nats.url) {
-      nats = await connectNats({ servers: config.nats.url, name, requestTimeoutMs: config.nats.requestTimeoutMs });
+      nats = await connectNats({
+        servers: config.nats.url,
+        name,
+        requestTimeoutMs: config.nats.requestTimeoutMs,
+        onConnection: (event, server) =>
+          event === 'reconnect'
+            ? log.info('NATS reconnected', { server })
+            : log.warn(event === 'stale' ? 'NATS server stopped answering pings: reconnecting elsewhere' : 'NATS disconnected: reconnecting', { server }),
+      });
       const handle = nats;
       closers.push(() => handle.close());
       streams = [`KV_${config.nats.kvBucket}`, `KV_${config.nats.ledgerBucket}`, config.nats.stream];

@@ -16,17 +16,20 @@ const RECONNECT_WITHIN_MS = 20_000;
 t.test('a node that stops answering with the send buffer full: reconnected to another node within seconds', async (t) => {
   const a = await startNats(t, { name: 'a' });
   const b = await startNats(t, { name: 'b' });
-  const h = await connectNats({ servers: `${a.url},${b.url}`, name: 'stale-test', requestTimeoutMs: 2000 });
-  const port = (url: string) => new URL(url).port;
-  const [stuck, other] = h.nc.getServer().endsWith(`:${port(a.url)}`) ? [a, b] : [b, a];
   const events: string[] = [];
-  const reconnected = (async () => {
-    for await (const s of h.nc.status()) {
-      events.push(s.type);
-      if (s.type === 'reconnect') return String(s.data);
-    }
-    return 'closed';
-  })();
+  let reconnected!: (server: string) => void;
+  const reconnect = new Promise<string>((resolve) => (reconnected = resolve));
+  const h = await connectNats({
+    servers: `${a.url},${b.url}`,
+    name: 'stale-test',
+    requestTimeoutMs: 2000,
+    onConnection: (event, server) => {
+      events.push(`${event} ${server}`);
+      if (event === 'reconnect') reconnected(server);
+    },
+  });
+  const hostPort = (url: string) => `127.0.0.1:${new URL(url).port}`;
+  const [stuck, other] = h.nc.getServer() === hostPort(a.url) ? [a, b] : [b, a];
 
   stuck.pause();
   // 64 MiB the paused server never reads: the socket's buffers fill, as through a partition.
@@ -34,10 +37,10 @@ t.test('a node that stops answering with the send buffer full: reconnected to an
   for (let i = 0; i < 128; i++) h.nc.publish('fill', chunk);
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<string>((resolve) => (timer = setTimeout(() => resolve('not reconnected'), RECONNECT_WITHIN_MS)));
-  const where = await Promise.race([reconnected, late]);
+  const where = await Promise.race([reconnect, late]);
   clearTimeout(timer);
-  t.equal(where, `127.0.0.1:${port(other.url)}`, `reconnected to the node that answers while the other is paused (events: ${events.join(', ')})`);
-  t.ok(events.includes('staleConnection'), 'the paused node was found stale');
+  t.equal(where, hostPort(other.url), `reconnected to the node that answers while the other is paused (${events.join('; ')})`);
+  t.same(events.slice(0, 2), [`stale ${hostPort(stuck.url)}`, `disconnect ${hostPort(stuck.url)}`], 'the paused node was found stale and left, and onConnection said so');
   await t.resolves(h.probe(2000), 'JetStream answers on the new connection');
 
   stuck.resume();

@@ -14,6 +14,8 @@ export interface NatsConnectOptions {
   name: string;
   /** Timeout of every JetStream request and publish acknowledgement (`nats.requestTimeoutMs`). */
   requestTimeoutMs: number;
+  /** The connection gave a server up (`stale`: it stopped answering pings), lost it, or reconnected; `server` is `host:port`. */
+  onConnection?: (event: 'stale' | 'disconnect' | 'reconnect', server: string) => void;
 }
 
 /**
@@ -113,9 +115,14 @@ export async function connectNats(opts: NatsConnectOptions): Promise<NatsHandle>
     let connected = true;
     void (async () => {
       for await (const s of nc.status()) {
-        if (s.type === 'staleConnection') abandonSocket(nc);
-        else if (s.type === 'disconnect') connected = false;
-        else if (s.type === 'reconnect') connected = true;
+        if (s.type === 'staleConnection') {
+          const server = nc.getServer();
+          abandonSocket(nc);
+          opts.onConnection?.('stale', server);
+        } else if (s.type === 'disconnect' || s.type === 'reconnect') {
+          connected = s.type === 'reconnect';
+          opts.onConnection?.(s.type, String(s.data));
+        }
       }
     })().catch(() => {});
     return {
