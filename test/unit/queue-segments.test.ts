@@ -30,6 +30,8 @@ for (const durable of [true, false]) {
     const { segment, written } = segments.place(Buffer.alloc(100, 0x61));
     segment.refs++;
     await written;
+    // The fresh segment's file opens on its own schedule: wait for it, not for the clock.
+    await segments.get(1)?.file;
     t.same(await openUnder(dir), [join(dir, '0.seg'), join(dir, '1.seg')], 'both segments open');
     segments.release([segment]);
     await segments.settled();
