@@ -238,6 +238,28 @@ t.test('group commit: a batch the server refuses goes out message by message, id
   t.ok(on.stats.batches >= 1, `new ids batched: ${JSON.stringify(on.stats)}`);
 });
 
+t.test('group commit: a message fails within its one budget, the wait for a round included (a server that stopped answering)', async (t) => {
+  const own = await startNats(t);
+  const h = await connection(t, own.url);
+  const stream = unique('BUDGET');
+  await h.jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File });
+  t.ok((await enableStreamFeatures(h, stream, 5000)).atomic, 'batches allowed');
+  const publisher = new GroupPublisher(h, stream, { atomic: true, budgetMs: 1000 });
+  own.pause();
+  t.teardown(() => own.resume());
+  // Every round goes out with one message and waits for an answer that never comes; the rest
+  // wait for a round. By the time one comes back their budget is spent as well: they fail
+  // unsent, not as a batch and then one by one, each with a fresh budget.
+  const n = MAX_ROUNDS + 2 * BATCH_MIN;
+  const outcomes = await Promise.allSettled(Array.from({ length: n }, (_, i) => publisher.publish({ subject: `${stream}.a`, data: Buffer.from(`${i}`), msgID: `a${i}` })));
+  t.same(
+    outcomes.map((o) => (o.status === 'rejected' ? (o.reason as { code?: string }).code : 'ok')),
+    outcomes.map(() => 'STORE_UNAVAILABLE'),
+    'each told the store is unavailable',
+  );
+  t.same(publisher.stats, { batches: 0, batched: 0, single: MAX_ROUNDS }, 'only the first round of each went out');
+});
+
 t.test('the supported nats-server floor is 2.10', async (t) => {
   for (const v of ['2.10.0', '2.10.27', '2.11.0', '2.15.1', '3.0.0', '2.15.1-beta.2']) t.ok(supportedServer(v), v);
   for (const v of ['2.9.10', '2.9.99', '1.4.0', '', undefined, 'x']) t.notOk(supportedServer(v), String(v));

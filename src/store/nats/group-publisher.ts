@@ -18,8 +18,14 @@
  * message through `publishOnce`, where each message gets its own answer. Message ids make
  * that safe for messages that carry one (a batch that did land answers with the original
  * acknowledgements); the messages without one are plain puts that store the same value again.
+ *
+ * Each message has one budget, `budgetMs` from its `publish`: the wait for a round, its batch
+ * and the re-sends after it all come out of it, so a server that stopped answering fails a
+ * message within that time (the ingest waiting on it answers 503), not a batch's timeout and
+ * then a fresh budget later.
  */
 import { headers as natsHeaders, nuid, type Msg, type MsgHdrs } from 'nats';
+import { StoreError } from '../ports.js';
 import { publishOnce, type NatsContext } from './connection.js';
 
 /** Fewer waiting messages than this go out one by one: a batch costs about four syncs. */
@@ -38,6 +44,8 @@ export const MAX_ROUNDS = 16;
 const BATCH_MAX_MESSAGES = 256;
 /** At most this many bytes of data per batch (the server stages a batch in memory). */
 const BATCH_MAX_BYTES = 4 * 1024 * 1024;
+/** A message with less of its budget left than this is failed, not sent: no answer could come back in time. */
+const MIN_ATTEMPT_MS = 50;
 /** "atomic publish is disabled": the stream was made or changed without `allow_atomic`. */
 const JS_ATOMIC_PUBLISH_DISABLED = 10174;
 
@@ -52,6 +60,8 @@ export interface GroupMessage {
 }
 
 interface Waiting extends GroupMessage {
+  /** When its budget ends (`Date.now()` time). */
+  deadline: number;
   resolve: (seq: number) => void;
   reject: (err: unknown) => void;
 }
@@ -85,7 +95,7 @@ export class GroupPublisher {
   /** Resolves with the message's stream sequence once the server acknowledged it. */
   publish(msg: GroupMessage): Promise<number> {
     return new Promise((resolve, reject) => {
-      this.#waiting.push({ ...msg, resolve, reject });
+      this.#waiting.push({ ...msg, deadline: Date.now() + this.#budgetMs, resolve, reject });
       this.#pump();
     });
   }
@@ -114,13 +124,19 @@ export class GroupPublisher {
     return this.#waiting.splice(0, n);
   }
 
-  async #single(m: Waiting): Promise<void> {
+  /** `failed`: why the batch it was in did not land, the cause if its budget is spent now. */
+  async #single(m: Waiting, failed?: unknown): Promise<void> {
+    const left = m.deadline - Date.now();
+    if (left < MIN_ATTEMPT_MS) {
+      m.reject(new StoreError('STORE_UNAVAILABLE', `NATS JetStream is unavailable: no acknowledgement within ${this.#budgetMs} ms`, { cause: failed }));
+      return;
+    }
     this.stats.single++;
     try {
       const ack = await publishOnce(this.#ctx, m.subject, m.data, {
         ...(m.msgID ? { msgID: m.msgID } : {}),
         stream: this.#stream,
-        budgetMs: this.#budgetMs,
+        budgetMs: left,
         ...(m.lastSubjectSequence === undefined ? {} : { lastSubjectSequence: m.lastSubjectSequence }),
         ...(m.headers ? { headers: m.headers } : {}),
       });
@@ -132,14 +148,15 @@ export class GroupPublisher {
 
   async #batch(round: Waiting[]): Promise<void> {
     try {
-      const first = await publishAtomic(this.#ctx, this.#stream, round);
+      // The round's first message waited longest: its budget bounds the batch's wait.
+      const first = await publishAtomic(this.#ctx, this.#stream, round, Math.max(1, Math.min(this.#ctx.requestTimeoutMs, round[0]!.deadline - Date.now())));
       this.stats.batches++;
       this.stats.batched += round.length;
       round.forEach((m, i) => m.resolve(first + i));
     } catch (err) {
       if ((err as { errCode?: number }).errCode === JS_ATOMIC_PUBLISH_DISABLED) this.#atomic = false;
-      // Whatever the batch did, each message alone now: ids dedupe what did land.
-      await Promise.all(round.map((m) => this.#single(m)));
+      // Whatever the batch did, each message alone now, within what is left of its budget: ids dedupe what did land.
+      await Promise.all(round.map((m) => this.#single(m, err)));
     }
   }
 }
@@ -148,12 +165,12 @@ export class GroupPublisher {
  * Publishes `messages` to `stream` as one atomic batch (ADR-50; the stream must allow atomic
  * publish): stored whole, as one run of sequences, or not at all. Resolves with the first
  * message's sequence; rejects when the server refused the batch (a compare-and-set of one of
- * its messages lost, a duplicate id, atomic publish off: `errCode`) or did not answer in time
- * (then it may have landed).
+ * its messages lost, a duplicate id, atomic publish off: `errCode`) or did not answer within
+ * `timeoutMs` (then it may have landed).
  */
-export async function publishAtomic(ctx: NatsContext, stream: string, messages: readonly GroupMessage[]): Promise<number> {
+export async function publishAtomic(ctx: NatsContext, stream: string, messages: readonly GroupMessage[], timeoutMs = ctx.requestTimeoutMs): Promise<number> {
   const id = nuid.next();
-  const { nc, requestTimeoutMs } = ctx;
+  const { nc } = ctx;
   let answer!: Promise<Msg>;
   messages.forEach((m, i) => {
     const h = m.headers ? m.headers() : natsHeaders();
@@ -166,7 +183,7 @@ export async function publishAtomic(ctx: NatsContext, stream: string, messages: 
     else {
       // The last message commits the batch; its reply is the batch's acknowledgement.
       h.set('Nats-Batch-Commit', '1');
-      answer = nc.request(m.subject, m.data, { headers: h, timeout: requestTimeoutMs });
+      answer = nc.request(m.subject, m.data, { headers: h, timeout: timeoutMs });
     }
   });
   const ack = (await answer).json<{ error?: { err_code?: number; description?: string }; count?: number; seq?: number }>();
