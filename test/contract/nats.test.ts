@@ -1,8 +1,11 @@
+import { crc32 } from 'node:zlib';
 import t, { type Test } from 'tap';
 import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type StreamConfig } from 'nats';
 import { connectNats, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
+import { inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js';
+import { packageTail, QueueSubjects } from '../../src/store/nats/batch-queue/subjects.js';
 import { ENTRY_ROUNDS, NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
@@ -621,6 +624,40 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   t.equal(attempts, 1, 'once');
   t.match(errors, [/drop package p1 of session u1: its batches are gone/]);
   t.match(lost, { code: 'QUEUE_BATCH_LOST' });
+});
+
+t.test('NatsBatchQueue: a package read back unlike its commit (CRC-32) fails the read and is delivered again, not taken', async (t) => {
+  const h = await connection(t);
+  const stream = unique('GARBLED');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, queueOpts(stream));
+  // A commit whose bytes are not those its checksum was taken of, as a transport that cut a
+  // delivery short would hand it over: published as the writer would, but for its data.
+  const m = meta('u1', 'p1');
+  const rec = { meta: m, rows: 1, bytes: 7, batches: [], crc: crc32(Buffer.from('["p1"]\n')) };
+  await h.js.publish(new QueueSubjects(stream).commit(packageTail(m)), Buffer.from('["p1"'), { headers: inlineCommitHeaders(rec), msgID: 'p1:commit' });
+  const reads: { attempt: number; error: unknown }[] = [];
+  let twice!: () => void;
+  const again = new Promise<void>((resolve) => (twice = resolve));
+  const consumer = q.consume(async (pkg) => {
+    try {
+      for await (const _ of pkg.batches());
+      reads.push({ attempt: pkg.attempt, error: null });
+    } catch (error) {
+      reads.push({ attempt: pkg.attempt, error });
+      throw error;
+    } finally {
+      if (reads.length === 2) twice();
+    }
+  });
+  t.teardown(() => consumer.stop());
+  await again;
+  await consumer.stop();
+  t.match(reads, [
+    { attempt: 1, error: { code: 'STORE_CORRUPT', message: /Package p1 read back does not match its commit/ } },
+    { attempt: 2, error: { code: 'STORE_CORRUPT' } },
+  ]);
+  t.equal(await q.pending('u1'), 1, 'still pending: never taken as read');
 });
 
 t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader', async (t) => {

@@ -4,6 +4,7 @@
  * with the next bulk removal, remover.ts), naks with a growing delay, or drops a package
  * whose batches are gone.
  */
+import { crc32 } from 'node:zlib';
 import { DirectMsgHeaders, type Msg } from 'nats';
 import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
 import { isStoreError, StoreError, type CommittedPackage, type QueueConsumer } from '../../ports.js';
@@ -103,13 +104,16 @@ export class NatsConsumer implements QueueConsumer {
         bytes: rec.bytes,
         attempt: deliveryCount,
         batches: () =>
-          inline
-            ? (async function* () {
-                yield inline;
-              })()
-            : this.#read(rec.batches, batchSubject, (err) => {
-                lost = err;
-              }),
+          checked(
+            rec,
+            inline
+              ? (async function* () {
+                  yield inline;
+                })()
+              : this.#read(rec.batches, batchSubject, (err) => {
+                  lost = err;
+                }),
+          ),
       });
       ok = true;
     } catch {
@@ -201,5 +205,23 @@ export class NatsConsumer implements QueueConsumer {
       }
     }
     return false;
+  }
+}
+
+/**
+ * The package's batches as read, checked against the CRC-32 its commit carries: bytes that
+ * differ (a transport that garbled them: seen once in the network drill, a delivery whose data
+ * was cut short mid-row while nats.js's parser lost its framing) end the read with
+ * `STORE_CORRUPT` after the last batch, before the body is complete, so the object is not
+ * stored and the package is delivered again.
+ */
+async function* checked(rec: CommitRecord, batches: AsyncIterable<Uint8Array>): AsyncIterable<Uint8Array> {
+  let crc = 0;
+  for await (const b of batches) {
+    crc = crc32(b, crc);
+    yield b;
+  }
+  if (rec.crc !== undefined && crc !== rec.crc) {
+    throw new StoreError('STORE_CORRUPT', `Package ${rec.meta.package_id} read back does not match its commit (CRC-32 ${crc}, committed ${rec.crc})`);
   }
 }

@@ -8,6 +8,11 @@ export interface CommitRecord {
   rows: number;
   bytes: number;
   batches: number[];
+  /**
+   * CRC-32 (zlib's) of the package's batches in append order: the consumer checks what it read
+   * against it before the package is stored. Commits written before it carry none.
+   */
+  crc?: number;
 }
 
 /**
@@ -45,7 +50,8 @@ function parseCommit(data: Uint8Array): CommitRecord {
     typeof rec.rows !== 'number' ||
     typeof rec.bytes !== 'number' ||
     !Array.isArray(rec.batches) ||
-    !rec.batches.every((s) => Number.isInteger(s) && s > 0)
+    !rec.batches.every((s) => Number.isInteger(s) && s > 0) ||
+    (rec.crc !== undefined && !(Number.isInteger(rec.crc) && rec.crc >= 0))
   ) {
     throw new StoreError('STORE_CORRUPT', 'Commit message does not describe a package');
   }

@@ -1,4 +1,5 @@
 /** A package being written to the stream: batches as they come, then one commit message. */
+import { crc32 } from 'node:zlib';
 import { StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
 import { INLINE_BATCH_BYTES, type CommitRecord } from './record.js';
 
@@ -21,6 +22,8 @@ export class NatsWriter implements PackageWriter {
    * inside the commit message (one publish, one round trip, for a small package).
    */
   #held: Uint8Array | null = null;
+  /** CRC-32 of the batches appended so far, in order (`CommitRecord.crc`). */
+  #crc = 0;
   /** Appends run one after another, in call order, even when the caller does not await. */
   #tail: Promise<void> = Promise.resolve();
   #done = false;
@@ -35,6 +38,7 @@ export class NatsWriter implements PackageWriter {
   append(batch: Uint8Array): Promise<void> {
     const run = this.#tail.then(async () => {
       this.#live();
+      this.#crc = crc32(batch, this.#crc);
       await this.#publishHeld();
       // A small batch may travel with the commit: kept as a copy (the caller may reuse its memory once this resolves).
       if (batch.byteLength <= INLINE_BATCH_BYTES) this.#held = Uint8Array.prototype.slice.call(batch);
@@ -51,7 +55,7 @@ export class NatsWriter implements PackageWriter {
     try {
       const inline = this.#seqs.length === 0 ? this.#held : null;
       if (!inline) await this.#publishHeld();
-      await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs] }, inline ?? undefined);
+      await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs], crc: this.#crc }, inline ?? undefined);
       if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
     } catch (err) {
       // Not committed as far as the caller knows, so it must not be delivered either.
