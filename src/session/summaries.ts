@@ -9,7 +9,7 @@
  * own. The last summary this process wrote is cached, so a write usually needs no read
  * first; another instance's write shows up as a conflict, and the summary is read again.
  */
-import { errors, type ServiceError } from '../errors.js';
+import { errors, isStorageUnavailable, type ServiceError } from '../errors.js';
 import { sessionKey } from '../store/keys.js';
 import { isStoreConflict, readForAnswer, type SessionStore, type Versioned } from '../store/ports.js';
 import { fromStored, type ClientRef, type Decision, type SessionRecord } from './state.js';
@@ -120,6 +120,10 @@ export class Summaries {
           await this.writeGroup(uploadUuid, group);
         } catch (err) {
           for (const d of group) d.reject(err);
+          // The store failed a write for the whole of its retry budget: the decisions that
+          // waited behind it fail with it, rather than wait a budget of their own (an ingest
+          // on a gateway cut off from NATS was told 503 after 20 s, not 10).
+          if (isStorageUnavailable(err)) for (const d of writer.waiting.splice(0)) d.reject(err);
         }
       }
     } finally {
