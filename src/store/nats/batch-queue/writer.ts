@@ -1,6 +1,6 @@
 /** A package being written to the stream: batches as they come, then one commit message. */
 import { crc32 } from 'node:zlib';
-import { StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
+import { isStoreError, StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
 import { INLINE_BATCH_BYTES, type CommitRecord } from './record.js';
 
 export interface WriterHooks {
@@ -58,8 +58,12 @@ export class NatsWriter implements PackageWriter {
       await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs], crc: this.#crc }, inline ?? undefined);
       if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
     } catch (err) {
-      // Not committed as far as the caller knows, so it must not be delivered either.
-      await this.#hooks.remove().catch(() => {});
+      // Not committed as far as the caller knows, so it must not be delivered either (nor is
+      // it stored if it did land: the session never recorded it). With NATS unavailable the
+      // removal, which would wait out a retry budget of its own, goes on in the background:
+      // the caller's 503 does not wait for it.
+      const removed = this.#hooks.remove().catch(() => {});
+      if (!isStoreError(err, 'STORE_UNAVAILABLE')) await removed;
       throw err;
     } finally {
       this.#held = null;
