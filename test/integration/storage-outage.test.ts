@@ -8,6 +8,7 @@
 import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { loadConfig } from '../../src/config/config.js';
+import { until } from '../support/drills.js';
 import { API, call, clientOf, DEMO2, leasesLapsed, products, waitForStatus, yesterday, type Answer } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway } from '../../testbed/processes.js';
@@ -65,7 +66,9 @@ t.test('NATS frozen (SIGSTOP): 503 with Retry-After on every endpoint, then 200 
   t.equal(ready.status, 503, '/readyz 503 while NATS does not answer');
   t.match(ready.body, { detail: 'Not ready', checks: { nats: /^(failed|timeout)$/ } }, '/readyz names the failing check');
   t.ok(tookMs < 60_000, `answered within the request timeout (${tookMs} ms)`);
-  t.match(gw.output(), /"level":"error"[^\n]*"code":"STORE_UNAVAILABLE"[^\n]*"msg":"storage unavailable: answered 503"/, 'the cause is logged (once every 10 s at most)');
+  // The log line and the answers come on different pipes: the line is waited for, not read at once.
+  const logged503 = /"level":"error"[^\n]*"code":"STORE_UNAVAILABLE"[^\n]*"msg":"storage unavailable: answered 503"/;
+  t.match(await until('the 503 logged', async () => gw.output(), (o) => logged503.test(o), 10_000, 20), logged503, 'the cause is logged (once every 10 s at most)');
 
   nats.resume();
   await until200('status', () => demo.status(uuid));
@@ -102,7 +105,8 @@ t.test('a stream lost under a running gateway: 503, never 400 or 404, and said l
   const ready = await call(gw.url, 'GET', '/readyz', { client: null });
   t.equal(ready.status, 503, '/readyz 503');
   t.match(ready.body, { detail: 'Not ready', checks: { nats: 'failed' } }, '/readyz names the failing check');
-  t.match(gw.output(), /KV_ingest_sessions missing[^\n]*readiness check failing/, 'and the log the missing stream');
+  const loggedMissing = /KV_ingest_sessions missing[^\n]*readiness check failing/;
+  t.match(await until('the missing stream logged', async () => gw.output(), (o) => loggedMissing.test(o), 10_000, 20), loggedMissing, 'and the log the missing stream');
 
   // A gateway started on that server makes the stream again, and says what was lost.
   const again = await spawnGateway(t, distributed(nats.url, s3));
