@@ -27,6 +27,8 @@ export class NatsWriter implements PackageWriter {
   /** Appends run one after another, in call order, even when the caller does not await. */
   #tail: Promise<void> = Promise.resolve();
   #done = false;
+  /** An append failed with NATS unavailable (`abort` does not wait for the removal then). */
+  #unavailable = false;
   /** Purged or aborted: whatever the writer does next, the package must not be seen. */
   #dropped = false;
 
@@ -44,7 +46,9 @@ export class NatsWriter implements PackageWriter {
       if (batch.byteLength <= INLINE_BATCH_BYTES) this.#held = Uint8Array.prototype.slice.call(batch);
       else this.#seqs.push(await this.#hooks.append(batch, this.#seqs.length));
     });
-    this.#tail = run.catch(() => {});
+    this.#tail = run.catch((err: unknown) => {
+      if (isStoreError(err, 'STORE_UNAVAILABLE')) this.#unavailable = true;
+    });
     return run;
   }
 
@@ -76,7 +80,11 @@ export class NatsWriter implements PackageWriter {
     this.drop();
     await this.#tail;
     this.#held = null;
-    await this.#hooks.remove();
+    // After an append that failed for want of NATS the removal, which would wait out a retry
+    // budget of its own, goes on in the background (nothing of an uncommitted package is delivered).
+    const removed = this.#hooks.remove();
+    if (this.#unavailable) removed.catch(() => {});
+    else await removed;
   }
 
   drop(): void {
