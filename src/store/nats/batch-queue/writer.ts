@@ -63,11 +63,8 @@ export class NatsWriter implements PackageWriter {
       if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
     } catch (err) {
       // Not committed as far as the caller knows, so it must not be delivered either (nor is
-      // it stored if it did land: the session never recorded it). With NATS unavailable the
-      // removal, which would wait out a retry budget of its own, goes on in the background:
-      // the caller's 503 does not wait for it.
-      const removed = this.#hooks.remove().catch(() => {});
-      if (!isStoreError(err, 'STORE_UNAVAILABLE')) await removed;
+      // it stored if it did land: the session never recorded it).
+      await this.#remove(isStoreError(err, 'STORE_UNAVAILABLE')).catch(() => {});
       throw err;
     } finally {
       this.#held = null;
@@ -80,11 +77,18 @@ export class NatsWriter implements PackageWriter {
     this.drop();
     await this.#tail;
     this.#held = null;
-    // After an append that failed for want of NATS the removal, which would wait out a retry
-    // budget of its own, goes on in the background (nothing of an uncommitted package is delivered).
+    await this.#remove(this.#unavailable);
+  }
+
+  /**
+   * Removes what the package put in the stream. With NATS unavailable it goes on in the
+   * background: it would wait out a retry budget of its own, and the caller's 503 need not.
+   */
+  #remove(unavailable: boolean): Promise<void> {
     const removed = this.#hooks.remove();
-    if (this.#unavailable) removed.catch(() => {});
-    else await removed;
+    if (!unavailable) return removed;
+    removed.catch(() => {});
+    return Promise.resolve();
   }
 
   drop(): void {
