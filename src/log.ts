@@ -84,3 +84,30 @@ function serialise(fields: Record<string, unknown>): Record<string, unknown> {
   }
   return out ?? fields;
 }
+
+/** How much of each part of a library's console output a log line keeps, at most. */
+const LIBRARY_TEXT_CHARS = 100;
+
+/**
+ * Turns what libraries print with `console` into log lines (`library output`, level warn) that
+ * keep only the head of each part: its text up to the first `": "`, at most
+ * `LIBRARY_TEXT_CHARS`. nats.js 2.29 prints a protocol error with the bytes it failed on
+ * (`reader closed Error: parse error [state]: <bytes>`), which are the clients' rows in
+ * flight; they reach neither stdout nor the log. For the processes' entry points only: the
+ * console is the process's.
+ */
+export function captureConsole(log: Logger, target: Pick<Console, 'log' | 'info' | 'debug' | 'warn' | 'error'> = console): void {
+  const write = (...parts: unknown[]): void => log.warn('library output', { text: parts.map(headOf).join(' ') });
+  target.log = write;
+  target.info = write;
+  target.debug = write;
+  target.warn = write;
+  target.error = write;
+}
+
+function headOf(part: unknown): string {
+  const text = part instanceof Error ? `${part.name}: ${part.message}` : typeof part === 'string' ? part : `[${typeof part}]`;
+  const error = part instanceof Error ? part.name.length + 2 : 0;
+  const cut = text.indexOf(': ', error);
+  return (cut < 0 ? text : text.slice(0, cut)).slice(0, LIBRARY_TEXT_CHARS);
+}

@@ -2,12 +2,15 @@
 /** `npm start`: the gateway on the configuration of config/ and the environment. */
 import { startApp } from './app.js';
 import { loadConfigOrExit } from './config/config.js';
-import { jsonLogger } from './log.js';
+import { captureConsole, jsonLogger } from './log.js';
 import { parentNotifier } from './observability/state-events.js';
 
 const config = loadConfigOrExit();
 
 const log = jsonLogger(undefined, {}, { level: config.log.level });
+// Libraries' console output (nats.js prints the bytes a protocol error failed on) becomes a log
+// line with only its head (log.ts).
+captureConsole(log);
 // Spawned by a test with an IPC channel: its state changes are told to the test, which waits on
 // them (observability/state-events.ts). Started any other way: nothing.
 const app = await startApp(config, { logger: log, onStateChange: parentNotifier() }).catch((err: unknown): never => {

@@ -7,7 +7,7 @@
  * `/readyz` on that port (on `host`).
  */
 import { loadConfigOrExit } from '../config/config.js';
-import { jsonLogger } from '../log.js';
+import { captureConsole, jsonLogger } from '../log.js';
 import { Metrics } from '../observability/metrics.js';
 import { serveOperatorEndpoints, type OperatorServer } from '../observability/operator-server.js';
 import { Readiness } from '../observability/readiness.js';
@@ -22,6 +22,7 @@ if (!config.nats.url) {
 }
 
 const log = jsonLogger(undefined, { component: 'uploader' }, { level: config.log.level });
+captureConsole(log);
 // Spawned by a test with an IPC channel: the writes that change status answers (stored counts,
 // acks, removed commits) are told to the test, which waits on them (observability/state-events.ts).
 // Started any other way: nothing.
