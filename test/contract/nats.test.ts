@@ -660,6 +660,41 @@ t.test('NatsBatchQueue: a package read back unlike its commit (CRC-32) fails the
   t.equal(await q.pending('u1'), 1, 'still pending: never taken as read');
 });
 
+t.test('NatsBatchQueue: a commit message that does not read as one is delivered again, and dropped only after ten deliveries', async (t) => {
+  const h = await connection(t);
+  const stream = unique('UNREADABLE');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const reports: { err: unknown; what: string }[] = [];
+  let dropped!: () => void;
+  const drop = new Promise<void>((resolve) => (dropped = resolve));
+  const q = await openQueue(t, h, {
+    ...queueOpts(stream),
+    onError: (err, what) => {
+      reports.push({ err, what });
+      if (what.startsWith('drop')) dropped();
+    },
+  });
+  // Bytes that are no commit, as a delivery damaged on its way would hand them over.
+  await h.js.publish(new QueueSubjects(stream).commit(packageTail(meta('u1', 'p1'))), Buffer.from('{"meta":{"package_id":"p1"'), { msgID: 'p1:commit' });
+  const handled: string[] = [];
+  const consumer = q.consume(async (pkg) => {
+    handled.push(pkg.meta.package_id);
+  });
+  t.teardown(() => consumer.stop());
+  t.equal(await q.pending('u1'), 1, 'pending while it is delivered again');
+  await drop;
+  await consumer.stop();
+  t.same(handled, [], 'never handed to the uploader');
+  t.same(
+    reports.map((r) => r.what.replace(/ [^ ]*UNREADABLE[^ ]* /, ' <subject> ')),
+    [
+      ...Array.from({ length: 9 }, (_, i) => `unreadable commit message <subject> (delivery ${i + 1}): delivered again`),
+      'drop unreadable commit message <subject> after 10 deliveries',
+    ],
+  );
+  t.equal(await q.pending('u1'), 0, 'dropped: pending no more');
+});
+
 t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader', async (t) => {
   const startedAt = Date.now();
   const cluster = await startNatsCluster(t, 3);

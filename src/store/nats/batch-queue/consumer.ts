@@ -5,7 +5,7 @@
  * whose batches are gone.
  */
 import { crc32 } from 'node:zlib';
-import { DirectMsgHeaders, type Msg } from 'nats';
+import { DirectMsgHeaders, type JsMsg, type Msg } from 'nats';
 import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
 import { isStoreError, StoreError, type CommittedPackage, type QueueConsumer } from '../../ports.js';
 import type { StreamMessages } from './messages.js';
@@ -14,6 +14,8 @@ import { readCommit, type CommitRecord } from './record.js';
 import type { QueueSubjects } from './subjects.js';
 
 const MAX_DELAY_MS = 30_000;
+/** Deliveries of a commit message that does not read as one before it is dropped (over about 2.5 min at the default delay). */
+const UNREADABLE_DELIVERIES = 10;
 const ACK = Buffer.from('+ACK');
 
 export interface ConsumerOptions {
@@ -88,7 +90,15 @@ export class NatsConsumer implements QueueConsumer {
     try {
       ({ rec, inline } = readCommit(msg));
     } catch (err) {
-      onError(err, `drop unreadable commit message ${msg.subject}`);
+      // Bytes unlike any commit a gateway writes were damaged on their way (the server checks its
+      // own blocks; nats-server issue 7842 mixes consumer data with route protocol in a
+      // cluster): delivered again, read afresh. Dropped only when they never read otherwise.
+      if (deliveryCount < UNREADABLE_DELIVERIES) {
+        onError(err, `unreadable commit message ${msg.subject} (delivery ${deliveryCount}): delivered again`);
+        this.#later(jm);
+        return;
+      }
+      onError(err, `drop unreadable commit message ${msg.subject} after ${deliveryCount} deliveries`);
       await this.#ack(msg, streamSequence);
       return;
     }
@@ -138,8 +148,13 @@ export class NatsConsumer implements QueueConsumer {
       if (await this.#ack(msg, streamSequence)) await messages.deleteMatching(batchSubject).catch(() => {});
       return;
     }
+    this.#later(jm);
+  }
+
+  /** Delivered again after the redelivery delay, doubled per delivery up to `MAX_DELAY_MS`. */
+  #later(jm: JsMsg): void {
     const delayMs = this.#o.redeliveryDelayMs;
-    const delay = Math.min(delayMs * 2 ** (deliveryCount - 1), Math.max(delayMs, MAX_DELAY_MS));
+    const delay = Math.min(delayMs * 2 ** (jm.info.deliveryCount - 1), Math.max(delayMs, MAX_DELAY_MS));
     quietly(() => jm.nak(delay));
   }
 
