@@ -8,6 +8,7 @@ import { inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js'
 import { packageTail, QueueSubjects } from '../../src/store/nats/batch-queue/subjects.js';
 import { ENTRY_ROUNDS, NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
+import { countsKey } from '../../src/store/nats/stored-counts.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../../testbed/nats.js';
 import { until } from '../support/drills.js';
@@ -181,6 +182,42 @@ t.test('NatsSessionStore on a single server: compare-and-set serialised under co
   await b.delete('session.x');
   t.equal(await a.get('session.x'), null, 'deleted reads as absent');
   t.ok((await a.create('session.x', { v: 10 })) > 0, 'create over a tombstone');
+});
+
+t.test('values read back unlike the JSON written are read again, then STORE_UNAVAILABLE (503), never a parse error (500)', async (t) => {
+  const h = await connection(t);
+  const retryMs = 400;
+  const bucket = unique('damaged');
+  const sessions = await NatsSessionStore.open(h, { bucket, replicas: 1, retryMs });
+  const ledgerBucket = unique('damagedledger');
+  const ledger = await NatsLedger.open(h, { bucket: ledgerBucket, replicas: 1, retryMs, sessions });
+  t.teardown(() => Promise.all([`KV_${bucket}`, `KV_${ledgerBucket}`].map((s) => h.jsm.streams.delete(s).catch(() => {}))));
+  // Bytes as a damaged delivery would hand them over (no server lets us damage one in flight):
+  // stored so, each read of them is damaged.
+  const damaged = Buffer.from('{"state":"UPLOADING","in_flight":{"p1":');
+  await sessions.create('session.good', { ok: true });
+  await h.js.publish(`$KV.${bucket}.session.bad`, damaged);
+  await h.js.publish(`$KV.${ledgerBucket}.u1.p1`, damaged);
+  await h.js.publish(`$KV.${ledgerBucket}.${countsKey('u1')}`, damaged);
+  const unavailable = (what: string) => ({ code: 'STORE_UNAVAILABLE', message: new RegExp(`${what.replace(/\./g, '\\.')} read back from NATS is not the JSON written \\(${damaged.length} bytes\\)`) });
+  await t.rejects(sessions.get('session.bad'), unavailable('Session store key session.bad'));
+  await t.rejects(sessions.getRecent('session.bad'), unavailable('Session store key session.bad'));
+  await t.rejects(
+    (async () => {
+      for await (const _ of sessions.list('session.'));
+    })(),
+    unavailable('Session store key session.bad'),
+  );
+  t.same((await sessions.get('session.good'))?.value, { ok: true }, 'other keys read as ever');
+  await t.rejects(ledger.get('u1', 'p1'), unavailable('Ledger entry u1.p1'));
+  await t.rejects(
+    (async () => {
+      for await (const _ of ledger.list('u1'));
+    })(),
+    unavailable('Ledger entry u1.p1'),
+  );
+  t.ok(ledger.storedCounts, 'the ledger keeps the stored counts (2.12+)');
+  await t.rejects(ledger.storedCounts!('u1'), unavailable('Stored counts of u1'));
 });
 
 t.test('group commit: ledger entries and queue commits written at one moment share atomic batches, each stored once', async (t) => {

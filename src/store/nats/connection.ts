@@ -203,12 +203,30 @@ export function jsErrorCode(err: unknown): number | undefined {
 /** No answer in time, nobody listening, or JetStream unavailable for a moment (a leader moving): worth another try. */
 export function isTransient(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
-  if (code === 'TIMEOUT' || code === '503' || code === 'DISCONNECT' || code === 'CONNECTION_REFUSED') return true;
+  if (code === 'TIMEOUT' || code === '503' || code === 'DISCONNECT' || code === 'CONNECTION_REFUSED' || code === DAMAGED_READ) return true;
   const api = (err as { api_error?: { code?: unknown; err_code?: unknown } } | null)?.api_error;
   // 10005 "no suitable peers for placement": a cluster still forming (or not enough nodes:
   // then the retry budget runs out with the same error). 10158: our own earlier attempt of
   // the same publish is still in the server's hands.
   return api?.code === 503 || api?.err_code === JS_NO_SUITABLE_PEERS || api?.err_code === JS_DUPLICATE_IN_PROCESS;
+}
+
+/** The code of a value read back from NATS that is not the JSON written (`readJson`). */
+const DAMAGED_READ = 'NATS_DAMAGED_READ';
+
+/**
+ * A value the service wrote as JSON, as read back. Bytes that do not parse were damaged on
+ * their way (nats-server checks its own blocks; issue 7842 mixes consumer data with route
+ * protocol in a cluster): a transient failure, so a read inside `withRetry` is made again,
+ * and one that stays damaged ends as `STORE_UNAVAILABLE` (503), never as a 500.
+ */
+export function readJson<T>(data: Uint8Array, what: string): T {
+  try {
+    return JSON.parse(Buffer.from(data).toString('utf8')) as T;
+  } catch {
+    // Not the parser's message: it quotes the bytes, which may be other messages' (clients' rows).
+    throw Object.assign(new Error(`${what} read back from NATS is not the JSON written (${data.length} bytes)`), { code: DAMAGED_READ });
+  }
 }
 
 /** "stream not found": the adapters make their streams at open, so one missing later was lost (deleted, or a server that came back empty). */

@@ -1,6 +1,6 @@
 import type { KV, KvEntry } from 'nats';
 import { StoreError, type LedgerEntry, type PackageLedger, type SessionStore } from '../ports.js';
-import { enableStreamFeatures, openKv, withRetry, type NatsContext } from './connection.js';
+import { enableStreamFeatures, openKv, readJson, unavailable, withRetry, type NatsContext } from './connection.js';
 import { GroupPublisher } from './group-publisher.js';
 import { NatsStoredCounts } from './stored-counts.js';
 
@@ -105,9 +105,11 @@ export class NatsLedger implements PackageLedger {
 
   async get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null> {
     this.#check(uploadUuid);
-    const entry = await withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(this.#key(uploadUuid, packageId)));
-    if (!entry || entry.operation !== 'PUT') return null;
-    return entry.json<LedgerEntry>();
+    const key = this.#key(uploadUuid, packageId);
+    return withRetry(this.#ctx, this.#retryMs, async () => {
+      const entry = await this.#kv.get(key);
+      return entry && entry.operation === 'PUT' ? readJson<LedgerEntry>(entry.value, `Ledger entry ${key}`) : null;
+    });
   }
 
   async *list(uploadUuid: string): AsyncIterable<LedgerEntry> {
@@ -135,14 +137,14 @@ export class NatsLedger implements PackageLedger {
         for (let n = watch.getReceived(); n > 0; n--) {
           const got = await it.next();
           if (got.done) return;
-          if (got.value.operation === 'PUT') yield got.value.json<LedgerEntry>();
+          if (got.value.operation === 'PUT') yield entryOf(got.value);
         }
         return;
       }
       for (;;) {
         const got = await Promise.race([it.next(), ready]);
         if (got === 'initialized' || got.done) return;
-        if (got.value.operation === 'PUT') yield got.value.json<LedgerEntry>();
+        if (got.value.operation === 'PUT') yield entryOf(got.value);
       }
     } finally {
       watch.stop();
@@ -182,5 +184,14 @@ export class NatsLedger implements PackageLedger {
   #check(uploadUuid: string): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Ledger is closed');
     if (!ID.test(uploadUuid)) throw new StoreError('STORE_INVALID_KEY', `Invalid upload_uuid ${JSON.stringify(uploadUuid)}`);
+  }
+}
+
+/** A ledger entry as a listing reads it; damaged bytes end the listing with `STORE_UNAVAILABLE` (a watch is not read again). */
+function entryOf(e: KvEntry): LedgerEntry {
+  try {
+    return readJson<LedgerEntry>(e.value, `Ledger entry ${e.key}`);
+  } catch (err) {
+    throw unavailable(err);
   }
 }

@@ -1,6 +1,6 @@
 import { headers, nuid, type KV, type MsgHdrs } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { answerSoon, directGet, enableStreamFeatures, isWrongLastSequence, LastRead, openKv, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, directGet, enableStreamFeatures, isWrongLastSequence, LastRead, openKv, readJson, withRetry, type NatsContext } from './connection.js';
 import { GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -86,19 +86,22 @@ export class NatsSessionStore implements SessionStore {
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
-    return value<T>(await this.#last(key));
+    // Read again while what arrives does not parse (`readJson`); `#last` has its own retries.
+    return withRetry(this.#ctx, this.#retryMs, async () => this.#value<T>(key, await this.#last(key)));
   }
 
   async getRecent<T>(key: string): Promise<Versioned<T> | null> {
     if (!this.#direct) return this.get<T>(key);
     this.#check();
-    const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then((msg) => {
-      const operation = msg?.headers?.get(OPERATION);
-      const seen = this.#seen.peek(key);
-      if (msg && (!seen || msg.seq >= seen.seq)) return this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' });
-      return seen ?? null;
+    return withRetry(this.#ctx, this.#retryMs, async () => {
+      const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then((msg) => {
+        const operation = msg?.headers?.get(OPERATION);
+        const seen = this.#seen.peek(key);
+        if (msg && (!seen || msg.seq >= seen.seq)) return this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' });
+        return seen ?? null;
+      });
+      return this.#value<T>(key, await answerSoon(fresh, () => this.#seen.recent(key)));
     });
-    return value<T>(await answerSoon(fresh, () => this.#seen.recent(key)));
   }
 
   async create<T>(key: string, value: T): Promise<number> {
@@ -151,11 +154,11 @@ export class NatsSessionStore implements SessionStore {
       const read = await Promise.all(
         tokens.slice(i, i + LIST_READS).map(async (token) => {
           const key = token.startsWith('/') ? Buffer.from(token.slice(1), 'hex').toString('utf8') : token;
-          return { key, last: key.startsWith(prefix) && KEY.test(key) ? await this.#last(key) : null };
+          return { key, got: key.startsWith(prefix) && KEY.test(key) ? await this.get<T>(key) : null };
         }),
       );
-      for (const { key, last } of read) {
-        if (last && !last.deleted) yield { key, value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
+      for (const { key, got } of read) {
+        if (got) yield { key, ...got };
       }
     }
   }
@@ -190,6 +193,17 @@ export class NatsSessionStore implements SessionStore {
     return this.#saw(key, { seq: entry.revision, data: entry.value, deleted: entry.operation !== 'PUT' });
   }
 
+  /** A key's last message as the port answers it: null for none or a tombstone. Damaged bytes are not kept for answers. */
+  #value<T>(key: string, last: Last | null): Versioned<T> | null {
+    if (!last || last.deleted) return null;
+    try {
+      return { value: readJson<T>(last.data, `Session store key ${key}`), revision: last.seq };
+    } catch (err) {
+      if (this.#seen.peek(key) === last) this.#seen.delete(key);
+      throw err;
+    }
+  }
+
   /** Remembers `last` as what this instance saw of `key`, unless it saw a later message. */
   #saw(key: string, last: Last): Last {
     if (!this.#direct) return last;
@@ -217,12 +231,6 @@ interface Last {
   seq: number;
   data: Uint8Array;
   deleted: boolean;
-}
-
-/** A key's last message as the port answers it: null for none or a tombstone. */
-function value<T>(last: Last | null): Versioned<T> | null {
-  if (!last || last.deleted) return null;
-  return { value: JSON.parse(Buffer.from(last.data).toString('utf8')) as T, revision: last.seq };
 }
 
 /** The KV key (subject token) of a port key. */

@@ -25,7 +25,7 @@
 import type { KV } from 'nats';
 import { storedCountKey } from '../keys.js';
 import { readForAnswer, type SessionStore } from '../ports.js';
-import { answerSoon, directGet, LastRead, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, directGet, LastRead, readJson, withRetry, type NatsContext } from './connection.js';
 import { publishAtomic, type GroupMessage } from './group-publisher.js';
 
 /** What an earlier version wrote to the session store: counted packages, those in `marking` included. */
@@ -113,13 +113,15 @@ export class NatsStoredCounts {
   /** Stored packages per entity, as answers read them (any replica; see `NatsSessionStore.getRecent`). */
   async perEntity(uploadUuid: string): Promise<Map<string, number>> {
     const subject = this.#subject(countsKey(uploadUuid));
-    const fresh = this.#direct
-      ? directGet(this.#ctx, this.#stream, { last_by_subj: subject }, this.#retryMs).then((msg) =>
-          msg ? { seq: msg.seq, counts: JSON.parse(Buffer.from(msg.data).toString('utf8')) as Counts } : { seq: 0, counts: null },
-        )
-      : withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(countsKey(uploadUuid))).then((e) =>
-          e && e.operation === 'PUT' ? { seq: e.revision, counts: e.json<Counts>() } : { seq: 0, counts: null },
-        );
+    const what = `Stored counts of ${uploadUuid}`;
+    // Read again while what arrives does not parse (`readJson`).
+    const fresh = withRetry(this.#ctx, this.#retryMs, () =>
+      this.#direct
+        ? directGet(this.#ctx, this.#stream, { last_by_subj: subject }, this.#retryMs).then((msg) =>
+            msg ? { seq: msg.seq, counts: readJson<Counts>(msg.data, what) } : { seq: 0, counts: null },
+          )
+        : this.#kv.get(countsKey(uploadUuid)).then((e) => (e && e.operation === 'PUT' ? { seq: e.revision, counts: readJson<Counts>(e.value, what) } : { seq: 0, counts: null })),
+    );
     const seen = fresh.then((got) => {
       const before = this.#seen.peek(uploadUuid);
       const newer = before && before.seq > got.seq ? before : got;
@@ -268,9 +270,13 @@ export class NatsStoredCounts {
 
   /** The session's counts from the stream leader; without any, the summary's check and an earlier version's counts. Null: the session is gone. */
   async #load(uploadUuid: string, summaryKey: string): Promise<Known | null> {
-    const entry = await withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(countsKey(uploadUuid)));
-    if (entry && entry.operation === 'PUT') {
-      const known = { counts: entry.json<Counts>(), revision: entry.revision };
+    const read = await withRetry(this.#ctx, this.#retryMs, async () => {
+      const e = await this.#kv.get(countsKey(uploadUuid));
+      return { entry: e, counts: e && e.operation === 'PUT' ? readJson<Counts>(e.value, `Stored counts of ${uploadUuid}`) : null };
+    });
+    const { entry } = read;
+    if (entry && read.counts) {
+      const known = { counts: read.counts, revision: entry.revision };
       this.#remember(uploadUuid, known);
       return known;
     }
@@ -300,7 +306,7 @@ export class NatsStoredCounts {
 const MARKER = Buffer.from('1');
 
 /** The counts key of a session: `=` is no package id's character, so it never meets a marker or an entry. */
-function countsKey(uploadUuid: string): string {
+export function countsKey(uploadUuid: string): string {
   return `${uploadUuid}.=.counts`;
 }
 

@@ -38,9 +38,15 @@ export function readCommit(msg: { data: Uint8Array; headers?: MsgHdrs | undefine
 }
 
 function parseCommit(data: Uint8Array): CommitRecord {
-  const rec = JSON.parse(Buffer.from(data).toString('utf8')) as CommitRecord;
+  let rec: CommitRecord | null;
+  try {
+    rec = JSON.parse(Buffer.from(data).toString('utf8')) as CommitRecord;
+  } catch {
+    rec = null; // not the parser's message: it quotes the bytes, which may be clients' rows
+  }
   const m = rec?.meta;
   if (
+    !rec ||
     !m ||
     typeof m.package_id !== 'string' ||
     typeof m.upload_uuid !== 'string' ||
