@@ -178,9 +178,12 @@ export class NatsConsumer implements QueueConsumer {
   /**
    * Direct get (raw bytes, any replica: about five times the throughput of STREAM.MSG.GET
    * with its base64 JSON); whatever it cannot answer, a lagging replica perhaps, the leader does.
+   * So does an answer on another subject before the batch is judged lost: a damaged answer
+   * must not drop a package.
    */
   async #batch(seq: number, subject: string): Promise<Uint8Array> {
-    const sm = (await this.#direct(seq)) ?? (await this.#o.messages.get({ seq }));
+    const direct = await this.#direct(seq);
+    const sm = direct?.subject === subject ? direct : await this.#o.messages.get({ seq });
     if (!sm) throw new StoreError('QUEUE_BATCH_LOST', `Batch ${seq} of ${subject} is gone`);
     if (sm.subject !== subject) throw new StoreError('QUEUE_BATCH_LOST', `Batch ${seq} is not on ${subject}`);
     return sm.data;
