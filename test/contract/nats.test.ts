@@ -1,6 +1,6 @@
 import { crc32 } from 'node:zlib';
 import t, { type Test } from 'tap';
-import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type StreamConfig } from 'nats';
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type RequestOptions, type StreamConfig } from 'nats';
 import { connectNats, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
@@ -661,6 +661,42 @@ t.test('NatsBatchQueue: a delivered package whose batches vanished is dropped, n
   t.equal(attempts, 1, 'once');
   t.match(errors, [/drop package p1 of session u1: its batches are gone/]);
   t.match(lost, { code: 'QUEUE_BATCH_LOST' });
+});
+
+t.test('NatsBatchQueue: a batch whose direct get answers on another subject is asked of the leader, not judged lost', async (t) => {
+  const h = await connection(t);
+  const stream = unique('MISLABELLED');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  // Every direct get of a batch by sequence is answered as a damaged answer would be: the
+  // right bytes under another subject (no server lets us damage one in flight). The stream's
+  // leader (STREAM.MSG.GET, through `jsm`, not this connection) answers as it should.
+  let mislabelled = 0;
+  const request = h.nc.request.bind(h.nc);
+  const nc = new Proxy(h.nc, {
+    get(target, prop) {
+      if (prop !== 'request') {
+        const v = Reflect.get(target, prop, target) as unknown;
+        return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+      }
+      return async (subject: string, data?: Uint8Array, opts?: RequestOptions) => {
+        const answer = await request(subject, data, opts);
+        if (subject !== `$JS.API.DIRECT.GET.${stream}` || !answer.headers?.get('Nats-Subject')) return answer;
+        mislabelled++;
+        const real = answer.headers;
+        return { data: answer.data, headers: { code: real.code, get: (k: string) => (k === 'Nats-Subject' ? `${stream}.b.damaged` : real.get(k)) } };
+      };
+    },
+  });
+  const errors: string[] = [];
+  const q = await openQueue(t, { ...h, nc }, { ...queueOpts(stream), onError: (_err, what) => errors.push(what) });
+  await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n'), Buffer.from('["p1b"]\n')]);
+  const got = await drain(t, q, 1);
+  t.equal(got.length, 1);
+  t.equal(got[0]?.data.toString(), '["p1"]\n["p1b"]\n', 'read whole, from the leader');
+  t.equal(got[0]?.attempt, 1, 'at the first delivery');
+  t.ok(mislabelled >= 2, `the direct gets answered on another subject (${mislabelled})`);
+  t.same(errors, [], 'nothing dropped or reported');
+  t.equal(await q.pending('u1'), 0);
 });
 
 t.test('NatsBatchQueue: a package read back unlike its commit (CRC-32) fails the read and is delivered again, not taken', async (t) => {
