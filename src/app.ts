@@ -101,7 +101,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     const { sessions, ledger, queue, objects } = engines;
     log.info('storage engines', engines.describe);
     const metrics = config.metrics.enabled
-      ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs, damagedRecords: engines.damagedRecords })
+      ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs, damagedRecords: engines.damagedRecords, damagedReads: engines.damagedReads })
       : null;
     if (sessions.capabilities.singleProcess) {
       // One process owns the embedded files: the leases in them are the previous process's.

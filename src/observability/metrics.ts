@@ -36,6 +36,8 @@ export interface MetricsOptions {
   backlogTimeoutMs: number;
   /** Damaged records the stores found and skipped so far (the embedded default's checksums). */
   damagedRecords?: () => number;
+  /** Reads from NATS unlike what was written so far, read or delivered again (with NATS only). */
+  damagedReads?: (() => number) | null;
   /** Default process metrics (CPU, memory, event loop lag, GC, handles). Default true. */
   processMetrics?: boolean;
 }
@@ -62,7 +64,18 @@ export class Metrics {
   constructor(opts: MetricsOptions) {
     const registers = [this.registry];
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
-    const { damagedRecords } = opts;
+    const { damagedRecords, damagedReads } = opts;
+    if (damagedReads) {
+      const reads: Counter = new Counter({
+        name: 'ingest_nats_damaged_reads_total',
+        help: 'Reads from NATS unlike what was written (a value or commit that does not parse, a package unlike its CRC-32, a batch on another subject), read or delivered again',
+        registers,
+        collect() {
+          reads.reset();
+          reads.inc(damagedReads());
+        },
+      });
+    }
     if (damagedRecords) {
       const damaged: Counter = new Counter({
         name: 'ingest_storage_damaged_records_total',

@@ -16,7 +16,7 @@ import { FileObjectStore } from './embedded/object-store.js';
 import { SqliteSessionStore } from './embedded/session-store.js';
 import { StateDatabase } from './embedded/state-db.js';
 import { NatsBatchQueue } from './nats/batch-queue/index.js';
-import { connectNats, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHandle } from './nats/connection.js';
+import { connectNats, damagedReads, JS_STREAM_NOT_FOUND, jsErrorCode, withRetry, type NatsHandle } from './nats/connection.js';
 import { NatsLedger } from './nats/ledger.js';
 import { LostKeysGuard } from './nats/lost-keys.js';
 import { NatsSessionStore } from './nats/session-store.js';
@@ -39,6 +39,8 @@ export interface Engines {
   sweepIncompleteUploads(): Promise<number>;
   /** Damaged records the embedded stores found and skipped (each logged with its file and offset); 0 on NATS and S3. */
   damagedRecords(): number;
+  /** Reads from NATS unlike what was written, read or delivered again (`damagedReads`, connection.ts); null without NATS. */
+  damagedReads: (() => number) | null;
   close(): Promise<void>;
 }
 
@@ -172,6 +174,7 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       probes,
       sweepIncompleteUploads,
       damagedRecords: () => damaged,
+      damagedReads: nats ? () => damagedReads.count : null,
       close,
     };
   } catch (err) {

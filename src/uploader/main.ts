@@ -30,7 +30,7 @@ const onStateChange = parentNotifier();
 const engines = await openEngines(config, log, 'ingest-uploader', { onQueueSettled: onStateChange });
 if (onStateChange) notifyingWrites(engines, onStateChange);
 const metrics = config.metrics.enabled
-  ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => engines.queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs, damagedRecords: engines.damagedRecords })
+  ? new Metrics({ queue: { backend: engines.describe.queue, backlog: () => engines.queue.backlog() }, backlogTimeoutMs: config.health.readyTimeoutMs, damagedRecords: engines.damagedRecords, damagedReads: engines.damagedReads })
   : null;
 const consumer = await runUploader(engines, config, log, metrics?.uploader);
 let operator: OperatorServer | null = null;

@@ -1,7 +1,7 @@
 import { crc32 } from 'node:zlib';
 import t, { type Test } from 'tap';
 import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type RequestOptions, type StreamConfig } from 'nats';
-import { connectNats, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
+import { connectNats, damagedReads, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
 import { inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js';
@@ -196,11 +196,13 @@ t.test('values read back unlike the JSON written are read again, then STORE_UNAV
   // stored so, each read of them is damaged.
   const damaged = Buffer.from('{"state":"UPLOADING","in_flight":{"p1":');
   await sessions.create('session.good', { ok: true });
+  const counted = damagedReads.count;
   await h.js.publish(`$KV.${bucket}.session.bad`, damaged);
   await h.js.publish(`$KV.${ledgerBucket}.u1.p1`, damaged);
   await h.js.publish(`$KV.${ledgerBucket}.${countsKey('u1')}`, damaged);
   const unavailable = (what: string) => ({ code: 'STORE_UNAVAILABLE', message: new RegExp(`${what.replace(/\./g, '\\.')} read back from NATS is not the JSON written \\(${damaged.length} bytes\\)`) });
   await t.rejects(sessions.get('session.bad'), unavailable('Session store key session.bad'));
+  t.ok(damagedReads.count > counted, 'counted (ingest_nats_damaged_reads_total)');
   await t.rejects(sessions.getRecent('session.bad'), unavailable('Session store key session.bad'));
   await t.rejects(
     (async () => {
@@ -689,6 +691,7 @@ t.test('NatsBatchQueue: a batch whose direct get answers on another subject is a
   });
   const errors: string[] = [];
   const q = await openQueue(t, { ...h, nc }, { ...queueOpts(stream), onError: (_err, what) => errors.push(what) });
+  const counted = damagedReads.count;
   await commit(q, meta('u1', 'p1'), [Buffer.from('["p1"]\n'), Buffer.from('["p1b"]\n')]);
   const got = await drain(t, q, 1);
   t.equal(got.length, 1);
@@ -696,6 +699,7 @@ t.test('NatsBatchQueue: a batch whose direct get answers on another subject is a
   t.equal(got[0]?.attempt, 1, 'at the first delivery');
   t.ok(mislabelled >= 2, `the direct gets answered on another subject (${mislabelled})`);
   t.same(errors, [], 'nothing dropped or reported');
+  t.equal(damagedReads.count - counted, mislabelled, 'each counted (ingest_nats_damaged_reads_total)');
   t.equal(await q.pending('u1'), 0);
 });
 
@@ -710,6 +714,7 @@ t.test('NatsBatchQueue: a package read back unlike its commit (CRC-32) fails the
   const rec = { meta: m, rows: 1, bytes: 7, batches: [], crc: crc32(Buffer.from('["p1"]\n')) };
   await h.js.publish(new QueueSubjects(stream).commit(packageTail(m)), Buffer.from('["p1"'), { headers: inlineCommitHeaders(rec), msgID: 'p1:commit' });
   const reads: { attempt: number; error: unknown }[] = [];
+  const counted = damagedReads.count;
   let twice!: () => void;
   const again = new Promise<void>((resolve) => (twice = resolve));
   const consumer = q.consume(async (pkg) => {
@@ -731,6 +736,7 @@ t.test('NatsBatchQueue: a package read back unlike its commit (CRC-32) fails the
     { attempt: 2, error: { code: 'STORE_CORRUPT' } },
   ]);
   t.equal(await q.pending('u1'), 1, 'still pending: never taken as read');
+  t.equal(damagedReads.count - counted, reads.filter((r) => r.error).length, 'each read counted (ingest_nats_damaged_reads_total)');
 });
 
 t.test('NatsBatchQueue: a commit message that does not read as one is delivered again, and dropped only after ten deliveries', async (t) => {
@@ -749,6 +755,7 @@ t.test('NatsBatchQueue: a commit message that does not read as one is delivered 
   });
   // Bytes that are no commit, as a delivery damaged on its way would hand them over.
   await h.js.publish(new QueueSubjects(stream).commit(packageTail(meta('u1', 'p1'))), Buffer.from('{"meta":{"package_id":"p1"'), { msgID: 'p1:commit' });
+  const counted = damagedReads.count;
   const handled: string[] = [];
   const consumer = q.consume(async (pkg) => {
     handled.push(pkg.meta.package_id);
@@ -766,6 +773,7 @@ t.test('NatsBatchQueue: a commit message that does not read as one is delivered 
     ],
   );
   t.equal(await q.pending('u1'), 0, 'dropped: pending no more');
+  t.equal(damagedReads.count - counted, 10, 'each delivery counted (ingest_nats_damaged_reads_total)');
 });
 
 t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader', async (t) => {

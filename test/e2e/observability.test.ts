@@ -103,6 +103,7 @@ t.test('metrics move after a session; access log lines carry a request id and ne
   t.equal(sample(after, 'ingest_uploader_packages_total', { outcome: 'stored' }), 1);
   t.equal(sample(after, 'ingest_uploader_errors_total'), 0);
   t.equal(sample(after, 'ingest_storage_damaged_records_total'), 0, 'no damaged record found');
+  t.notOk(after.includes('ingest_nats_damaged_reads_total'), 'no NATS, no count of its damaged reads');
   t.ok(after.includes('ingest_queue_pending_packages{backend="file"} 0'), 'nothing pending on the embedded queue');
   t.ok(after.includes('ingest_queue_oldest_pending_age_seconds{backend="file"} 0'));
   t.equal(sample(after, 'ingest_pool_workers'), 2);
@@ -197,9 +198,11 @@ t.test('readiness over NATS and S3: ready, then 503 once NATS is stopped; the up
   const gateway = await scrape(svc.url);
   t.ok(gateway.includes('ingest_queue_pending_packages{backend="jetstream"} 0'), 'JetStream backlog read at scrape time');
   t.equal(sample(gateway, 'ingest_rows_validated_total'), 3);
+  t.equal(sample(gateway, 'ingest_nats_damaged_reads_total'), 0, 'no damaged read from NATS');
   const up = await scrape(uploaderUrl);
   t.equal(sample(up, 'ingest_uploader_packages_total', { outcome: 'stored' }), 1, 'the uploader process counts what it stored');
   t.ok(up.includes('ingest_queue_pending_packages{backend="jetstream"} 0'));
+  t.equal(sample(up, 'ingest_nats_damaged_reads_total'), 0, 'nor in the uploader');
 
   await nats.stop();
   const down = await call(svc.url, 'GET', '/readyz', { client: null });

@@ -211,6 +211,15 @@ export function isTransient(err: unknown): boolean {
   return api?.code === 503 || api?.err_code === JS_NO_SUITABLE_PEERS || api?.err_code === JS_DUPLICATE_IN_PROCESS;
 }
 
+/**
+ * Reads from NATS in this process whose bytes were not what the service wrote: a value that does
+ * not parse (`readJson`), a commit message that does not read as one, a package unlike its
+ * CRC-32, a batch answered on another subject (batch-queue/consumer.ts). Each is read or
+ * delivered again. The metric `ingest_nats_damaged_reads_total`; none is expected (nats-server
+ * issue 7842 makes them in a cluster).
+ */
+export const damagedReads = { count: 0 };
+
 /** The code of a value read back from NATS that is not the JSON written (`readJson`). */
 const DAMAGED_READ = 'NATS_DAMAGED_READ';
 
@@ -224,6 +233,7 @@ export function readJson<T>(data: Uint8Array, what: string): T {
   try {
     return JSON.parse(Buffer.from(data).toString('utf8')) as T;
   } catch {
+    damagedReads.count++;
     // Not the parser's message: it quotes the bytes, which may be other messages' (clients' rows).
     throw Object.assign(new Error(`${what} read back from NATS is not the JSON written (${data.length} bytes)`), { code: DAMAGED_READ });
   }

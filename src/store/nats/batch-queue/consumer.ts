@@ -8,6 +8,7 @@ import { crc32 } from 'node:zlib';
 import { DirectMsgHeaders, type JsMsg, type Msg } from 'nats';
 import { toJsMsg } from 'nats/lib/jetstream/jsmsg.js';
 import { isStoreError, StoreError, type CommittedPackage, type QueueConsumer } from '../../ports.js';
+import { damagedReads } from '../connection.js';
 import type { StreamMessages } from './messages.js';
 import { Puller, quietly } from './puller.js';
 import { readCommit, type CommitRecord } from './record.js';
@@ -90,6 +91,7 @@ export class NatsConsumer implements QueueConsumer {
     try {
       ({ rec, inline } = readCommit(msg));
     } catch (err) {
+      damagedReads.count++;
       // Bytes unlike any commit a gateway writes were damaged on their way (the server checks its
       // own blocks; nats-server issue 7842 mixes consumer data with route protocol in a
       // cluster): delivered again, read afresh. Dropped only when they never read otherwise.
@@ -183,9 +185,11 @@ export class NatsConsumer implements QueueConsumer {
    */
   async #batch(seq: number, subject: string): Promise<Uint8Array> {
     const direct = await this.#direct(seq);
-    const sm = direct?.subject === subject ? direct : await this.#o.messages.get({ seq });
+    if (direct?.subject === subject) return direct.data;
+    const sm = await this.#o.messages.get({ seq });
     if (!sm) throw new StoreError('QUEUE_BATCH_LOST', `Batch ${seq} of ${subject} is gone`);
     if (sm.subject !== subject) throw new StoreError('QUEUE_BATCH_LOST', `Batch ${seq} is not on ${subject}`);
+    if (direct) damagedReads.count++; // a replica's answer was not what the leader holds
     return sm.data;
   }
 
@@ -240,6 +244,7 @@ async function* checked(rec: CommitRecord, batches: AsyncIterable<Uint8Array>): 
     yield b;
   }
   if (rec.crc !== undefined && crc !== rec.crc) {
+    damagedReads.count++;
     throw new StoreError('STORE_CORRUPT', `Package ${rec.meta.package_id} read back does not match its commit (CRC-32 ${crc}, committed ${rec.crc})`);
   }
 }
