@@ -93,8 +93,8 @@ const LIBRARY_TEXT_CHARS = 100;
  * keep only the head of each part: its text up to the first `": "`, at most
  * `LIBRARY_TEXT_CHARS`. nats.js 2.29 prints a protocol error with the bytes it failed on
  * (`reader closed Error: parse error [state]: <bytes>`), which are the clients' rows in
- * flight; they reach neither stdout nor the log. For the processes' entry points only: the
- * console is the process's.
+ * flight; they reach neither stdout nor the log. Node's own warnings keep their first line.
+ * For the processes' entry points only: the console is the process's.
  */
 export function captureConsole(log: Logger, target: Pick<Console, 'log' | 'info' | 'debug' | 'warn' | 'error'> = console): void {
   const write = (...parts: unknown[]): void => log.warn('library output', { text: parts.map(headOf).join(' ') });
@@ -105,7 +105,11 @@ export function captureConsole(log: Logger, target: Pick<Console, 'log' | 'info'
   target.error = write;
 }
 
+/** Node's own warnings (`(node:<pid>) <Name>: <message>`, printed with `console.error`): no data of ours, kept to their first line. */
+const NODE_WARNING = /^\(node:\d+\) /;
+
 function headOf(part: unknown): string {
+  if (typeof part === 'string' && NODE_WARNING.test(part)) return part.split('\n', 1)[0]!.slice(0, 3 * LIBRARY_TEXT_CHARS);
   const text = part instanceof Error ? `${part.name}: ${part.message}` : typeof part === 'string' ? part : `[${typeof part}]`;
   const error = part instanceof Error ? part.name.length + 2 : 0;
   const cut = text.indexOf(': ', error);

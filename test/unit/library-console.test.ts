@@ -24,6 +24,16 @@ t.test("nats.js's reader error keeps its label, not the bytes it failed on", asy
   t.notMatch(JSON.stringify(lines[0]), /SKU-SECRET/);
 });
 
+t.test("Node's own warnings keep their first line", async (t) => {
+  const { lines, target } = capture();
+  // As Node 20 prints a process warning (lib/internal/process/warning.js, through console.error).
+  target.error('(node:42) NodeVersionSupportWarning: The AWS SDK for JavaScript (v3) will require node >=22.\n(Use `node --trace-warnings ...` to show where the warning was created)');
+  t.same(
+    lines.map((l) => l.text),
+    ['(node:42) NodeVersionSupportWarning: The AWS SDK for JavaScript (v3) will require node >=22.'],
+  );
+});
+
 t.test('every console method is captured; long text is cut; objects are named, not printed', async (t) => {
   const { lines, target } = capture();
   target.info('x'.repeat(500));
