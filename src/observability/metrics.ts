@@ -66,26 +66,20 @@ export class Metrics {
     if (opts.processMetrics ?? true) collectDefaultMetrics({ register: this.registry });
     const { damagedRecords, damagedReads } = opts;
     if (damagedReads) {
-      const reads: Counter = new Counter({
-        name: 'ingest_nats_damaged_reads_total',
-        help: 'Reads from NATS unlike what was written (a value or commit that does not parse, a package unlike its CRC-32, a batch on another subject), read or delivered again',
+      countedAtScrape(
+        'ingest_nats_damaged_reads_total',
+        'Reads from NATS unlike what was written (a value or commit that does not parse, a package unlike its CRC-32, a batch on another subject), read or delivered again',
+        damagedReads,
         registers,
-        collect() {
-          reads.reset();
-          reads.inc(damagedReads());
-        },
-      });
+      );
     }
     if (damagedRecords) {
-      const damaged: Counter = new Counter({
-        name: 'ingest_storage_damaged_records_total',
-        help: 'Damaged records the embedded stores found (checksum failed with valid records after it), skipped and logged with file and offset',
+      countedAtScrape(
+        'ingest_storage_damaged_records_total',
+        'Damaged records the embedded stores found (checksum failed with valid records after it), skipped and logged with file and offset',
+        damagedRecords,
         registers,
-        collect() {
-          damaged.reset();
-          damaged.inc(damagedRecords());
-        },
-      });
+      );
     }
 
     this.#requests = new Counter({
@@ -325,4 +319,17 @@ export function metricsAccess(token: string | null): (authorization: string | un
 
 function digest(text: string): Buffer {
   return createHash('sha256').update(text).digest();
+}
+
+/** A counter whose value is read from `count` at each scrape (a tally kept by a store). */
+function countedAtScrape(name: string, help: string, count: () => number, registers: Registry[]): void {
+  const counter: Counter = new Counter({
+    name,
+    help,
+    registers,
+    collect() {
+      counter.reset();
+      counter.inc(count());
+    },
+  });
 }
