@@ -75,11 +75,12 @@ export interface SessionServiceDeps {
   cleanUpBackoff?: CleanUpDeps['backoff'];
   /** How long after a delete its clean-up runs every step again (clean-up.ts; default 15 min). */
   cleanUpLatePassMs?: number;
+  /** How long a record write of unknown outcome is resolved before its ingest answers 503 anyway (`resolveRecord`; default 30 s). */
+  resolveRecordMs?: number;
   /** Background failures (ledger writes, clean-up after delete); never client errors. */
   onBackgroundError?: (err: unknown, what: string) => void;
 }
 
-/** How long a record write of unknown outcome is resolved before its ingest answers anyway (`resolveRecord`). */
 const RESOLVE_RECORD_MS = 30_000;
 /** Spare leases (state.ts `decideIngestRecord`) a process holds per session at most: more than most clients keep in flight. */
 const SPARE_LEASES = 8;
@@ -322,19 +323,32 @@ export class SessionService {
    * After a record write of unknown outcome: either it landed (`recorded`: the package will be
    * stored, its client gets 200), or its lease is ended now in one compare-and-set (`fenced`:
    * it can never be recorded, the uploader drops it, its client is told 503 and nothing is
-   * stored). Tries for `RESOLVE_RECORD_MS` while the store does not answer; still unknown then,
-   * throws `first` (the ingest then keeps the package among its key's attempts, see idempotency.ts).
+   * stored). Tries for `resolveRecordMs` while the store does not answer; still unknown then,
+   * throws `first` (the ingest then keeps the package among its key's attempts, see idempotency.ts),
+   * also while an attempt is still out: that one goes on in the background (it can only
+   * confirm the record or end the lease), so the answer never waits past the deadline.
    */
   private async resolveRecord(client: ClientRef, uploadUuid: string, packageId: string, first: unknown): Promise<'recorded' | 'fenced'> {
-    const deadline = Date.now() + RESOLVE_RECORD_MS;
-    for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
-      try {
-        return (await this.settleAttempts(client, uploadUuid, [packageId])) ? 'recorded' : 'fenced';
-      } catch (err) {
-        if (isServiceError(err) && err.statusCode < 500) throw err; // the session is gone
-        if (Date.now() + delay >= deadline) throw first;
-        await new Promise((resolve) => setTimeout(resolve, delay));
+    const deadline = Date.now() + (this.deps.resolveRecordMs ?? RESOLVE_RECORD_MS);
+    let timer: NodeJS.Timeout | undefined;
+    const expired = new Promise<'expired'>((resolve) => (timer = setTimeout(() => resolve('expired'), Math.max(0, deadline - Date.now()))));
+    try {
+      for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
+        const attempt = this.settleAttempts(client, uploadUuid, [packageId]);
+        attempt.catch(() => undefined); // once past the deadline, nobody waits on it
+        try {
+          const settled = await Promise.race([attempt, expired]);
+          if (settled === 'expired') throw first;
+          return settled ? 'recorded' : 'fenced';
+        } catch (err) {
+          if (err === first) throw err;
+          if (isServiceError(err) && err.statusCode < 500) throw err; // the session is gone
+          if (Date.now() + delay >= deadline) throw first;
+          await new Promise((resolve) => setTimeout(resolve, delay));
+        }
       }
+    } finally {
+      clearTimeout(timer);
     }
   }
 

@@ -70,7 +70,7 @@ async function rig(t: Test) {
     await objects.close();
     await sessions.close();
   });
-  const service = (clock?: () => number, over: { queue?: BatchQueue; ledger?: PackageLedger } = {}) =>
+  const service = (clock?: () => number, over: { queue?: BatchQueue; ledger?: PackageLedger; resolveRecordMs?: number } = {}) =>
     new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}), ...over });
   return { sessions, ledger, queue, service };
 }
@@ -172,6 +172,26 @@ t.test('a record write of unknown outcome is resolved before the ingest answers:
   t.notOk(lost in after.in_flight, 'and its lease ended, so it never can be (the uploader drops it)');
   t.notOk(lost in after.recording);
   t.same((await s.status(client, uuid)).entities, ['stock']);
+});
+
+t.test('a record write of unknown outcome still unsettled at the deadline: 503 then, while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service(undefined, { resolveRecordMs: 50 });
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  let unstall!: () => void;
+  sessions.stall = new Promise((resolve) => (unstall = resolve));
+  sessions.failNext = 'lost';
+  const err = await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  t.match(err, { code: 'STORE_UNAVAILABLE' }, 'answered 503 by the deadline, not when the stalled write comes back');
+  t.ok(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.in_flight, 'the lease still stands: the attempt to settle it is stalled');
+  const landed = sessions.landed();
+  sessions.stall = null;
+  unstall();
+  await landed;
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.notOk(id in after.in_flight, 'once the store answers, the attempt ends the lease: the package can never be recorded');
+  t.notOk(id in after.recording);
 });
 
 t.test('spare leases: an ingest after a record here begins without a write; unused ones hold back neither status nor start-upload, and a beat ends them (injected clock)', async (t) => {
