@@ -336,16 +336,17 @@ export class SessionService {
       for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
         const attempt = this.settleAttempts(client, uploadUuid, [packageId]);
         attempt.catch(() => undefined); // once past the deadline, nobody waits on it
+        let settled: Awaited<typeof attempt> | 'expired';
         try {
-          const settled = await Promise.race([attempt, expired]);
-          if (settled === 'expired') throw first;
-          return settled ? 'recorded' : 'fenced';
+          settled = await Promise.race([attempt, expired]);
         } catch (err) {
-          if (err === first) throw err;
           if (isServiceError(err) && err.statusCode < 500) throw err; // the session is gone
           if (Date.now() + delay >= deadline) throw first;
           await new Promise((resolve) => setTimeout(resolve, delay));
+          continue;
         }
+        if (settled === 'expired') throw first;
+        return settled ? 'recorded' : 'fenced';
       }
     } finally {
       clearTimeout(timer);
