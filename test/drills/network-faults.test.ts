@@ -386,6 +386,11 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
     recorded.set(s.uuid, record);
     const start = await clientOf(observer, s.client).start(s.uuid, { date_from: '2024-01-01', date_to: yesterday() });
     t.equal(start.status, 200, `${s.client.id}: start-upload`);
+    if (start.status !== 200) {
+      // What the gateway logged of it (the dump above was written before this step).
+      const logged = observer.output().split('\n').filter((l) => l.includes('"level":"error"') || l.includes('"level":"warn"'));
+      t.comment(`start-upload answered ${start.status} ${JSON.stringify(start.body)}; the observer's last warnings and errors:\n${logged.slice(-5).join('\n')}`);
+    }
     t.same(start.body.entities, [{ name: 'products', rows: record.packages.length * ROWS }], `${s.client.id}: the Connector counts the recorded rows`);
     await until(`${s.client.id}: DONE`, async () => (await clientOf(observer, s.client).status(s.uuid)).body, (b) => b?.session_status === 'DONE', 60_000, 250);
   }
