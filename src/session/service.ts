@@ -329,9 +329,10 @@ export class SessionService {
    * confirm the record or end the lease), so the answer never waits past the deadline.
    */
   private async resolveRecord(client: ClientRef, uploadUuid: string, packageId: string, first: unknown): Promise<'recorded' | 'fenced'> {
-    const deadline = Date.now() + (this.deps.resolveRecordMs ?? RESOLVE_RECORD_MS);
+    const budgetMs = this.deps.resolveRecordMs ?? RESOLVE_RECORD_MS;
+    const deadline = Date.now() + budgetMs;
     let timer: NodeJS.Timeout | undefined;
-    const expired = new Promise<'expired'>((resolve) => (timer = setTimeout(() => resolve('expired'), Math.max(0, deadline - Date.now()))));
+    const expired = new Promise<'expired'>((resolve) => (timer = setTimeout(() => resolve('expired'), budgetMs)));
     try {
       for (let delay = 100; ; delay = Math.min(delay * 2, 2000)) {
         const attempt = this.settleAttempts(client, uploadUuid, [packageId]);

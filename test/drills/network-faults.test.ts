@@ -63,6 +63,9 @@ const UNAVAILABLE = 'Storage temporarily unavailable';
 const ONLY = process.env.NETWORK_DRILL_FAULTS ?? '';
 const LOAD = fileURLToPath(new URL('../support/netns-load.js', import.meta.url));
 
+/** A gateway's log lines at these levels. */
+const logged = (gw: GatewayProc, ...levels: string[]): string[] => gw.output().split('\n').filter((l) => levels.some((level) => l.includes(`"level":"${level}"`)));
+
 interface Fault {
   name: string;
   /** Gateways (0, 1) that cannot reach a NATS quorum while it lasts. */
@@ -388,8 +391,7 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
     t.equal(start.status, 200, `${s.client.id}: start-upload`);
     if (start.status !== 200) {
       // What the gateway logged of it (the dump above was written before this step).
-      const logged = observer.output().split('\n').filter((l) => l.includes('"level":"error"') || l.includes('"level":"warn"'));
-      t.comment(`start-upload answered ${start.status} ${JSON.stringify(start.body)}; the observer's last warnings and errors:\n${logged.slice(-5).join('\n')}`);
+      t.comment(`start-upload answered ${start.status} ${JSON.stringify(start.body)}; the observer's last warnings and errors:\n${logged(observer, 'warn', 'error').slice(-5).join('\n')}`);
     }
     t.same(start.body.entities, [{ name: 'products', rows: record.packages.length * ROWS }], `${s.client.id}: the Connector counts the recorded rows`);
     await until(`${s.client.id}: DONE`, async () => (await clientOf(observer, s.client).status(s.uuid)).body, (b) => b?.session_status === 'DONE', 60_000, 250);
@@ -467,7 +469,7 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   // What the gateways logged of their internal errors, so a 500 names its cause in the test's output.
   if (outside.length > 0) {
     for (const [i, gw] of gateways.entries()) {
-      const failed = gw.output().split('\n').filter((l) => l.includes('"level":"error"'));
+      const failed = logged(gw, 'error');
       if (failed.length > 0) t.comment(`gw${i + 1} logged ${failed.length} error(s), the last ones:\n${failed.slice(-3).join('\n')}`);
     }
   }
