@@ -36,6 +36,8 @@ export interface NatsServer {
   pause(): void;
   /** SIGCONT after `pause`. */
   resume(): void;
+  /** The server's last log lines since it last started (up to 200 are kept), oldest first. */
+  logTail(lines: number): string[];
 }
 
 export interface NatsCluster {
@@ -190,6 +192,10 @@ class Node implements NatsServer {
 
   get running(): boolean {
     return this.#proc !== null;
+  }
+
+  logTail(lines: number): string[] {
+    return this.#log.slice(-lines);
   }
 
   async start(): Promise<void> {

@@ -10,10 +10,12 @@
  * (SIGSTOP) and one killed, a majority of NATS cut off. Then everything heals, the sessions
  * finish, and the checker holds the service to its contract:
  * - every 200 is stored exactly once, and nothing is stored without a 200 (a request that
- *   got no answer at all is stored only if its session records it);
+ *   got no answer at all is stored only if its session records it); some lanes retry each
+ *   package with its `Idempotency-Key` on the other gateway until a 200 (test/support/netns-load.ts),
+ *   and every such package ends with one, stored once, whatever its earlier attempts were told;
  * - every answer is a 200 or a 503 with `Retry-After`: `Storage temporarily unavailable` where
  *   the gateway cannot reach a quorum (or `Rate limit exceeded`), never a 500, never a hang
- *   past the gateway's request timeout;
+ *   past the gateway's request timeout; a keyed retry may also be told 409 in progress;
  * - status on a gateway on the majority side answers 200 within 1 s (all but 2 % of the
  *   probes, for a busy machine), also while a NATS leader is elected: its reads are direct
  *   gets any replica answers, and the value last read serves while none does
@@ -59,6 +61,9 @@ const STATUS_WITHIN_MS = 1_000;
  */
 const STATUS_MISSES_ALLOWED = 0.02;
 const UNAVAILABLE = 'Storage temporarily unavailable';
+const IN_PROGRESS = 'A request with this Idempotency-Key is in progress';
+/** How long a keyed lane may keep retrying its last package once the load stops (everything is healed by then). */
+const FINISH_MS = 2 * HANG_MS;
 /** `NETWORK_DRILL_FAULTS=<text>`: only the faults whose name holds it (to look closer at one). */
 const ONLY = process.env.NETWORK_DRILL_FAULTS ?? '';
 const LOAD = fileURLToPath(new URL('../support/netns-load.js', import.meta.url));
@@ -291,6 +296,7 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
     paceMs: PACE_MS,
     timeoutMs: HANG_MS,
     statusEveryMs: 250,
+    finishMs: FINISH_MS,
   };
   load.stdin!.write(`${JSON.stringify(plan)}\n`);
   await until('first answers', async () => lines.filter((l) => l.t === 'i' && l.status === 200).length, (n) => n >= LANES, 30_000);
@@ -335,9 +341,10 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
       if (detail === UNAVAILABLE) return '503 unavailable';
       if (detail === 'Rate limit exceeded') return '503 rate limit';
     }
+    if (l.key && l.status === 409 && l.retryAfter && l.body?.includes(IN_PROGRESS)) return '409 in progress';
     return typeof l.status === 'number' ? `${l.status} ${String(l.body).slice(0, 80)}` : String(l.status);
   };
-  const allowed = new Set(['200', '503 unavailable', '503 rate limit']);
+  const allowed = new Set(['200', '503 unavailable', '503 rate limit', '409 in progress']);
 
   // Per phase: answers, and how the majority side's status answered.
   const report: string[] = [];
@@ -392,6 +399,7 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
     if (start.status !== 200) {
       // What the gateway logged of it (the dump above was written before this step).
       t.comment(`start-upload answered ${start.status} ${JSON.stringify(start.body)}; the observer's last warnings and errors:\n${logged(observer, 'warn', 'error').slice(-5).join('\n')}`);
+      for (const n of cluster.servers) t.comment(`${n.name}'s last log lines:\n${n.logTail(10).join('\n')}`);
     }
     t.same(start.body.entities, [{ name: 'products', rows: record.packages.length * ROWS }], `${s.client.id}: the Connector counts the recorded rows`);
     await until(`${s.client.id}: DONE`, async () => (await clientOf(observer, s.client).status(s.uuid)).body, (b) => b?.session_status === 'DONE', 60_000, 250);
@@ -434,7 +442,17 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   let hungStored = 0;
   let hungUnrecorded = 0;
   const refusedStoredList: string[] = [];
-  for (const l of ingests) {
+  // A keyed package is judged whole: its 200, whichever attempt got it, is what the client keeps.
+  const keyed = new Map<string, LoadLine[]>();
+  for (const l of ingests) if (l.key) keyed.set(l.pkg!, [...(keyed.get(l.pkg!) ?? []), l]);
+  let keyedUnfinished = 0;
+  for (const [pkg, attempts] of keyed) {
+    const n = stored.get(pkg) ?? 0;
+    if (!attempts.some((l) => l.status === 200)) keyedUnfinished++;
+    else if (n === 0) acceptedMissing++;
+    else if (n > 1) acceptedTwice++;
+  }
+  for (const l of ingests.filter((l) => !l.key)) {
     const n = stored.get(l.pkg!) ?? 0;
     if (l.status === 200) {
       if (n === 0) acceptedMissing++;
@@ -451,16 +469,22 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   const majorityUnanswered = probes.filter((l) => !onMinority(l) && (!allowed.has(kind(l)) || l.ms > HANG_MS));
   const minorityUnanswered = probes.filter((l) => onMinority(l) && !allowed.has(kind(l)));
   t.comment(
-    `${ingests.length} packages sent over ${Math.round((loadEnd - phases[0]!.from) / 1000)} s of faults, ${ingests.filter((l) => l.status === 200).length} answered 200, ` +
+    `${new Set(ingests.map((l) => l.pkg)).size} packages sent in ${ingests.length} requests over ${Math.round((loadEnd - phases[0]!.from) / 1000)} s of faults, ${ingests.filter((l) => l.status === 200).length} answered 200, ` +
       `${recordedTotal} recorded, ${objects.length} objects stored; no answer: ${hungStored} stored, ${hungUnrecorded} not; drained ${drainMs} ms after the load stopped; whole drill ${since(t0)} ms`,
   );
   if (refusedStoredList.length) t.comment(`stored although refused:\n${refusedStoredList.slice(0, 20).join('\n')}`);
+  const retried = [...keyed.values()].filter((a) => a.length > 1);
+  t.comment(
+    `keyed: ${keyed.size} packages in ${ingests.filter((l) => l.key).length} attempts; ${retried.length} retried, ` +
+      `${retried.filter((a) => a.at(-1)!.replayed).length} of them answered Idempotent-Replayed; ${keyedUnfinished} without a 200`,
+  );
 
   t.equal(acceptedMissing, 0, 'every package that got 200 is stored');
   t.equal(acceptedTwice, 0, '... exactly once');
   t.ok([...rowSeen.values()].every((n) => n === 1), 'no row is stored twice');
   t.equal(notWhole, 0, 'every object holds one whole package');
   t.equal(refusedStored, 0, 'nothing is stored without a 200 (no refused package stored)');
+  t.equal(keyedUnfinished, 0, 'every package retried with its Idempotency-Key ends with a 200');
   t.equal(unrecorded, 0, 'nothing is stored that its session does not record');
   t.equal(objects.length, recordedTotal, 'every recorded package is stored');
   const sent = new Set(ingests.map((l) => l.pkg));
