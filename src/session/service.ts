@@ -82,6 +82,8 @@ export interface SessionServiceDeps {
 }
 
 const RESOLVE_RECORD_MS = 30_000;
+/** How long a failed start keeps trying to put its session back to `UPLOADING` before it answers (`rollBackStart`). */
+const START_ROLLBACK_MS = 15_000;
 /** Spare leases (state.ts `decideIngestRecord`) a process holds per session at most: more than most clients keep in flight. */
 const SPARE_LEASES = 8;
 /** How long the write that takes a spare lease waits for company: about a round trip to the store under load. */
@@ -409,10 +411,33 @@ export class SessionService {
     try {
       return await this.deps.connector.start(await workflowStart(this.deps, this.folder, client, started));
     } catch (err) {
-      await this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartFailed(r, startedAt, this.now())).catch((rollback: unknown) =>
-        this.deps.onBackgroundError?.(rollback, 'roll back a failed start'),
-      );
+      await this.rollBackStart(client, uploadUuid, startedAt);
       throw err;
+    }
+  }
+
+  /**
+   * Puts a start that failed back to `UPLOADING` (`decideStartFailed`), before its answer where
+   * it can: storage that failed the start often fails this write too (on NATS, leaders are
+   * elected for up to about 25 s after a majority comes back), and a session left `STARTED`
+   * with no workflow would stay so. Tried again after 500 ms, doubling, while under
+   * `START_ROLLBACK_MS`; then on in the background (`retryInBackground`, about a minute more).
+   */
+  private async rollBackStart(client: ClientRef, uploadUuid: string, startedAt: string): Promise<void> {
+    const rollBack = () => this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartFailed(r, startedAt, this.now()));
+    const deadline = performance.now() + START_ROLLBACK_MS;
+    for (let pause = 500; ; pause *= 2) {
+      try {
+        await rollBack();
+        return;
+      } catch (err) {
+        if (isServiceError(err) && err.statusCode < 500) return; // the session is gone: nothing to put back
+        if (performance.now() + pause >= deadline) {
+          void retryInBackground(rollBack, err, 'roll back a failed start', (e, what) => this.deps.onBackgroundError?.(e, what));
+          return;
+        }
+        await new Promise((resolve) => setTimeout(resolve, pause));
+      }
     }
   }
 

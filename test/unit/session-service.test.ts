@@ -70,7 +70,7 @@ async function rig(t: Test) {
     await objects.close();
     await sessions.close();
   });
-  const service = (clock?: () => number, over: { queue?: BatchQueue; ledger?: PackageLedger; resolveRecordMs?: number } = {}) =>
+  const service = (clock?: () => number, over: { queue?: BatchQueue; ledger?: PackageLedger; resolveRecordMs?: number; connector?: Connector } = {}) =>
     new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}), ...over });
   return { sessions, ledger, queue, service };
 }
@@ -192,6 +192,30 @@ t.test('a record write of unknown outcome still unsettled at the deadline: 503 t
   const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
   t.notOk(id in after.in_flight, 'once the store answers, the attempt ends the lease: the package can never be recorded');
   t.notOk(id in after.recording);
+});
+
+t.test('a start that fails goes back to UPLOADING before its answer, also when storage fails that write the first time', async (t) => {
+  const { sessions, service } = await rig(t);
+  const down = new StoreError('STORE_UNAVAILABLE', 'no leader');
+  const s = service(undefined, {
+    connector: {
+      ...noConnector,
+      // The start failed on storage; the write that puts the session back fails once too.
+      start: async () => {
+        sessions.failNext = 'lost';
+        throw down;
+      },
+    },
+  });
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await s.flushLedger();
+  const err = await s.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' }).catch((e: unknown) => e);
+  t.equal(err, down, "the start's own failure is the answer");
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(after.status, 'UPLOADING', 'and by then the session is back to UPLOADING (not left STARTED with no workflow)');
+  t.notOk(after.workflow, 'with no workflow');
 });
 
 t.test('spare leases: an ingest after a record here begins without a write; unused ones hold back neither status nor start-upload, and a beat ends them (injected clock)', async (t) => {
