@@ -120,9 +120,9 @@ async function main(): Promise<void> {
       } else {
         const key = `drill-${i}-${k}`;
         for (let attempt = 1; ; attempt++) {
-          const at = (gw + attempt - 1) % plan.gateways.length;
-          const answer = await ask(at, 'POST', `${API}/${s.uuid}/products`, s.client, body, key);
-          write({ t: 'i', gw: at, pkg, key, attempt, ...answer });
+          const to = (gw + attempt - 1) % plan.gateways.length;
+          const answer = await ask(to, 'POST', `${API}/${s.uuid}/products`, s.client, body, key);
+          write({ t: 'i', gw: to, pkg, key, attempt, ...answer });
           const again = typeof answer.status !== 'number' || answer.status >= 500 || (answer.status === 409 && answer.body?.includes(IN_PROGRESS));
           if (!again || Date.now() > stoppedAt + plan.finishMs) break;
           await pace(plan.paceMs);
