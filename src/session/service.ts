@@ -420,24 +420,19 @@ export class SessionService {
    * Puts a start that failed back to `UPLOADING` (`decideStartFailed`), before its answer where
    * it can: storage that failed the start often fails this write too (on NATS, leaders are
    * elected for up to about 25 s after a majority comes back), and a session left `STARTED`
-   * with no workflow would stay so. Tried again after 500 ms, doubling, while under
-   * `START_ROLLBACK_MS`; then on in the background (`retryInBackground`, about a minute more).
+   * with no workflow would stay so. A failed attempt is tried again by `retryInBackground`,
+   * which the answer waits for up to `START_ROLLBACK_MS`.
    */
   private async rollBackStart(client: ClientRef, uploadUuid: string, startedAt: string): Promise<void> {
     const rollBack = () => this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartFailed(r, startedAt, this.now()));
-    const deadline = performance.now() + START_ROLLBACK_MS;
-    for (let pause = 500; ; pause *= 2) {
-      try {
-        await rollBack();
-        return;
-      } catch (err) {
-        if (isServiceError(err) && err.statusCode < 500) return; // the session is gone: nothing to put back
-        if (performance.now() + pause >= deadline) {
-          void retryInBackground(rollBack, err, 'roll back a failed start', (e, what) => this.deps.onBackgroundError?.(e, what));
-          return;
-        }
-        await new Promise((resolve) => setTimeout(resolve, pause));
-      }
+    try {
+      await rollBack();
+    } catch (err) {
+      if (isServiceError(err) && err.statusCode < 500) return; // the session is gone: nothing to put back
+      const retried = retryInBackground(rollBack, err, 'roll back a failed start', (e, what) => this.deps.onBackgroundError?.(e, what));
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([retried, new Promise((resolve) => (timer = setTimeout(resolve, START_ROLLBACK_MS)))]);
+      clearTimeout(timer);
     }
   }
 
