@@ -1,7 +1,7 @@
 import { crc32 } from 'node:zlib';
 import t, { type Test } from 'tap';
 import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type RequestOptions, type StreamConfig } from 'nats';
-import { connectNats, damagedReads, enableStreamFeatures, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
+import { connectNats, damagedReads, enableStreamFeatures, isWrongLastSequence, publishOnce, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
 import { inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js';
@@ -307,6 +307,58 @@ t.test('the supported nats-server floor is 2.10', async (t) => {
   for (const v of ['2.9.10', '2.9.99', '1.4.0', '', undefined, 'x']) t.notOk(supportedServer(v), String(v));
   const h = await connection(t);
   t.ok(supportedServer(h.nc.info?.version), `the test bed's nats-server ${h.nc.info?.version} is supported`);
+});
+
+t.test('a compare-and-set re-sent after it landed: refused by a single server, looked up, answered as written; another writer there is no answer', async (t) => {
+  const h = await connection(t);
+  const stream = unique('RESEND');
+  await h.jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File, duplicate_window: nanos(60_000) });
+  const subject = `${stream}.k`;
+  const put = (msgID: string, last: number) => h.js.publish(subject, Buffer.from(msgID), { msgID, expect: { streamName: stream, lastSubjectSequence: last } });
+  const first = await put('mine', 0);
+  // What the server does with the re-send: on a single server the expected sequence is checked before the id.
+  const failure = (p: Promise<unknown>) => p.then(() => null, (err: unknown) => err);
+  t.ok(isWrongLastSequence(await failure(put('mine', 0))), 'the server itself answers the re-send "wrong last sequence"');
+  const again = await publishOnce(h, subject, Buffer.from('mine'), { msgID: 'mine', stream, budgetMs: 5000, lastSubjectSequence: 0, maybeLanded: true });
+  t.same({ seq: again.seq, duplicate: again.duplicate }, { seq: first.seq, duplicate: true }, 'an attempt of unknown outcome that landed: its acknowledgement');
+  t.ok(
+    isWrongLastSequence(await failure(publishOnce(h, subject, Buffer.from('mine'), { msgID: 'mine', stream, budgetMs: 5000, lastSubjectSequence: 0 }))),
+    'without an earlier attempt of unknown outcome a lost compare-and-set stays one (no lookup)',
+  );
+  await put('theirs', first.seq);
+  await t.rejects(
+    publishOnce(h, subject, Buffer.from('late'), { msgID: 'late', stream, budgetMs: 5000, lastSubjectSequence: first.seq, maybeLanded: true }),
+    { code: 'STORE_UNAVAILABLE' },
+    "another writer's message after the expected sequence: unknown (ours may have landed and been replaced), never a conflict",
+  );
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 2, 'nothing written by the lookups');
+});
+
+t.test('NatsSessionStore: an update whose answer was lost (server paused past the request timeout) is answered as written when the re-send meets it', async (t) => {
+  const own = await startNats(t);
+  const h = await connectNats({ servers: own.url, name: 'contract-test', requestTimeoutMs: 300 });
+  t.teardown(() => h.close());
+  // The second attempt of a publish: the first one's request timed out.
+  let attempts = 0;
+  let resent!: () => void;
+  const second = new Promise<void>((resolve) => (resent = resolve));
+  const js = Object.create(h.js) as typeof h.js;
+  js.publish = (...args: Parameters<typeof h.js.publish>) => {
+    if (++attempts === 2) resent();
+    return h.js.publish(...args);
+  };
+  const store = await NatsSessionStore.open({ ...h, js }, { bucket: unique('lost'), replicas: 1, retryMs: 10_000 });
+  const created = await store.create('session.y', { v: 1 });
+  attempts = 0;
+  own.pause();
+  t.teardown(() => own.resume());
+  const written = store.update('session.y', { v: 2 }, created);
+  await second;
+  // Both attempts reach the server now: the first lands, the second finds its own write.
+  own.resume();
+  const revision = await written;
+  t.same(await store.get('session.y'), { value: { v: 2 }, revision }, 'answered with the revision it landed at');
+  t.ok(attempts >= 2, `sent ${attempts} times`);
 });
 
 t.test('NatsSessionStore: 20 concurrent creates from two connections, exactly one winner', async (t) => {
@@ -788,6 +840,10 @@ t.test('3-node cluster, R3: acknowledged writes survive the loss of the leader',
   const q = await openQueue(t, h, { ...queueOpts('INGEST'), replicas: 3, retryMs });
   t.equal((await h.jsm.streams.info('KV_sessions')).config.num_replicas, 3);
   t.equal((await h.jsm.streams.info('INGEST')).config.num_replicas, 3);
+  // Unlike a single server (above), a cluster checks a re-sent compare-and-set's id first: the original acknowledgement.
+  const resend = () => h.js.publish('$KV.sessions.resend', Buffer.from('x'), { msgID: 'resend-1', expect: { streamName: 'KV_sessions', lastSubjectSequence: 0 } });
+  const original = await resend();
+  t.match(await resend(), { seq: original.seq, duplicate: true }, 'a re-sent compare-and-set that landed: its duplicate acknowledgement (R3)');
 
   const revisions = new Map<string, number>();
   let packages = 0;

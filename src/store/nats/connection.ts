@@ -429,26 +429,64 @@ export async function answerSoon<T>(fresh: Promise<T>, last: () => T | undefined
  * Publishes to JetStream, re-sent on transient failures within `budgetMs`, with a message id
  * unless the message is safe to store twice (a plain put of the same value).
  * The stream's duplicate window turns a re-send of a publish that did land into the original
- * acknowledgement, so a retry never writes twice and never makes a compare-and-set lose
- * against itself (the server checks the id before the expected sequence).
+ * acknowledgement, so a retry never writes twice. A compare-and-set re-sent is another matter:
+ * a single nats-server (2.15.1) checks the expected sequence before the message id, so the
+ * re-send of one that landed is refused as "wrong last sequence" (a cluster checks the id
+ * first: measured, test/contract/nats.test.ts). So a compare-and-set that loses after an
+ * attempt of unknown outcome (one that got no answer, or `maybeLanded`: a batch it was in
+ * failed without the server's refusal) is looked up (`landedAs`): the subject's first message
+ * after the expected sequence is ours, its acknowledgement; else the outcome is unknown
+ * (`STORE_UNAVAILABLE`, as for a timeout), since ours may have landed and been replaced since.
  */
-export function publishOnce(
+export async function publishOnce(
   ctx: NatsContext,
   subject: string,
   data: Uint8Array,
-  opts: { msgID?: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number; lastSequence?: number },
+  opts: { msgID?: string; stream: string; budgetMs: number; headers?: () => MsgHdrs; lastSubjectSequence?: number; lastSequence?: number; maybeLanded?: boolean },
 ): Promise<PubAck> {
-  return withRetry(ctx, opts.budgetMs, (timeout) =>
-    // Fresh options each time: nats.js writes into the options and headers it is given.
-    ctx.js.publish(subject, data, {
-      ...(opts.msgID ? { msgID: opts.msgID } : {}),
-      timeout,
-      expect: {
-        streamName: opts.stream,
-        ...(opts.lastSubjectSequence === undefined ? {} : { lastSubjectSequence: opts.lastSubjectSequence }),
-        ...(opts.lastSequence === undefined ? {} : { lastSequence: opts.lastSequence }),
-      },
-      ...(opts.headers ? { headers: opts.headers() } : {}),
-    }),
-  );
+  const deadline = Date.now() + opts.budgetMs;
+  let unknown = opts.maybeLanded === true;
+  try {
+    return await withRetry(ctx, opts.budgetMs, async (timeout) => {
+      try {
+        // Fresh options each time: nats.js writes into the options and headers it is given.
+        return await ctx.js.publish(subject, data, {
+          ...(opts.msgID ? { msgID: opts.msgID } : {}),
+          timeout,
+          expect: {
+            streamName: opts.stream,
+            ...(opts.lastSubjectSequence === undefined ? {} : { lastSubjectSequence: opts.lastSubjectSequence }),
+            ...(opts.lastSequence === undefined ? {} : { lastSequence: opts.lastSequence }),
+          },
+          ...(opts.headers ? { headers: opts.headers() } : {}),
+        });
+      } catch (err) {
+        if (isTransient(err)) unknown = true;
+        throw err;
+      }
+    });
+  } catch (err) {
+    if (!unknown || opts.msgID === undefined || opts.lastSubjectSequence === undefined || !isWrongLastSequence(err)) throw err;
+    const ours = await landedAs(ctx, opts.stream, subject, opts.lastSubjectSequence, opts.msgID, Math.max(deadline - Date.now(), ctx.requestTimeoutMs));
+    if (ours) return ours;
+    throw new StoreError('STORE_UNAVAILABLE', `NATS JetStream: a compare-and-set of unknown outcome on ${subject} (an earlier attempt got no answer)`, { cause: err });
+  }
+}
+
+/**
+ * The acknowledgement of a compare-and-set publish (`msgID`, expecting `after`) if it landed:
+ * the subject's first message after `after`, asked of the stream's leader, carries its id.
+ * Null when that message is another's or there is none.
+ */
+async function landedAs(ctx: NatsContext, stream: string, subject: string, after: number, msgID: string, budgetMs: number): Promise<PubAck | null> {
+  const next = await withRetry(ctx, budgetMs, async () => {
+    try {
+      // `next_by_subj` is the server's (2.9+) and nats.js sends it as given; its types list it for direct gets only.
+      return await ctx.jsm.streams.getMessage(stream, { seq: after + 1, next_by_subj: subject } as unknown as Parameters<JetStreamManager['streams']['getMessage']>[1]);
+    } catch (err) {
+      if (jsErrorCode(err) === JS_NO_MESSAGE_FOUND) return null;
+      throw err;
+    }
+  });
+  return next?.header.get('Nats-Msg-Id') === msgID ? { stream, seq: next.seq, duplicate: true } : null;
 }

@@ -17,7 +17,9 @@
  * re-send, a stream without `allow_atomic`, an older server) is published again message by
  * message through `publishOnce`, where each message gets its own answer. Message ids make
  * that safe for messages that carry one (a batch that did land answers with the original
- * acknowledgements); the messages without one are plain puts that store the same value again.
+ * acknowledgements; a compare-and-set that a single server refuses after its batch landed is
+ * looked up, see `publishOnce`); the messages without one are plain puts that store the same
+ * value again.
  *
  * Each message has one budget, `budgetMs` from its `publish`: the wait for a round, its batch
  * and the re-sends after it all come out of it, so a server that stopped answering fails a
@@ -126,6 +128,8 @@ export class GroupPublisher {
 
   /** `failed`: why the batch it was in did not land, the cause if its budget is spent now. */
   async #single(m: Waiting, failed?: unknown): Promise<void> {
+    // A batch the server did not refuse (no answer in time) may have landed: a compare-and-set that loses now is looked up (publishOnce).
+    const maybeLanded = failed !== undefined && !(failed as { refused?: boolean }).refused;
     const left = m.deadline - Date.now();
     if (left < MIN_ATTEMPT_MS) {
       m.reject(new StoreError('STORE_UNAVAILABLE', `NATS JetStream is unavailable: no acknowledgement within ${this.#budgetMs} ms`, { cause: failed }));
@@ -139,6 +143,7 @@ export class GroupPublisher {
         budgetMs: left,
         ...(m.lastSubjectSequence === undefined ? {} : { lastSubjectSequence: m.lastSubjectSequence }),
         ...(m.headers ? { headers: m.headers } : {}),
+        maybeLanded,
       });
       m.resolve(ack.seq);
     } catch (err) {
@@ -188,7 +193,8 @@ export async function publishAtomic(ctx: NatsContext, stream: string, messages: 
   });
   const ack = (await answer).json<{ error?: { err_code?: number; description?: string }; count?: number; seq?: number }>();
   if (ack.error || ack.count !== messages.length || typeof ack.seq !== 'number') {
-    throw Object.assign(new Error(`atomic batch refused: ${ack.error?.description ?? `count ${ack.count}`}`), { errCode: ack.error?.err_code });
+    // `refused`: the server said no, so nothing of the batch is stored.
+    throw Object.assign(new Error(`atomic batch refused: ${ack.error?.description ?? `count ${ack.count}`}`), { errCode: ack.error?.err_code, refused: ack.error !== undefined });
   }
   // A batch is stored as one run of sequences; the acknowledgement names its last.
   return ack.seq - messages.length + 1;
