@@ -14,8 +14,17 @@ import { sessionKey } from '../store/keys.js';
 import { isStoreConflict, readForAnswer, type SessionStore, type Versioned } from '../store/ports.js';
 import { fromStored, type ClientRef, type Decision, type SessionRecord } from './state.js';
 
-/** Compare-and-set attempts before a write gives up (500: too much contention). */
+/** Compare-and-set attempts before a write of the service's own (initialize, a webhook) gives up (500: too much contention). */
 export const MAX_CAS_ATTEMPTS = 32;
+/**
+ * How long a summary write keeps deciding again after losing to another instance's write of
+ * the same session before it gives up (503 with `Retry-After`). Not a count of attempts: an
+ * instance that writes a session without pause (its decisions grouped, its last summary
+ * cached: one request a write) wins against one that lost and must read first (two), so
+ * the loser of two gateways under load on one session lost 32 times in a row within 1.3 s
+ * several times a minute (three nodes, R3; 500s in the network drill).
+ */
+export const CONFLICT_BUDGET_MS = 10_000;
 /** Sessions whose last written summary is kept in memory. */
 export const CACHED_SESSIONS = 10_000;
 /** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
@@ -54,7 +63,8 @@ export class Summaries {
   /** Per session: the summary as this process last wrote or read it (least recently used first). */
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
 
-  constructor(private readonly deps: { readonly sessions: SessionStore }) {}
+  /** `conflictBudgetMs`: `CONFLICT_BUDGET_MS` unless given (tests). */
+  constructor(private readonly deps: { readonly sessions: SessionStore; readonly conflictBudgetMs?: number }) {}
 
   /** The session's summary; `forAnswer`: as `SessionStore.getRecent` reads it (status: for answers, never for a decision). */
   async read(uploadUuid: string, forAnswer = false): Promise<Versioned<SessionRecord> | null> {
@@ -133,8 +143,10 @@ export class Summaries {
   }
 
   private async writeGroup(uploadUuid: string, group: PendingDecision[]): Promise<void> {
+    const budgetMs = this.deps.conflictBudgetMs ?? CONFLICT_BUDGET_MS;
+    const deadline = Date.now() + budgetMs;
     let conflicted = false;
-    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
+    for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS || Date.now() < deadline; attempt++) {
       if (conflicted) await conflictBackoff(attempt);
       conflicted = false;
       const cached = attempt === 0 ? this.cache.get(uploadUuid) : undefined;
@@ -172,7 +184,7 @@ export class Summaries {
       });
       return;
     }
-    throw errors.internal(new Error('session update: too much contention'));
+    throw errors.storageUnavailable(new Error(`session update: lost to other instances' writes for ${budgetMs} ms`));
   }
 
   private denied(d: PendingDecision, r: SessionRecord | null): ServiceError | null {

@@ -5,10 +5,11 @@
  * is written.
  */
 import t from 'tap';
+import { STORAGE_RETRY_AFTER_SECONDS } from '../../src/errors.js';
 import { Summaries } from '../../src/session/summaries.js';
 import { newSession, type SessionRecord } from '../../src/session/state.js';
 import { sessionKey } from '../../src/store/keys.js';
-import { StoreError, type SessionStore } from '../../src/store/ports.js';
+import { StoreConflictError, StoreError, type SessionStore } from '../../src/store/ports.js';
 import { embeddedStores } from '../support/embedded-stores.js';
 
 const uuid = '11111111-1111-4111-8111-111111111111';
@@ -47,6 +48,52 @@ t.test('a write that ran out of its budget fails the decisions that waited behin
   t.equal(later.updated_at, 'later', 'a decision after the failure is written');
   t.equal(updates, 2);
   t.equal((await sessions.get<SessionRecord>(sessionKey(uuid)))?.value.updated_at, 'later');
+});
+
+/** The store as seen by an instance that loses its first `losses` updates to another instance's writes (each one lands first). */
+function losing(sessions: SessionStore, losses: number): { store: SessionStore; updates: () => number } {
+  let updates = 0;
+  const store = new Proxy(sessions, {
+    get(target, prop) {
+      if (prop !== 'update') {
+        const v = Reflect.get(target, prop, target);
+        return typeof v === 'function' ? v.bind(target) : v;
+      }
+      return async (...args: Parameters<SessionStore['update']>) => {
+        if (++updates > losses) return target.update(...args);
+        const [key, , revision] = args;
+        const current = await target.get<SessionRecord>(key);
+        await target.update(key, { ...current!.value, updated_at: `other ${updates}` }, current!.revision);
+        throw new StoreConflictError(key);
+      };
+    },
+  }) as SessionStore;
+  return { store, updates: () => updates };
+}
+
+t.test('a write that loses to another instance more than 32 times in a row is decided again until it lands', async (t) => {
+  const { sessions } = await embeddedStores(t, 'summaries-');
+  await sessions.create(sessionKey(uuid), newSession(uuid, acme.id, Date.parse('2026-01-01T00:00:00Z')));
+  const { store, updates } = losing(sessions, 40);
+  const summaries = new Summaries({ sessions: store });
+  const written = await summaries.mutate(acme, uuid, 'any', (r) => ({ ok: true, next: { ...r, entities: [...r.entities, `after ${r.updated_at}`] } }));
+  t.equal(updates(), 41, 'tried until the other instance let it in');
+  t.same(written.entities, ['after other 40'], 'decided on what the other instance wrote last');
+  t.same((await sessions.get<SessionRecord>(sessionKey(uuid)))?.value.entities, ['after other 40']);
+});
+
+t.test('a write that keeps losing past its budget is told 503 Storage temporarily unavailable with Retry-After, not 500', async (t) => {
+  const { sessions } = await embeddedStores(t, 'summaries-');
+  await sessions.create(sessionKey(uuid), newSession(uuid, acme.id, Date.parse('2026-01-01T00:00:00Z')));
+  const { store, updates } = losing(sessions, Infinity);
+  const summaries = new Summaries({ sessions: store, conflictBudgetMs: 1 });
+  const refused = await summaries.mutate(acme, uuid, 'any', (r) => ({ ok: true, next: { ...r, updated_at: 'mine' } })).then(
+    () => null,
+    (err: unknown) => err,
+  );
+  t.match(refused, { code: 'STORAGE_UNAVAILABLE', statusCode: 503, headers: { 'Retry-After': String(STORAGE_RETRY_AFTER_SECONDS) } });
+  t.equal(updates(), 32, 'at least 32 attempts, however short the budget');
+  t.not((await sessions.get<SessionRecord>(sessionKey(uuid)))?.value.updated_at, 'mine', 'nothing of it written');
 });
 
 /** Resolves with true once `cond` holds, checking after each turn of the event loop. */
