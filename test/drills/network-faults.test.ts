@@ -506,7 +506,9 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   if (outside.length > 0) {
     for (const [i, gw] of gateways.entries()) {
       const failed = logged(gw, 'error');
-      if (failed.length > 0) t.comment(`gw${i + 1} logged ${failed.length} error(s), the last ones:\n${failed.slice(-3).join('\n')}`);
+      // The first ones name what went wrong first (a 500's stack); the last ones what it ended in.
+      const shown = failed.length > 6 ? [...failed.slice(0, 3), '…', ...failed.slice(-3)] : failed;
+      if (failed.length > 0) t.comment(`gw${i + 1} logged ${failed.length} error(s), the first and last ones:\n${shown.join('\n')}`);
     }
   }
   t.same(summary(minorityUnanswered), {}, 'status on a gateway without a quorum answers (200 or 503), no hang');
