@@ -175,6 +175,11 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       await service.flushLedger();
       await service.close();
     });
+    if (sessions.capabilities.singleProcess) {
+      // The previous process's starts died with it: their sessions go back to UPLOADING now, not when their hold lapses.
+      const settled = await service.settleLapsedStarts(clients.ids(), true);
+      if (settled > 0) log.warn('put back to UPLOADING the sessions whose start-upload the previous process did not finish', { sessions: settled });
+    }
     const idempotency = new IdempotentIngests({
       sessions,
       service,
@@ -188,6 +193,7 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
       everyMs: config.storage.housekeepingMs,
       tasks: [
         { what: 'resume the clean-ups of deleted sessions', run: () => service.resumeCleanUps() },
+        { what: 'put back the starts whose gateway died', run: () => service.settleLapsedStarts(clients.ids()) },
         { what: 'index the sessions of earlier versions for the listing', run: () => service.indexEarlierSessions() },
         { what: 'remove expired Idempotency-Key records', run: () => idempotency.sweep(clients.ids()) },
       ],

@@ -32,9 +32,13 @@ import {
   decideInitialize,
   decideStart,
   decideStartFailed,
+  decideStartLapsed,
+  decideStartRenew,
+  decideStartTaken,
   decideTerminate,
   decideWebhook,
   newSession,
+  startLapsed,
   statusView,
   type ActivePointer,
   type ClientRef,
@@ -113,7 +117,14 @@ export class SessionService {
     this.now = deps.clock ?? Date.now;
     const { sessions, ledger, queue, objects, objectPrefix, onBackgroundError } = deps;
     this.stored = storedCounter({ sessions, ledger });
-    this.summaries = new Summaries(deps);
+    this.summaries = new Summaries({
+      sessions,
+      // Every write of a session puts a start that lapsed back to UPLOADING first: the decision sees it so.
+      settle: (r) => {
+        const settled = decideStartLapsed(r, this.now());
+        return settled.ok ? settled.next : r;
+      },
+    });
     this.leases = new HeldLeases({ inFlightLeaseMs: deps.inFlightLeaseMs, spareLeases: SPARE_LEASES }, () => void this.renewLeases());
     this.listing = new SessionListing(deps, this.stored, this.now);
     this.ledgerWriter = new LedgerWriter(deps, this.folder);
@@ -135,6 +146,11 @@ export class SessionService {
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
       const pointer = await this.deps.sessions.get<ActivePointer>(key);
       const current = pointer ? await this.summaries.read(pointer.value.upload_uuid) : null;
+      if (current && !current.value.deleted && startLapsed(current.value, this.now())) {
+        // Its start's gateway died: written back to UPLOADING (`settle`), then answered as such.
+        await this.summaries.mutate(null, current.value.upload_uuid, 'system', (r) => ({ ok: true, next: r }));
+        continue;
+      }
       const decision = decideInitialize(current && !current.value.deleted ? current.value : null);
       if (!decision.create) throw decision.error;
       if (current?.value.deleted) {
@@ -214,6 +230,12 @@ export class SessionService {
     const [record, pending, early] = await Promise.all([this.summaries.read(uploadUuid, true), this.deps.queue.hasPending(uploadUuid, { forAnswer: true }), counts()]);
     const stored = pending ? early : await counts();
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
+    if (startLapsed(record.value, this.now())) {
+      // Its start's gateway died: put back to UPLOADING in the background (`settle`), which the next status shows.
+      void this.summaries.mutate(client, uploadUuid, 'any', (r) => ({ ok: true, next: r })).catch((err: unknown) => {
+        if (!isServiceError(err) && !isStorageUnavailable(err)) this.deps.onBackgroundError?.(err, 'put back a start that lapsed');
+      });
+    }
     // Only whether any package waits for the uploader matters, not how many.
     return statusView(record.value, pending ? 1 : 0, this.now(), stored);
   }
@@ -404,16 +426,53 @@ export class SessionService {
     const pendingBatches = (await this.deps.queue.hasPending(uploadUuid)) ? 1 : 0;
     // A start ends every spare lease (`decideStart`): none is handed out meanwhile.
     this.leases.dropSpares(uploadUuid);
+    const leaseMs = this.deps.inFlightLeaseMs;
     const started = await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
-      decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now() }),
+      decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now(), leaseMs }),
     );
     const startedAt = started.workflow!.started_at;
+    // Held while this process works on it, as an ingest's lease: if it dies, the start lapses back to UPLOADING.
+    const hold = setInterval(() => void this.renewStart(client, uploadUuid, startedAt, leaseMs), Math.max(1, Math.floor(leaseMs / 3)));
+    hold.unref();
+    let answer: unknown;
     try {
-      return await this.deps.connector.start(await workflowStart(this.deps, this.folder, client, started));
+      answer = await this.deps.connector.start(await workflowStart(this.deps, this.folder, client, started));
     } catch (err) {
+      clearInterval(hold);
       await this.rollBackStart(client, uploadUuid, startedAt);
       throw err;
     }
+    clearInterval(hold);
+    // Failing, the hold lapses (the session back to UPLOADING) and the client's retry starts again: the Connector's same workflow.
+    await this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartTaken(r, startedAt, this.now()));
+    return answer;
+  }
+
+  private async renewStart(client: ClientRef, uploadUuid: string, startedAt: string, leaseMs: number): Promise<void> {
+    try {
+      await this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartRenew(r, startedAt, this.now(), leaseMs));
+    } catch (err) {
+      // The session is gone, or the store is out (the next beat tries again).
+      if (isServiceError(err) || isStorageUnavailable(err) || isStoreError(err, 'STORE_CLOSED')) return;
+      this.deps.onBackgroundError?.(err, 'renew the hold of a start');
+    }
+  }
+
+  /**
+   * Puts back to UPLOADING the active sessions of `clientIds` whose start lapsed (its gateway
+   * died during the Connector's call, `decideStartLapsed`); `all`: every start held, when no
+   * other process can hold one (the embedded default at start). Housekeeping; returns how many.
+   */
+  async settleLapsedStarts(clientIds: Iterable<string>, all = false): Promise<number> {
+    let settled = 0;
+    for (const clientId of clientIds) {
+      const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(clientId));
+      const record = pointer ? await this.summaries.read(pointer.value.upload_uuid) : null;
+      if (!record || record.value.deleted || !startLapsed(record.value, this.now(), all)) continue;
+      await this.summaries.mutate(null, record.value.upload_uuid, 'system', (r) => decideStartLapsed(r, this.now(), all));
+      settled++;
+    }
+    return settled;
   }
 
   /**

@@ -71,7 +71,19 @@ export interface SessionRecord {
   created_at: string;
   updated_at: string;
   previous_upload_uuid?: string;
-  workflow?: { date_from: string; date_to: string; started_at: string; terminate_requested_at?: string };
+  workflow?: {
+    date_from: string;
+    date_to: string;
+    started_at: string;
+    terminate_requested_at?: string;
+    /**
+     * While start-upload runs (the start body, the Connector's call): until when its gateway
+     * holds the start (epoch ms, renewed as an ingest's lease). Gone once the Connector took
+     * the start. A start whose gateway died lapses back to UPLOADING (`decideStartLapsed`).
+     * Absent in summaries of earlier versions: taken.
+     */
+    starting_until?: number;
+  };
   last_workflow?: WorkflowOutcome;
   /**
    * Signed webhooks this session took in, applied or ignored, whose signature still verifies:
@@ -374,6 +386,8 @@ export function decideIngestRelease(r: SessionRecord, packageIds: readonly strin
 }
 
 export interface StartInput {
+  /** How long the start holds the session before its gateway must renew it (`decideStartRenew`). */
+  leaseMs: number;
   /** The body's dates once they passed format validation, or the 422 issues. */
   dates: { date_from: string; date_to: string } | { issues: ValidationIssue[] };
   minDate: string;
@@ -397,9 +411,50 @@ export function decideStart(r: SessionRecord, input: StartInput): Decision {
       // Dead instances' leases and spare ones can never be recorded any more (recording needs UPLOADING).
       in_flight: {},
       spare_leases: undefined,
-      workflow: { date_from, date_to, started_at: new Date(input.now).toISOString() },
+      workflow: { date_from, date_to, started_at: new Date(input.now).toISOString(), starting_until: input.now + input.leaseMs },
     }),
   );
+}
+
+/** The start's gateway still works on it (the start body, the Connector's call): its hold renewed. */
+export function decideStartRenew(r: SessionRecord, startedAt: string, now: number, leaseMs: number): Decision {
+  if (!startHeld(r, startedAt)) return ok(r);
+  return ok(touch(r, now, { workflow: { ...r.workflow!, starting_until: now + leaseMs } }));
+}
+
+/**
+ * The Connector took the start: the session stays STARTED until its webhook. Refused (503) when
+ * the start is no longer this one's (its hold lapsed meanwhile, and it went back to UPLOADING):
+ * the client is told to retry, which the Connector treats as the same workflow.
+ */
+export function decideStartTaken(r: SessionRecord, startedAt: string, now: number): Decision {
+  if (r.status === 'STARTED' && r.workflow?.started_at === startedAt) {
+    if (r.workflow.starting_until === undefined) return ok(r);
+    const { starting_until: _held, ...workflow } = r.workflow;
+    return ok(touch(r, now, { workflow }));
+  }
+  // The webhook came first: the workflow ran, nothing to mark.
+  if (r.last_workflow && r.last_workflow.finished_at >= startedAt) return ok(r);
+  return fail(errors.storageUnavailable(new Error(`The start of ${r.upload_uuid} lapsed before the Connector's answer was recorded`)));
+}
+
+/**
+ * A start whose gateway stopped holding it (it died during the Connector's call): back to
+ * UPLOADING, as a failed start. `everyHold`: also one still held (its holder is known dead).
+ */
+export function decideStartLapsed(r: SessionRecord, now: number, everyHold = false): Decision {
+  if (!startLapsed(r, now, everyHold)) return ok(r);
+  return decideStartFailed(r, r.workflow!.started_at, now);
+}
+
+/** Whether a start-upload's gateway stopped holding it before the Connector took it (`decideStartLapsed` then applies). */
+export function startLapsed(r: SessionRecord, now: number, everyHold = false): boolean {
+  const until = r.status === 'STARTED' ? r.workflow?.starting_until : undefined;
+  return until !== undefined && (everyHold || until <= now);
+}
+
+function startHeld(r: SessionRecord, startedAt: string): boolean {
+  return r.status === 'STARTED' && r.workflow?.started_at === startedAt && r.workflow.starting_until !== undefined;
 }
 
 /** The Connector refused or could not be reached: back to UPLOADING as if start had not happened. */

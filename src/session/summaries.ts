@@ -63,8 +63,13 @@ export class Summaries {
   /** Per session: the summary as this process last wrote or read it (least recently used first). */
   private readonly cache = new Map<string, Versioned<SessionRecord>>();
 
-  /** `conflictBudgetMs`: `CONFLICT_BUDGET_MS` unless given (tests). */
-  constructor(private readonly deps: { readonly sessions: SessionStore; readonly conflictBudgetMs?: number }) {}
+  /**
+   * `conflictBudgetMs`: `CONFLICT_BUDGET_MS` unless given (tests). `settle`: applied to the
+   * stored summary before a write's decisions, and written with them (a start that lapsed).
+   */
+  constructor(
+    private readonly deps: { readonly sessions: SessionStore; readonly conflictBudgetMs?: number; readonly settle?: (r: SessionRecord) => SessionRecord },
+  ) {}
 
   /** The session's summary; `forAnswer`: as `SessionStore.getRecent` reads it (status: for answers, never for a decision). */
   async read(uploadUuid: string, forAnswer = false): Promise<Versioned<SessionRecord> | null> {
@@ -151,7 +156,7 @@ export class Summaries {
       conflicted = false;
       const cached = attempt === 0 ? this.cache.get(uploadUuid) : undefined;
       const current = cached ?? (await this.read(uploadUuid));
-      let next = current?.value ?? null;
+      let next = current ? (this.deps.settle?.(current.value) ?? current.value) : null;
       const outcomes = group.map((d) => {
         const denied = this.denied(d, next);
         if (denied) return { error: denied };

@@ -218,6 +218,72 @@ t.test('a start that fails goes back to UPLOADING before its answer, also when s
   t.notOk(after.workflow, 'with no workflow');
 });
 
+t.test("a start whose gateway died during the Connector's call lapses back to UPLOADING after its hold; the Connector's answer after that is a 503 (injected clock)", async (t) => {
+  const { sessions, service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  const clock = () => now;
+  let called!: () => void;
+  const inCall = new Promise<void>((resolve) => (called = resolve));
+  let answer!: (v: unknown) => void;
+  // The first gateway's Connector call hangs: that gateway is as good as dead to the session.
+  const dying = service(clock, {
+    connector: {
+      ...noConnector,
+      start: () => {
+        called();
+        return new Promise((resolve) => (answer = resolve));
+      },
+    },
+  });
+  const other = service(clock);
+  const { upload_uuid: uuid } = await dying.initialize(client);
+  const id = await dying.beginIngest(client, uuid);
+  await dying.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await dying.flushLedger();
+  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+  const first = dying.start(client, uuid, dates).catch((e: unknown) => e);
+  await inCall;
+  const summary = async () => (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal((await summary()).workflow?.starting_until, now + 60_000, 'STARTED, held for the ingest lease');
+  t.match(await other.start(client, uuid, dates).catch((e: unknown) => e), { statusCode: 409 }, 'held: another start is 409');
+  t.equal(await other.settleLapsedStarts([client.id]), 0, 'housekeeping leaves a held start alone');
+
+  now += 60_000;
+  t.equal((await other.status(client, uuid)).session_status, 'STARTED', 'status answers what is stored…');
+  await until(async () => (await summary()).status === 'UPLOADING');
+  t.notOk((await summary()).workflow, '…and puts the lapsed start back to UPLOADING, which the next status shows');
+  t.equal((await other.status(client, uuid)).session_status, 'UPLOADING');
+
+  // The dead gateway's Connector answers after all: its client is told to retry, and the retry starts again.
+  answer({ workflow_id: 'w1' });
+  t.match(await first, { statusCode: 503 }, 'the first start: 503, its hold had lapsed');
+  t.same(await other.start(client, uuid, dates), {}, 'a start again succeeds (the Connector treats it as the same workflow)');
+  const taken = await summary();
+  t.ok(taken.status === 'STARTED' && taken.workflow && !('starting_until' in taken.workflow), 'taken by the Connector: no longer held');
+  now += 10 * 60_000;
+  t.equal(await other.settleLapsedStarts([client.id]), 0, 'a taken start never lapses');
+  t.equal((await summary()).status, 'STARTED');
+});
+
+t.test('a start that lapsed is put back by whatever writes the session next, and initialize-session answers against UPLOADING (injected clock)', async (t) => {
+  const { sessions, service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  const s = service(() => now);
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await s.flushLedger();
+  // A start as a gateway that died left it: STARTED, its hold running out.
+  const stored = (await sessions.get<SessionRecord>(sessionKey(uuid)))!;
+  const started = { ...stored.value, status: 'STARTED' as const, workflow: { date_from: '2024-01-01', date_to: '2024-12-31', started_at: new Date(now).toISOString(), starting_until: now + 1000 } };
+  await sessions.update(sessionKey(uuid), started, stored.revision);
+  t.match(await s.initialize(client).catch((e: unknown) => e), { statusCode: 409, body: { session_status: 'STARTED' } }, 'held: the workflow counts as running');
+  now += 1000;
+  t.match(await s.initialize(client).catch((e: unknown) => e), { statusCode: 409, body: { session_status: 'UPLOADING', upload_uuid: uuid } }, 'lapsed: put back, the session is UPLOADING again');
+  const more = await s.beginIngest(client, uuid);
+  t.ok(more, 'an ingest is taken again');
+});
+
 t.test('spare leases: an ingest after a record here begins without a write; unused ones hold back neither status nor start-upload, and a beat ends them (injected clock)', async (t) => {
   const { sessions, service } = await rig(t);
   let now = Date.UTC(2026, 0, 10);
@@ -319,3 +385,8 @@ t.test('status: with nothing pending, the stored counts are read after the queue
   t.equal(after.totals.stored_packages, 1, 'and the package that is no longer pending is counted stored');
   t.equal(reads.at(-1), true, 'by a read after the queue answered');
 });
+
+/** Resolves once `cond` holds, asked again after each turn of the event loop (no timer). */
+async function until(cond: () => Promise<boolean>): Promise<void> {
+  while (!(await cond())) await new Promise((resolve) => setImmediate(resolve));
+}

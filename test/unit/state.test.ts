@@ -12,6 +12,9 @@ import {
   decideReleaseAllLeases,
   decideStart,
   decideStartFailed,
+  decideStartLapsed,
+  decideStartRenew,
+  decideStartTaken,
   decideTerminate,
   decideWebhook,
   entityTotals,
@@ -115,7 +118,7 @@ t.test('spare leases: granted with a record, recorded like a lease, invisible to
   const p2 = decideIngestRecord(d.next, { id: 'p2', ...entry('products') }, NOW);
   if (!t.ok(p2.ok) || !p2.ok) return;
   t.equal(statusView(p2.next, 0, NOW).upload_tasks_finished, true, 'an unused spare lease holds nothing: upload tasks finished');
-  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW });
+  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000 });
   t.ok(started.ok && !('spare_leases' in started.next), 'start-upload is not held back by a spare lease, and ends it');
   // Taken by an ingest, the spare lease is recorded like any lease; renewed and released alike.
   const renewed = decideIngestRenew(p2.next, ['s1'], NOW + 50, 1000);
@@ -197,7 +200,7 @@ t.test('a record of an older version (every package listed) reads as recording e
 });
 
 t.test('start-upload check order', async (t) => {
-  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW };
+  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000 };
   for (const s of ['STARTED', 'DONE'] as const) {
     const d = decideStart(session(s), { ...base, dates: { issues: [] } });
     t.ok(!d.ok && d.error.code === 'INVALID_SESSION_STATUS', `${s}: state first`);
@@ -217,7 +220,7 @@ t.test('start-upload check order', async (t) => {
   t.ok(d.ok, 'an expired lease (dead instance) does not block');
   if (d.ok) {
     t.equal(d.next.status, 'STARTED');
-    t.same({ ...d.next.workflow, started_at: undefined }, { ...dates, started_at: undefined });
+    t.same({ ...d.next.workflow, started_at: undefined }, { ...dates, started_at: undefined, starting_until: NOW + 1000 }, 'held by its gateway for the lease');
   }
 });
 
@@ -227,6 +230,37 @@ t.test('a failed start rolls back only its own start', async (t) => {
   t.ok(mine.ok && mine.next.status === 'UPLOADING' && !mine.next.workflow);
   const other = decideStartFailed(r, 'another start', NOW);
   t.ok(other.ok && other.next === r, 'someone else’s start is left alone');
+});
+
+t.test("a start held by its gateway: renewed, taken once the Connector took it, lapsed back to UPLOADING if its gateway died", async (t) => {
+  const d = decideStart(session('UPLOADING'), { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000 });
+  if (!d.ok) return t.fail('started');
+  const r = d.next;
+  const at = r.workflow!.started_at;
+  const renewed = decideStartRenew(r, at, NOW + 500, 1000);
+  t.ok(renewed.ok && renewed.next.workflow?.starting_until === NOW + 1500, 'renewed from now');
+  const other = decideStartRenew(r, 'another start', NOW + 500, 1000);
+  t.ok(other.ok && other.next === r, "another start's hold is left alone");
+  const lapsedEarly = decideStartLapsed(r, NOW + 999);
+  t.ok(lapsedEarly.ok && lapsedEarly.next === r, 'held: left alone');
+  const lapsed = decideStartLapsed(r, NOW + 1000);
+  t.ok(lapsed.ok && lapsed.next.status === 'UPLOADING' && !lapsed.next.workflow, 'lapsed: back to UPLOADING, as a failed start');
+  const dead = decideStartLapsed(r, NOW, true);
+  t.ok(dead.ok && dead.next.status === 'UPLOADING', 'every hold, when its holder is known dead (a restarted embedded instance)');
+  const taken = decideStartTaken(r, at, NOW + 10);
+  if (!taken.ok) return t.fail('taken');
+  t.equal(taken.next.status, 'STARTED');
+  t.notOk('starting_until' in taken.next.workflow!, 'taken: no longer held');
+  const never = decideStartLapsed(taken.next, NOW + 10 ** 9, true);
+  t.ok(never.ok && never.next === taken.next, 'a start the Connector took never lapses (nor one an earlier version wrote, without a hold)');
+  const renewTaken = decideStartRenew(taken.next, at, NOW + 20, 1000);
+  t.ok(renewTaken.ok && renewTaken.next === taken.next, 'renewing a taken start changes nothing');
+  if (!lapsed.ok) return;
+  const late = decideStartTaken(lapsed.next, at, NOW + 1001);
+  t.ok(!late.ok && late.error.statusCode === 503, 'the Connector took a start that lapsed meanwhile: 503 (a retry starts again)');
+  const webhook = decideWebhook(r, { is_terminated: false }, NOW + 20);
+  const afterWebhook = decideStartTaken(webhook.next, at, NOW + 30);
+  t.ok(afterWebhook.ok && afterWebhook.next === webhook.next, 'its webhook came first: nothing to mark');
 });
 
 t.test('terminate only in STARTED', async (t) => {
