@@ -479,7 +479,7 @@ export class SessionService {
    * Puts a start that failed back to `UPLOADING` (`decideStartFailed`), before its answer where
    * it can: storage that failed the start often fails this write too (on NATS, leaders are
    * elected for up to about 25 s after a majority comes back), and a session left `STARTED`
-   * with no workflow would stay so. A failed attempt is tried again by `retryInBackground`,
+   * with no workflow answers 409 until its hold lapses. A failed attempt is tried again by `retryInBackground`,
    * which the answer waits for up to `START_ROLLBACK_MS`.
    */
   private async rollBackStart(client: ClientRef, uploadUuid: string, startedAt: string): Promise<void> {
