@@ -147,8 +147,8 @@ export class SessionService {
       const pointer = await this.deps.sessions.get<ActivePointer>(key);
       const current = pointer ? await this.summaries.read(pointer.value.upload_uuid) : null;
       if (current && !current.value.deleted && startLapsed(current.value, this.now())) {
-        // Its start's gateway died: written back to UPLOADING (`settle`), then answered as such.
-        await this.summaries.mutate(null, current.value.upload_uuid, 'system', (r) => ({ ok: true, next: r }));
+        // Its start's gateway died: written back to UPLOADING, then answered as such.
+        await this.putBackLapsedStart(current.value.upload_uuid);
         continue;
       }
       const decision = decideInitialize(current && !current.value.deleted ? current.value : null);
@@ -231,8 +231,8 @@ export class SessionService {
     const stored = pending ? early : await counts();
     if (!record || record.value.deleted || record.value.client_id !== client.id) throw errors.sessionNotFound();
     if (startLapsed(record.value, this.now())) {
-      // Its start's gateway died: put back to UPLOADING in the background (`settle`), which the next status shows.
-      void this.summaries.mutate(client, uploadUuid, 'any', (r) => ({ ok: true, next: r })).catch((err: unknown) => {
+      // Its start's gateway died: put back to UPLOADING in the background, which the next status shows.
+      void this.putBackLapsedStart(uploadUuid).catch((err: unknown) => {
         if (!isServiceError(err) && !isStorageUnavailable(err)) this.deps.onBackgroundError?.(err, 'put back a start that lapsed');
       });
     }
@@ -469,10 +469,15 @@ export class SessionService {
       const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(clientId));
       const record = pointer ? await this.summaries.read(pointer.value.upload_uuid) : null;
       if (!record || record.value.deleted || !startLapsed(record.value, this.now(), all)) continue;
-      await this.summaries.mutate(null, record.value.upload_uuid, 'system', (r) => decideStartLapsed(r, this.now(), all));
+      await this.putBackLapsedStart(record.value.upload_uuid, all);
       settled++;
     }
     return settled;
+  }
+
+  /** Writes the session's summary with a lapsed start put back (`decideStartLapsed`, also the `settle` of every write). */
+  private putBackLapsedStart(uploadUuid: string, everyHold = false): Promise<SessionRecord> {
+    return this.summaries.mutate(null, uploadUuid, 'system', (r) => decideStartLapsed(r, this.now(), everyHold));
   }
 
   /**
