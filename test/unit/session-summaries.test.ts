@@ -21,19 +21,11 @@ t.test('a write that ran out of its budget fails the decisions that waited behin
   let updates = 0;
   let fail: ((err: unknown) => void) | null = null;
   // The store as NATS cut off shows it: the first update hangs, then fails as unavailable.
-  const flaky = new Proxy(sessions, {
-    get(target, prop) {
-      if (prop !== 'update') {
-        const v = Reflect.get(target, prop, target);
-        return typeof v === 'function' ? v.bind(target) : v; // its private fields are the store's own
-      }
-      return (...args: Parameters<SessionStore['update']>) => {
-        updates++;
-        if (updates > 1) return target.update(...args);
-        return new Promise((_resolve, reject) => (fail = reject));
-      };
-    },
-  }) as SessionStore;
+  const flaky = withUpdate(sessions, (...args) => {
+    updates++;
+    if (updates > 1) return sessions.update(...args);
+    return new Promise((_resolve, reject) => (fail = reject));
+  });
   const summaries = new Summaries({ sessions: flaky });
   const named = (name: string) => (r: SessionRecord) => ({ ok: true as const, next: { ...r, updated_at: name } });
 
@@ -53,22 +45,25 @@ t.test('a write that ran out of its budget fails the decisions that waited behin
 /** The store as seen by an instance that loses its first `losses` updates to another instance's writes (each one lands first). */
 function losing(sessions: SessionStore, losses: number): { store: SessionStore; updates: () => number } {
   let updates = 0;
-  const store = new Proxy(sessions, {
+  const store = withUpdate(sessions, async (...args) => {
+    if (++updates > losses) return sessions.update(...args);
+    const [key] = args;
+    const current = await sessions.get<SessionRecord>(key);
+    await sessions.update(key, { ...current!.value, updated_at: `other ${updates}` }, current!.revision);
+    throw new StoreConflictError(key);
+  });
+  return { store, updates: () => updates };
+}
+
+/** `sessions` with its `update` replaced; everything else is the store's own (bound: its private fields). */
+function withUpdate(sessions: SessionStore, update: (...args: Parameters<SessionStore['update']>) => Promise<number>): SessionStore {
+  return new Proxy(sessions, {
     get(target, prop) {
-      if (prop !== 'update') {
-        const v = Reflect.get(target, prop, target);
-        return typeof v === 'function' ? v.bind(target) : v;
-      }
-      return async (...args: Parameters<SessionStore['update']>) => {
-        if (++updates > losses) return target.update(...args);
-        const [key, , revision] = args;
-        const current = await target.get<SessionRecord>(key);
-        await target.update(key, { ...current!.value, updated_at: `other ${updates}` }, current!.revision);
-        throw new StoreConflictError(key);
-      };
+      if (prop === 'update') return update;
+      const v = Reflect.get(target, prop, target);
+      return typeof v === 'function' ? v.bind(target) : v;
     },
   }) as SessionStore;
-  return { store, updates: () => updates };
 }
 
 t.test('a write that loses to another instance more than 32 times in a row is decided again until it lands', async (t) => {
