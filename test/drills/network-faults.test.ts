@@ -454,6 +454,8 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   let hungStored = 0;
   let hungUnrecorded = 0;
   const refusedStoredList: string[] = [];
+  /** When each of those was asked and answered, give or take a second: the gateways' log lines then are printed. */
+  const refusedStoredAt: { from: number; to: number }[] = [];
   // A keyed package is judged whole: its 200, whichever attempt got it, is what the client keeps.
   const keyed = new Map<string, LoadLine[]>();
   for (const l of ingests) if (l.key) keyed.set(l.pkg!, [...(keyed.get(l.pkg!) ?? []), l]);
@@ -473,6 +475,7 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
       if (n > 0) {
         refusedStored++;
         refusedStoredList.push(`${l.pkg} ${kind(l)} after ${l.ms} ms at ${new Date(l.at).toISOString()}`);
+        refusedStoredAt.push({ from: l.at - 1000, to: l.at + l.ms + 1000 });
       }
     } else if (n > 0) hungStored++;
     else hungUnrecorded++;
@@ -511,6 +514,16 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
       if (failed.length > 0) t.comment(`gw${i + 1} logged ${failed.length} error(s), the first and last ones:\n${shown.join('\n')}`);
     }
   }
+  // A refused package that was stored: what the gateways logged (warnings and errors) while it was asked, for its cause.
+  for (const { from, to } of refusedStoredAt.slice(0, 3)) {
+    for (const [i, gw] of gateways.entries()) {
+      const then = logged(gw, 'warn', 'error').filter((line) => {
+        const time = logTime(line);
+        return time !== null && time >= from && time <= to;
+      });
+      if (then.length > 0) t.comment(`gw${i + 1} logged from ${new Date(from).toISOString()} to ${new Date(to).toISOString()}:\n${then.slice(0, 20).join('\n')}`);
+    }
+  }
   t.same(summary(minorityUnanswered), {}, 'status on a gateway without a quorum answers (200 or 503), no hang');
   t.ok(probes.some((l) => !onMinority(l)), 'status was probed on the majority side');
   t.same(summary(majorityUnanswered), {}, `status on the majority side answers (200 or 503), none hangs past ${HANG_MS} ms`);
@@ -521,6 +534,17 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
     `status on the majority side: 200 within ${STATUS_WITHIN_MS} ms, but for at most ${STATUS_MISSES_ALLOWED * 100} % of probes (${slowMajority.length} of ${majorityProbes.length} missed)`,
   );
 });
+
+/** The time (epoch ms) of a gateway's JSON log line, or null. */
+function logTime(line: string): number | null {
+  try {
+    const time = (JSON.parse(line) as { time?: unknown }).time;
+    const ms = typeof time === 'number' ? time : Date.parse(String(time));
+    return Number.isFinite(ms) ? ms : null;
+  } catch {
+    return null;
+  }
+}
 
 function count(keys: string[]): Map<string, number> {
   const m = new Map<string, number>();
