@@ -270,8 +270,14 @@ export interface SpareLeases {
  * which then begins on it at once: the package has its lease before its queue commit, and
  * `decideIngestTake` moves it to `in_flight` meanwhile. An unused spare lease holds
  * nothing, so status and start-upload do not count spare leases, and start-upload ends them.
+ *
+ * A package already recording is this very write's earlier attempt, landed though its answer
+ * said otherwise (a lost compare-and-set reported for a write that was stored: the decision
+ * runs again on the summary it made): recorded, nothing more to write. Only the ingest that
+ * holds a package id records it.
  */
 export function decideIngestRecord(r: SessionRecord, pkg: PackageEntry, now: number, spares: SpareLeases = {}): Decision {
+  if (pkg.id in r.recording) return ok(r);
   const bad = requireUploading(r);
   if (bad) return fail(bad);
   const lease = leaseOf(r, pkg.id);

@@ -15,7 +15,7 @@ import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
-import { StoreError, type BatchQueue, type PackageLedger, type SessionStore } from '../../src/store/ports.js';
+import { StoreConflictError, StoreError, type BatchQueue, type PackageLedger, type SessionStore } from '../../src/store/ports.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = {
@@ -26,14 +26,16 @@ const noConnector: Connector = {
 
 /**
  * A session store that counts the summary writes it is asked for; `failNext` makes the next
- * summary write fail as a NATS timeout does, after it landed or before; `stall` holds summary
- * writes until it resolves; `landed` resolves once the next summary write has.
+ * summary write fail as a NATS timeout does, after it landed or before, or (`landed-conflict`)
+ * land and then answer as a lost compare-and-set; `stall` holds summary writes until it
+ * resolves; `landed` resolves once the next summary write has.
  */
-function counting(store: SessionStore): SessionStore & { updates: number; failNext: 'landed' | 'lost' | null; stall: Promise<void> | null; landed: () => Promise<void> } {
+type Failure = 'landed' | 'lost' | 'landed-conflict';
+function counting(store: SessionStore): SessionStore & { updates: number; failNext: Failure | null; stall: Promise<void> | null; landed: () => Promise<void> } {
   const onLanded: (() => void)[] = [];
   const counted = {
     updates: 0,
-    failNext: null as 'landed' | 'lost' | null,
+    failNext: null as Failure | null,
     stall: null as Promise<void> | null,
     landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
     capabilities: store.capabilities,
@@ -48,6 +50,7 @@ function counting(store: SessionStore): SessionStore & { updates: number; failNe
       const written = await store.update(key, value, revision);
       if (key.startsWith('session.')) for (const resolve of onLanded.splice(0)) resolve();
       if (fail === 'landed') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      if (fail === 'landed-conflict') throw new StoreConflictError(key);
       return written;
     },
     delete: store.delete.bind(store),
@@ -171,6 +174,20 @@ t.test('a record write of unknown outcome is resolved before the ingest answers:
   const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
   t.notOk(lost in after.in_flight, 'and its lease ended, so it never can be (the uploader drops it)');
   t.notOk(lost in after.recording);
+  t.same((await s.status(client, uuid)).entities, ['stock']);
+});
+
+t.test('a record write that landed but was answered as a lost compare-and-set is a 200, not a 503 for a lease its own write ended', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  sessions.failNext = 'landed-conflict';
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 3, bytes: 3, object_bytes: 103 });
+  await s.flushLedger();
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(packageCount(after), 1, 'recorded once');
+  t.same(after.in_flight, {});
   t.same((await s.status(client, uuid)).entities, ['stock']);
 });
 

@@ -90,6 +90,11 @@ t.test('record ends the lease and prunes dead ones; needs the live lease', async
     const gone = decideIngestRecord(session('UPLOADING', { in_flight: inFlight }), { id: 'p1', ...entry('products') }, NOW);
     t.ok(!gone.ok && gone.error.code === 'STORAGE_UNAVAILABLE', `a ${what} lease cannot be recorded`);
   }
+  if (!d.ok) return;
+  // Decided again on the summary its own landed write made (answered as a lost compare-and-set).
+  const since: SessionRecord = { ...d.next, status: 'STARTED' };
+  const again = decideIngestRecord(since, { id: 'p1', ...entry('products') }, NOW + 1);
+  t.ok(again.ok && again.next === since, 'recording already: recorded, nothing to write, whatever the state now');
 });
 
 t.test('renew extends live leases only: an expired, released or revoked one stays ended', async (t) => {
