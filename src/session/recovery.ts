@@ -10,6 +10,7 @@ import { activeKey, sessionKey } from '../store/keys.js';
 import { isStoreConflict, type PackageLedger, type SessionStore } from '../store/ports.js';
 import {
   decideFold,
+  decideIngestFence,
   decideIngestRelease,
   decideReleaseAllLeases,
   fromStored,
@@ -29,8 +30,10 @@ const MAX_CAS_ATTEMPTS = 32;
  * delete since is `sessionLive`'s to see, after the put. Otherwise the summary: an expired
  * lease still in it is revoked with a compare-and-set before the package is dropped, so that
  * a gateway whose clock runs behind cannot record the package afterwards; a package neither
- * recording nor leased is looked up in the ledger again, read after the summary: an entry
- * leaves `recording` only once the ledger holds it, so a recorded package is never missed.
+ * recording nor leased is looked up in the ledger again, read after the summary (an entry
+ * leaves `recording` only once the ledger holds it, so a recorded package is never missed),
+ * and dropped once a compare-and-set on the summary read has landed (`decideIngestFence`: on
+ * NATS a deposed leader may have answered the read with a summary from before the lease).
  */
 export async function packageVerdict(
   sessions: SessionStore,
@@ -44,7 +47,12 @@ export async function packageVerdict(
     const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
     const record = stored ? { value: fromStored(stored.value), revision: stored.revision } : null;
     const fate = packageFate(record?.value ?? null, packageId, now());
-    if (fate === 'ledger') return (await ledger.get(uploadUuid, packageId)) ? 'store' : 'drop';
+    if (fate === 'ledger') {
+      if (await ledger.get(uploadUuid, packageId)) return 'store';
+      // Dropped only once a write proves the summary read is the stored one (`decideIngestFence`).
+      if (await casOnce(sessions, uploadUuid, record!, decideIngestFence(record!.value, [packageId], now()))) continue;
+      return 'drop';
+    }
     if (fate !== 'revoke') return fate;
     // Revoked or lost to another writer: judge the summary again either way.
     await casOnce(sessions, uploadUuid, record!, decideIngestRelease(record!.value, [packageId], now()));

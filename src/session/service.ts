@@ -25,6 +25,7 @@ import {
   decideDelete,
   decideFold,
   decideIngestBegin,
+  decideIngestFence,
   decideIngestRecord,
   decideIngestRelease,
   decideIngestRenew,
@@ -381,7 +382,8 @@ export class SessionService {
   /**
    * Settles earlier attempts of one idempotent request (see idempotency.ts): the package of
    * the one the session recorded, if any; otherwise none of them is recorded, and all their
-   * leases end in the same compare-and-set, so that none can be recorded any more (recording
+   * leases end in the same compare-and-set, written even when none is held (`decideIngestFence`:
+   * what was read may be a deposed leader's), so that none can be recorded any more (recording
    * needs the live lease: `decideIngestRecord`), and the uploader drops whatever of them
    * reached the queue.
    */
@@ -390,7 +392,7 @@ export class SessionService {
     await this.summaries.mutate(client, uploadUuid, 'any', (r) => {
       const id = packageIds.find((p) => p in r.recording);
       recorded = id === undefined ? null : { id, ...r.recording[id]! };
-      return recorded ? { ok: true, next: r } : decideIngestRelease(r, packageIds, this.now());
+      return recorded ? { ok: true, next: r } : decideIngestFence(r, packageIds, this.now());
     });
     if (recorded) return recorded;
     // Neither recording nor leased in the summary just written: folded (the ledger holds it) or never recorded.

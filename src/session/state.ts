@@ -391,6 +391,18 @@ export function decideIngestRelease(r: SessionRecord, packageIds: readonly strin
   return ok(touchLeases(r, now, withoutLeases(r, now, new Set(packageIds))));
 }
 
+/**
+ * `decideIngestRelease` that is written even when none of the leases is held: "neither
+ * recording nor leased, so never to be recorded" holds only of the stored summary, and on NATS
+ * a read alone does not prove it is that one (for a moment after a partition heals, a deposed
+ * leader still answers reads with what it had). The compare-and-set of this write does: it
+ * lands only on the summary the record write would have to follow.
+ */
+export function decideIngestFence(r: SessionRecord, packageIds: readonly string[], now: number): Decision {
+  const released = decideIngestRelease(r, packageIds, now);
+  return released.ok && released.next === r ? ok(touch(r, now, {})) : released;
+}
+
 export interface StartInput {
   /** How long the start holds the session before its gateway must renew it (`decideStartRenew`). */
   leaseMs: number;

@@ -8,6 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import type { Connector } from '../../src/connector/types.js';
+import { packageVerdict } from '../../src/session/recovery.js';
 import { SessionService } from '../../src/session/service.js';
 import { packageCount, type SessionRecord } from '../../src/session/state.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
@@ -15,7 +16,7 @@ import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
 import { sessionKey } from '../../src/store/keys.js';
-import { StoreConflictError, StoreError, type BatchQueue, type PackageLedger, type SessionStore } from '../../src/store/ports.js';
+import { StoreConflictError, StoreError, type BatchQueue, type PackageLedger, type SessionStore, type Versioned } from '../../src/store/ports.js';
 
 const client = { id: 'acme', minDate: '2020-01-01' };
 const noConnector: Connector = {
@@ -27,19 +28,27 @@ const noConnector: Connector = {
 /**
  * A session store that counts the summary writes it is asked for; `failNext` makes the next
  * summary write fail as a NATS timeout does, after it landed or before, or (`landed-conflict`)
- * land and then answer as a lost compare-and-set; `stall` holds summary writes until it
- * resolves; `landed` resolves once the next summary write has.
+ * land and then answer as a lost compare-and-set; `staleNext` answers the next summary read
+ * (as a deposed NATS leader does for a moment after a partition heals); `stall` holds summary
+ * writes until it resolves; `landed` resolves once the next summary write has.
  */
 type Failure = 'landed' | 'lost' | 'landed-conflict';
-function counting(store: SessionStore): SessionStore & { updates: number; failNext: Failure | null; stall: Promise<void> | null; landed: () => Promise<void> } {
+function counting(
+  store: SessionStore,
+): SessionStore & { updates: number; failNext: Failure | null; staleNext: Versioned<unknown> | null; stall: Promise<void> | null; landed: () => Promise<void> } {
   const onLanded: (() => void)[] = [];
   const counted = {
     updates: 0,
     failNext: null as Failure | null,
+    staleNext: null as Versioned<unknown> | null,
     stall: null as Promise<void> | null,
     landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
     capabilities: store.capabilities,
-    get: store.get.bind(store),
+    get: async <T>(key: string): Promise<Versioned<T> | null> => {
+      const stale = key.startsWith('session.') ? counted.staleNext : null;
+      if (stale) counted.staleNext = null;
+      return (stale as Versioned<T> | null) ?? store.get<T>(key);
+    },
     create: store.create.bind(store),
     update: async <T>(key: string, value: T, revision: number) => {
       if (key.startsWith('session.')) counted.updates++;
@@ -189,6 +198,34 @@ t.test('a record write that landed but was answered as a lost compare-and-set is
   t.equal(packageCount(after), 1, 'recorded once');
   t.same(after.in_flight, {});
   t.same((await s.status(client, uuid)).entities, ['stock']);
+});
+
+t.test("a record write of unknown outcome whose settling reads a summary from before its lease (a deposed leader's) is found recorded, not fenced", async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const beforeLease = (await sessions.get<SessionRecord>(sessionKey(uuid)))!;
+  const id = await s.beginIngest(client, uuid);
+  sessions.failNext = 'landed';
+  sessions.staleNext = beforeLease;
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 4, bytes: 4, object_bytes: 104 });
+  await s.flushLedger();
+  t.equal(sessions.staleNext, null, 'the settling read the stale summary');
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(packageCount(after), 1, 'recorded once, and answered 200');
+});
+
+t.test("the uploader's verdict on a package it reads as neither recording nor leased: dropped only once a write shows that summary is the stored one", async (t) => {
+  const { sessions, ledger, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const beforeLease = (await sessions.get<SessionRecord>(sessionKey(uuid)))!;
+  const id = await s.beginIngest(client, uuid);
+  sessions.staleNext = beforeLease;
+  t.equal(await packageVerdict(sessions, ledger, uuid, id), 'wait', "read from before the lease, the write loses: the stored summary's live lease means wait");
+  t.equal(sessions.staleNext, null, 'the verdict read the stale summary');
+  await s.releaseIngest(client, uuid, id);
+  t.equal(await packageVerdict(sessions, ledger, uuid, id), 'drop', 'released: dropped');
 });
 
 t.test('a record write of unknown outcome still unsettled at the deadline: 503 then, while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {

@@ -4,6 +4,7 @@ import {
   decideDelete,
   decideFold,
   decideIngestBegin,
+  decideIngestFence,
   decideIngestRecord,
   decideIngestRelease,
   decideIngestRenew,
@@ -95,6 +96,15 @@ t.test('record ends the lease and prunes dead ones; needs the live lease', async
   const since: SessionRecord = { ...d.next, status: 'STARTED' };
   const again = decideIngestRecord(since, { id: 'p1', ...entry('products') }, NOW + 1);
   t.ok(again.ok && again.next === since, 'recording already: recorded, nothing to write, whatever the state now');
+});
+
+t.test('fence: ends the leases like a release, and is written even when none is held (a read alone may be a deposed leader\'s)', async (t) => {
+  const r = session('UPLOADING', { in_flight: { p1: NOW + 100, p2: NOW + 100 } });
+  const held = decideIngestFence(r, ['p1'], NOW);
+  t.ok(held.ok && held.next.in_flight.p1 === undefined && held.next.in_flight.p2 === NOW + 100, 'a held lease ends, the others stay');
+  const none = decideIngestFence(r, ['gone'], NOW + 5);
+  t.ok(none.ok && none.next !== r && none.next.updated_at === new Date(NOW + 5).toISOString(), 'nothing held: a new summary to write all the same');
+  t.ok(none.ok && none.next.in_flight === r.in_flight);
 });
 
 t.test('renew extends live leases only: an expired, released or revoked one stays ended', async (t) => {
