@@ -425,7 +425,9 @@ export class SessionService {
     dates: { date_from: string; date_to: string } | { issues: ValidationIssue[] },
   ): Promise<unknown> {
     await this.requirePointer(client, uploadUuid);
-    const pendingBatches = (await this.deps.queue.hasPending(uploadUuid)) ? 1 : 0;
+    // A package whose object is stored is not pending, whatever the queue's ack floor read says.
+    const stored = (packageId: string) => this.deps.ledger.isStored(uploadUuid, packageId);
+    const pendingBatches = (await this.deps.queue.hasPending(uploadUuid, { stored })) ? 1 : 0;
     // A start ends every spare lease (`decideStart`): none is handed out meanwhile.
     this.leases.dropSpares(uploadUuid);
     const leaseMs = this.deps.inFlightLeaseMs;

@@ -242,8 +242,12 @@ export interface BatchQueue {
    * start-upload ask on every call, however many packages the session holds. `forAnswer`
    * (status): the answer may be a moment behind other processes' writes and acks, as
    * `SessionStore.getRecent` is, and keeps coming while a leader is elected; never for a decision.
+   * `stored` (start-upload): a second opinion on each package the queue would count, asked
+   * only then; a package it says is stored in object storage is not pending, whether or not
+   * its ack has come or is seen yet (a queue replicated across servers may read an older
+   * ack floor than the one status read a moment before).
    */
-  hasPending(uploadUuid: string, opts?: { forAnswer?: boolean }): Promise<boolean>;
+  hasPending(uploadUuid: string, opts?: { forAnswer?: boolean; stored?: (packageId: string) => Promise<boolean> }): Promise<boolean>;
   /**
    * Committed packages of every session not yet acked (the one in a handler included), and
    * the age of the oldest of them in ms (null when there is none): the uploader's lag. One

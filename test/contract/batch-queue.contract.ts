@@ -182,6 +182,34 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     t.same(await Promise.all(['u1', 'u2'].map((u) => q.hasPending(u))), [false, false], 'none once all are acked');
   });
 
+  t.test(`${name}: hasPending with \`stored\` does not count a package it says is stored, and asks only about packages it would count`, async (t) => {
+    const { q } = await setup(t);
+    for (const id of ['p1', 'p2']) await commit(q, meta('u1', id), [`["${id}"]\n`]);
+    await commit(q, meta('u2', 'q1'), ['["q1"]\n']);
+    const asked: string[] = [];
+    const storedOnly = (ids: string[]) => async (id: string) => {
+      asked.push(id);
+      return ids.includes(id);
+    };
+    t.equal(await q.hasPending('u1', { stored: storedOnly(['p1']) }), true, 'p2 is not stored');
+    t.same(asked, ['p1', 'p2'], "asked about the session's packages only, oldest first, until one is not stored");
+    asked.length = 0;
+    t.equal(await q.hasPending('u1', { stored: storedOnly(['p1', 'p2']) }), false, 'both stored: nothing pending, though neither is acked');
+    t.equal(await q.hasPending('u1'), true, 'without `stored` both are');
+    t.equal(await q.hasPending('u2', { stored: storedOnly(['p1', 'p2']) }), true, "another session's package is its own");
+    asked.length = 0;
+    t.equal(await q.hasPending('u3', { stored: storedOnly([]) }), false, 'a session with nothing committed');
+    t.same(asked, [], 'is not asked about');
+    const rec = record(t, q);
+    await rec.next();
+    await rec.next();
+    await rec.next();
+    await rec.stop();
+    asked.length = 0;
+    t.equal(await q.hasPending('u1', { stored: storedOnly([]) }), false, 'acked: not pending, whatever `stored` would say');
+    t.same(asked, [], 'and not asked about');
+  });
+
   t.test(`${name}: backlog counts every session's committed packages until acked, with the oldest one's age`, async (t) => {
     const { q } = await setup(t);
     t.same(await q.backlog(), { packages: 0, oldestAgeMs: null }, 'empty');

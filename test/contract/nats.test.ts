@@ -660,6 +660,33 @@ t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the s
 });
 }
 
+t.test('NatsBatchQueue: a decision that reads an ack floor below the acks ("consumer not found": 0) counts acknowledged packages, unless `stored` says they are stored', async (t) => {
+  const h = await connection(t);
+  const stream = unique('LOWFLOOR');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, queueOpts(stream));
+  await commit(q, meta('u-g', 'p1'), [Buffer.from('["a"]\n')]);
+  await commit(q, meta('u-g', 'p2'), [Buffer.from('["b"]\n')]);
+  // Both acknowledged and still in the stream (as in the test above), then the consumer's info
+  // answers "not found": what a start-upload met once around a partition's heal, when status
+  // had just read the floor past both.
+  const p2 = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.c.${Buffer.from('client-1').toString('hex')}.u-g.stores.p2` });
+  t.notOk((await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p2.seq + 1 })), { timeout: 5000 })).json<{ error?: unknown }>().error);
+  let now = 0;
+  const other = await openQueue(t, h, { ...queueOpts(stream), clock: () => now });
+  t.equal(await other.hasPending('u-g'), false, 'the floor read past both: not pending');
+  await h.jsm.consumers.delete(stream, 'uploader');
+  now += 1001; // the floor read is old: the next decision reads it again
+  t.equal(await other.hasPending('u-g'), true, 'no consumer: the floor reads as 0 and both count');
+  const asked: string[] = [];
+  const stored = async (id: string) => (asked.push(id), true);
+  t.equal(await other.hasPending('u-g', { stored }), false, 'both stored: not pending');
+  t.same(asked, ['p1', 'p2'], 'asked about each by its package id');
+  t.equal(await other.hasPending('u-g', { stored: async (id) => id === 'p1' }), true, 'one not stored is pending');
+  const subjects = new QueueSubjects(stream);
+  for (const id of ['p1', 'a.b=c ü']) t.equal(subjects.packageIdOf(subjects.commit(packageTail(meta('u-g', id)))), id, `package id ${JSON.stringify(id)} read back from its subject`);
+});
+
 t.test('NatsBatchQueue: an answer serves the last ack floor read and never waits for a fresh one; a decision does', async (t) => {
   const h = await connection(t);
   const stream = unique('FLOOR');

@@ -272,6 +272,25 @@ t.test('a start that fails goes back to UPLOADING before its answer, also when s
   t.notOk(after.workflow, 'with no workflow');
 });
 
+t.test('start-upload: a committed package not yet acked is pending (409) until its object is marked stored in the ledger; then it starts', async (t) => {
+  const { ledger, queue, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  const w = await queue.open({ package_id: id, upload_uuid: uuid, client_id: client.id, entity: 'stock', columns: ['a'] });
+  await w.append(Buffer.from('[1]\n'));
+  await w.commit({ rows: 1, bytes: 4 });
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 4, object_bytes: 101 });
+  await s.flushLedger();
+  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+  await t.rejects(s.start(client, uuid, dates), { statusCode: 409, message: 'Upload tasks are still in progress' }, 'committed, not stored: pending');
+  // The uploader stored and counted it; its ack has not come (or, on NATS, a read of the ack
+  // floor older than the ack does not show it).
+  await ledger.countStored!(uuid, [{ package_id: id, entity: 'stock' }], sessionKey(uuid));
+  t.equal(await queue.hasPending(uuid), true, 'the queue alone still counts it');
+  await t.resolves(s.start(client, uuid, dates), 'stored: not pending, the start goes');
+});
+
 t.test("a start whose gateway died during the Connector's call lapses back to UPLOADING after its hold; the Connector's answer after that is a 503 (injected clock)", async (t) => {
   const { sessions, service } = await rig(t);
   let now = Date.UTC(2026, 0, 10);

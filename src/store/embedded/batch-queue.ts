@@ -186,8 +186,13 @@ export class FileBatchQueue implements BatchQueue {
     return this.#perSession.get(uploadUuid) ?? 0;
   }
 
-  async hasPending(uploadUuid: string): Promise<boolean> {
-    return (this.#perSession.get(uploadUuid) ?? 0) > 0;
+  async hasPending(uploadUuid: string, opts: { stored?: (packageId: string) => Promise<boolean> } = {}): Promise<boolean> {
+    if ((this.#perSession.get(uploadUuid) ?? 0) === 0) return false;
+    if (!opts.stored) return true;
+    // A package is marked stored a moment before its ack: the session's entries are looked at one by one.
+    const ids = [...this.#entries.values()].filter((e) => e.meta.upload_uuid === uploadUuid).map((e) => e.meta.package_id);
+    for (const id of ids) if (!(await opts.stored(id))) return true;
+    return false;
   }
 
   async backlog(): Promise<QueueBacklog> {

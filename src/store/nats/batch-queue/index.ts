@@ -249,23 +249,36 @@ export class NatsBatchQueue implements BatchQueue {
    * this process acked and has not removed yet are skipped; another process's are removed
    * within a round or two of their ack.
    */
-  async hasPending(uploadUuid: string, opts: { forAnswer?: boolean } = {}): Promise<boolean> {
+  async hasPending(uploadUuid: string, opts: { forAnswer?: boolean; stored?: (packageId: string) => Promise<boolean> } = {}): Promise<boolean> {
     this.#check();
-    if (!opts.forAnswer) return this.#hasPending(uploadUuid, false);
+    if (!opts.forAnswer) return this.#hasPending(uploadUuid, opts.stored);
     // For an answer: while no replica answers (a leader being elected) the last answer serves.
-    const fresh = this.#hasPending(uploadUuid, true).then((pending) => {
+    const fresh = this.#answerPending(uploadUuid).then((pending) => {
       this.#lastPending.set(uploadUuid, pending);
       return pending;
     });
     return answerSoon(fresh, () => this.#lastPending.recent(uploadUuid));
   }
 
-  async #hasPending(uploadUuid: string, forAnswer: boolean): Promise<boolean> {
+  /** For a decision: the floor read fresh, the stream from its leader. */
+  async #hasPending(uploadUuid: string, stored?: (packageId: string) => Promise<boolean>): Promise<boolean> {
     const filter = this.#subjects.sessionCommits(uploadUuid);
-    const messages = this.#messages;
-    const get = forAnswer ? messages.getForAnswer.bind(messages) : messages.get.bind(messages);
-    const floor = forAnswer ? await this.#lastFloor() : await this.#ackFloor();
-    for (let sm = await get({ seq: floor + 1, next_by_subj: filter }); sm; sm = await get({ seq: sm.seq + 1, next_by_subj: filter })) {
+    const get = (seq: number) => this.#messages.get({ seq, next_by_subj: filter });
+    for (let sm = await get((await this.#ackFloor()) + 1); sm; sm = await get(sm.seq + 1)) {
+      if (this.#remover?.has(sm.seq)) continue;
+      // A floor read fresh can still be older than acks seen before: around a partition's heal a
+      // deposed consumer leader can answer with its own (once a start-upload 409 after status
+      // had said finished), and "consumer not found" reads as 0. The ledger's marker settles it.
+      if (!stored || !(await stored(this.#subjects.packageIdOf(sm.subject)))) return true;
+    }
+    return false;
+  }
+
+  /** For an answer: the last floor read, the stream from any replica. */
+  async #answerPending(uploadUuid: string): Promise<boolean> {
+    const filter = this.#subjects.sessionCommits(uploadUuid);
+    const get = (seq: number) => this.#messages.getForAnswer({ seq, next_by_subj: filter });
+    for (let sm = await get((await this.#lastFloor()) + 1); sm; sm = await get(sm.seq + 1)) {
       if (!this.#remover?.has(sm.seq)) return true;
     }
     return false;

@@ -55,6 +55,11 @@ export class QueueSubjects {
   commitOfBatch(batchSubject: string): string {
     return this.commit(this.tailOf(batchSubject));
   }
+  /** The package id of a batch or commit subject. */
+  packageIdOf(subject: string): string {
+    const last = subject.slice(subject.lastIndexOf('.') + 1);
+    return last.startsWith('=') ? Buffer.from(last.slice(1), 'hex').toString('utf8') : last;
+  }
   /** `<client hex>.<upload_uuid>.<entity>.<package_id>` of a batch or commit subject. */
   tailOf(subject: string): string {
     return subject.slice(this.stream.length + 3);
