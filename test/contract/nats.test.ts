@@ -660,6 +660,31 @@ t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the s
 });
 }
 
+t.test('NatsBatchQueue: a lower ack floor read later from the same consumer does not make acknowledged packages pending again; the sweep deletes by the floor as read', async (t) => {
+  const h = await connection(t);
+  const stream = unique('BACKFLOOR');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, queueOpts(stream));
+  await commit(q, meta('u-b', 'p1'), [Buffer.from('["a"]\n')]);
+  await commit(q, meta('u-b', 'p2'), [Buffer.from('["b"]\n')]);
+  const commitOf = (id: string) => `${stream}.c.${Buffer.from('client-1').toString('hex')}.u-b.stores.${id}`;
+  const [p1, p2] = await Promise.all(['p1', 'p2'].map((id) => h.jsm.streams.getMessage(stream, { last_by_subj: commitOf(id) })));
+  const reset = async (seq: number) => t.notOk((await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq })), { timeout: 5000 })).json<{ error?: unknown }>().error);
+  let now = 0;
+  const other = await openQueue(t, h, { ...queueOpts(stream), clock: () => now });
+  await reset(p2!.seq + 1);
+  t.equal(await other.hasPending('u-b'), false, 'the floor read past both');
+  // The same consumer answers a lower floor: what a consumer leader deposed around a heal, or
+  // elected and not caught up, answered once (start-upload 409 after status said finished).
+  await reset(p1!.seq);
+  now += 1001;
+  t.equal((await h.jsm.consumers.info(stream, 'uploader')).ack_floor.stream_seq, p1!.seq - 1, 'the consumer now answers a floor below both');
+  t.equal(await other.hasPending('u-b'), false, 'a decision: still not pending');
+  t.equal(await other.hasPending('u-b', { forAnswer: true }), false, 'an answer: nor');
+  t.equal(await other.sweep(), 0, 'the sweep removes nothing the consumer does not say is acknowledged now');
+  t.equal(await (await openQueue(t, h, queueOpts(stream))).hasPending('u-b'), true, 'a process that never read the higher floor counts both');
+});
+
 t.test('NatsBatchQueue: a decision that reads an ack floor below the acks ("consumer not found": 0) counts acknowledged packages, unless `stored` says they are stored', async (t) => {
   const h = await connection(t);
   const stream = unique('LOWFLOOR');

@@ -114,6 +114,14 @@ export class NatsBatchQueue implements BatchQueue {
   #floor: { at: number; seq: Promise<number> } | null = null;
   /** The ack floor as last read; null before the first read. */
   #knownFloor: number | null = null;
+  /**
+   * The highest ack floor read from the consumer as it is (its `created`; forgotten when a read
+   * finds none). A consumer's floor never goes back, but a read of it can: around a partition's
+   * heal a consumer leader deposed, or elected and not yet caught up, answered a lower one (once
+   * a start-upload 409 after status had said finished). Pending is judged by this one; the
+   * sweep, which deletes, by the floor as read.
+   */
+  #highestFloor: { created: string; seq: number } | null = null;
   /** `hasPending` for an answer, as last found per session (the most recent `REMEMBERED_ANSWERS`). */
   readonly #lastPending = new LastRead<boolean>(REMEMBERED_ANSWERS);
   /** Removes acked commits in bulk; null on a work-queue stream, where each ack removes its commit. */
@@ -264,11 +272,10 @@ export class NatsBatchQueue implements BatchQueue {
   async #hasPending(uploadUuid: string, stored?: (packageId: string) => Promise<boolean>): Promise<boolean> {
     const filter = this.#subjects.sessionCommits(uploadUuid);
     const get = (seq: number) => this.#messages.get({ seq, next_by_subj: filter });
-    for (let sm = await get((await this.#ackFloor()) + 1); sm; sm = await get(sm.seq + 1)) {
+    for (let sm = await get(this.#highest(await this.#ackFloor()) + 1); sm; sm = await get(sm.seq + 1)) {
       if (this.#remover?.has(sm.seq)) continue;
-      // A floor read fresh can still be older than acks seen before: around a partition's heal a
-      // deposed consumer leader can answer with its own (once a start-upload 409 after status
-      // had said finished), and "consumer not found" reads as 0. The ledger's marker settles it.
+      // The floor read can still be below the acks ("consumer not found" reads as 0; a lower
+      // one from a process that never read the higher): the ledger's marker settles it.
       if (!stored || !(await stored(this.#subjects.packageIdOf(sm.subject)))) return true;
     }
     return false;
@@ -278,7 +285,7 @@ export class NatsBatchQueue implements BatchQueue {
   async #answerPending(uploadUuid: string): Promise<boolean> {
     const filter = this.#subjects.sessionCommits(uploadUuid);
     const get = (seq: number) => this.#messages.getForAnswer({ seq, next_by_subj: filter });
-    for (let sm = await get((await this.#lastFloor()) + 1); sm; sm = await get(sm.seq + 1)) {
+    for (let sm = await get(this.#highest(await this.#lastFloor()) + 1); sm; sm = await get(sm.seq + 1)) {
       if (!this.#remover?.has(sm.seq)) return true;
     }
     return false;
@@ -315,15 +322,26 @@ export class NatsBatchQueue implements BatchQueue {
   #readFloor(retryMs: number): Promise<number> {
     const at = this.#clock();
     const seq = withRetry(this.#ctx, retryMs, () => this.#ctx.jsm.consumers.info(this.#stream, this.#durable)).then(
-      (info) => (this.#knownFloor = info.ack_floor.stream_seq),
+      (info) => {
+        const read = info.ack_floor.stream_seq;
+        const high = this.#highestFloor;
+        if (!high || high.created !== info.created || high.seq < read) this.#highestFloor = { created: info.created, seq: read };
+        return (this.#knownFloor = read);
+      },
       (err: unknown) => {
         if (this.#floor?.seq === seq) this.#floor = null;
-        if (jsErrorCode(err) === JS_CONSUMER_NOT_FOUND) return 0;
-        throw err;
+        if (jsErrorCode(err) !== JS_CONSUMER_NOT_FOUND) throw err;
+        this.#highestFloor = null;
+        return 0;
       },
     );
     this.#floor = { at, seq };
     return seq;
+  }
+
+  /** `read`, or the highest floor read from the same consumer if that is higher (see `#highestFloor`). */
+  #highest(read: number): number {
+    return Math.max(read, this.#highestFloor?.seq ?? 0);
   }
 
   /**
