@@ -6,7 +6,7 @@
  * stores only what the session recorded (see `packageFate` in state.ts). Both run on the
  * session store and the ledger alone: the uploader process has no session service.
  */
-import { activeKey, sessionKey } from '../store/keys.js';
+import { activeKey, cleanUpKey, sessionKey } from '../store/keys.js';
 import { isStoreConflict, type PackageLedger, type SessionStore } from '../store/ports.js';
 import {
   decideFold,
@@ -33,29 +33,32 @@ const MAX_CAS_ATTEMPTS = 32;
  * recording nor leased is looked up in the ledger again, read after the summary (an entry
  * leaves `recording` only once the ledger holds it, so a recorded package is never missed),
  * and dropped once a compare-and-set on the summary read has landed (`decideIngestFence`: on
- * NATS a deposed leader may have answered the read with a summary from before the lease).
+ * NATS a deposed leader may have answered the read with a summary from before the lease). A
+ * session that reads as absent is judged by `absentSession`. `delivery`: the package's
+ * delivery attempt, from 1.
  */
 export async function packageVerdict(
   sessions: SessionStore,
   ledger: PackageLedger,
   uploadUuid: string,
   packageId: string,
-  now: () => number = Date.now,
+  { delivery = 1, now = Date.now }: { delivery?: number; now?: () => number } = {},
 ): Promise<'store' | 'drop' | 'wait'> {
   if (await ledger.get(uploadUuid, packageId)) return 'store';
   for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
     const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
-    const record = stored ? { value: fromStored(stored.value), revision: stored.revision } : null;
-    const fate = packageFate(record?.value ?? null, packageId, now());
+    if (!stored) return (await absentSession(sessions, uploadUuid, delivery)) === 'gone' ? 'drop' : 'wait';
+    const record = { value: fromStored(stored.value), revision: stored.revision };
+    const fate = packageFate(record.value, packageId, now());
     if (fate === 'ledger') {
       if (await ledger.get(uploadUuid, packageId)) return 'store';
       // Dropped only once a write proves the summary read is the stored one (`decideIngestFence`).
-      if (await casOnce(sessions, uploadUuid, record!, decideIngestFence(record!.value, [packageId], now()))) continue;
+      if (await casOnce(sessions, uploadUuid, record, decideIngestFence(record.value, [packageId], now()))) continue;
       return 'drop';
     }
     if (fate !== 'revoke') return fate;
     // Revoked or lost to another writer: judge the summary again either way.
-    await casOnce(sessions, uploadUuid, record!, decideIngestRelease(record!.value, [packageId], now()));
+    await casOnce(sessions, uploadUuid, record, decideIngestRelease(record.value, [packageId], now()));
   }
   return 'wait';
 }
@@ -63,11 +66,33 @@ export async function packageVerdict(
 /**
  * Whether the session is still there and not deleted, read from the leader: asked after a
  * package's put, since a delete's clean-up may have listed the session's objects before that
- * one was there.
+ * one was there. A session that reads as absent is judged by `absentSession`.
  */
-export async function sessionLive(sessions: SessionStore, uploadUuid: string): Promise<boolean> {
+export async function sessionLive(sessions: SessionStore, uploadUuid: string, delivery = 1): Promise<'live' | 'gone' | 'unsure'> {
   const stored = await sessions.get<SessionRecord>(sessionKey(uploadUuid));
-  return stored !== null && !stored.value.deleted;
+  if (!stored) return absentSession(sessions, uploadUuid, delivery);
+  return stored.value.deleted ? 'gone' : 'live';
+}
+
+/**
+ * Deliveries of a package whose session reads as absent, with no clean-up recorded, after
+ * which the session is taken as gone: redelivery waits 1 s (by default), doubling up to 30 s,
+ * so about a minute and a half.
+ */
+export const UNSURE_DELIVERIES = 7;
+
+/**
+ * A queued package's session read as absent: `gone` when its delete's clean-up is recorded
+ * (from before the delete's 200 until its late pass, `LATE_PASS_MS`, long after the summary
+ * went) or after `UNSURE_DELIVERIES`, else `unsure`: judge again at the next delivery. Its
+ * summary was there when the package was committed (its lease), so absent with no clean-up
+ * is a read not to trust: on NATS a deposed leader answers reads for a moment after a
+ * partition heals, and a session created during the cut is absent there (a package dropped
+ * or an object deleted on that read would be a 200 never stored).
+ */
+async function absentSession(sessions: SessionStore, uploadUuid: string, delivery: number): Promise<'gone' | 'unsure'> {
+  if (delivery > UNSURE_DELIVERIES || (await sessions.get(cleanUpKey(uploadUuid)))) return 'gone';
+  return 'unsure';
 }
 
 /**

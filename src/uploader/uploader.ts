@@ -31,14 +31,14 @@ export interface UploaderOptions {
    * unstored (its session was deleted, or its gateway died before recording it, so no client
    * got a 200 for it); or `wait`: its ingest may still record it. Unset: store everything.
    */
-  verdict?: (pkg: PackageMeta) => Promise<'store' | 'drop' | 'wait'>;
+  verdict?: (pkg: PackageMeta, delivery: number) => Promise<'store' | 'drop' | 'wait'>;
   /**
    * After the put, before the count: whether the package's session is still there (see
    * `sessionLive`). A delete meanwhile may have had its clean-up list the session's objects
-   * before this one was there: false, and the object is deleted again and the package acked
-   * unstored. Unset: always.
+   * before this one was there: `gone`, and the object is deleted again and the package acked
+   * unstored; `unsure`: delivered again later, the object kept. Unset: always `live`.
    */
-  live?: (pkg: PackageMeta) => Promise<boolean>;
+  live?: (pkg: PackageMeta, delivery: number) => Promise<'live' | 'gone' | 'unsure'>;
   observer?: UploaderObserver;
   /**
    * Counts a stored package in its session (session/stored-counts.ts), after the put and
@@ -84,8 +84,8 @@ export async function runUploader(
     objects: engines.objects,
     prefix: config.storage.objectPrefix,
     concurrency: config.storage.uploaderConcurrency,
-    verdict: (meta) => packageVerdict(engines.sessions, engines.ledger, meta.upload_uuid, meta.package_id),
-    live: (meta) => sessionLive(engines.sessions, meta.upload_uuid),
+    verdict: (meta, delivery) => packageVerdict(engines.sessions, engines.ledger, meta.upload_uuid, meta.package_id, { delivery }),
+    live: (meta, delivery) => sessionLive(engines.sessions, meta.upload_uuid, delivery),
     counted: (meta) => stored.count(meta),
     onError: (err, pkg) => log.error('upload failed; will retry', { err, package_id: pkg.package_id, upload_uuid: pkg.upload_uuid }),
     ...(observer ? { observer } : {}),
@@ -116,11 +116,11 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
     const key = objectKey(prefix, pkg.meta);
     try {
       if (verdict) {
-        decided = await verdict(pkg.meta);
+        decided = await verdict(pkg.meta, pkg.attempt);
         for (const ms of RECORD_WAITS_MS) {
           if (decided !== 'wait') break;
           await sleep(ms);
-          decided = await verdict(pkg.meta);
+          decided = await verdict(pkg.meta, pkg.attempt);
         }
       }
       if (decided === 'store') {
@@ -128,11 +128,11 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
         await objects.put(key, objectBody(pkg, objects.capabilities.consumesChunksInTurn));
         put = true;
         const durationMs = performance.now() - started;
-        if (live && !(await live(pkg.meta))) decided = 'drop';
-        else {
+        const session = live ? await live(pkg.meta, pkg.attempt) : 'live';
+        if (session === 'live') {
           await counted?.(pkg.meta);
           observer?.stored(durationMs);
-        }
+        } else decided = session === 'gone' ? 'drop' : 'wait';
       }
       if (decided === 'drop') await abandon();
     } catch (err) {
@@ -157,7 +157,7 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
      * package is then acked unstored, not failed.
      */
     async function deletedMeanwhile(): Promise<boolean> {
-      if (!live || (await live(pkg.meta).catch(() => true))) return false;
+      if (!live || (await live(pkg.meta, pkg.attempt).catch(() => 'live')) !== 'gone') return false;
       return abandon().then(
         () => true,
         () => false,

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import type { Connector } from '../../src/connector/types.js';
-import { packageVerdict } from '../../src/session/recovery.js';
+import { packageVerdict, sessionLive, UNSURE_DELIVERIES } from '../../src/session/recovery.js';
 import { SessionService } from '../../src/session/service.js';
 import { packageCount, type SessionRecord } from '../../src/session/state.js';
 import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
@@ -29,22 +29,28 @@ const noConnector: Connector = {
  * A session store that counts the summary writes it is asked for; `failNext` makes the next
  * summary write fail as a NATS timeout does, after it landed or before, or (`landed-conflict`)
  * land and then answer as a lost compare-and-set; `staleNext` answers the next summary read
- * (as a deposed NATS leader does for a moment after a partition heals); `stall` holds summary
+ * (as a deposed NATS leader does for a moment after a partition heals), `absentNext` as
+ * absent (such a leader, for a session created during the cut); `stall` holds summary
  * writes until it resolves; `landed` resolves once the next summary write has.
  */
 type Failure = 'landed' | 'lost' | 'landed-conflict';
 function counting(
   store: SessionStore,
-): SessionStore & { updates: number; failNext: Failure | null; staleNext: Versioned<unknown> | null; stall: Promise<void> | null; landed: () => Promise<void> } {
+): SessionStore & { updates: number; failNext: Failure | null; staleNext: Versioned<unknown> | null; absentNext: boolean; stall: Promise<void> | null; landed: () => Promise<void> } {
   const onLanded: (() => void)[] = [];
   const counted = {
     updates: 0,
     failNext: null as Failure | null,
     staleNext: null as Versioned<unknown> | null,
+    absentNext: false,
     stall: null as Promise<void> | null,
     landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
     capabilities: store.capabilities,
     get: async <T>(key: string): Promise<Versioned<T> | null> => {
+      if (key.startsWith('session.') && counted.absentNext) {
+        counted.absentNext = false;
+        return null;
+      }
       const stale = key.startsWith('session.') ? counted.staleNext : null;
       if (stale) counted.staleNext = null;
       return (stale as Versioned<T> | null) ?? store.get<T>(key);
@@ -226,6 +232,34 @@ t.test("the uploader's verdict on a package it reads as neither recording nor le
   t.equal(sessions.staleNext, null, 'the verdict read the stale summary');
   await s.releaseIngest(client, uuid, id);
   t.equal(await packageVerdict(sessions, ledger, uuid, id), 'drop', 'released: dropped');
+});
+
+t.test("the uploader on a session that reads as absent: wait, and keep the object put, unless its delete's clean-up is recorded or the package came back UNSURE_DELIVERIES times", async (t) => {
+  const { sessions, ledger, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  // Its ledger entry not written yet: the verdict reads the summary.
+  const unwritten = overriding(ledger, { get: async () => null });
+  sessions.absentNext = true;
+  t.equal(await packageVerdict(sessions, unwritten, uuid, id), 'wait', 'a session created during a cut, read on a deposed leader: not dropped');
+  t.equal(sessions.absentNext, false, 'the verdict read it absent');
+  t.equal(await packageVerdict(sessions, unwritten, uuid, id), 'store', 'read again: recorded');
+  sessions.absentNext = true;
+  t.equal(await sessionLive(sessions, uuid), 'unsure', 'after the put: the object is not deleted on that read');
+  t.equal(await sessionLive(sessions, uuid), 'live');
+  sessions.absentNext = true;
+  t.equal(await packageVerdict(sessions, unwritten, uuid, id, { delivery: UNSURE_DELIVERIES + 1 }), 'drop', 'absent that many deliveries on: gone');
+  sessions.absentNext = true;
+  t.equal(await sessionLive(sessions, uuid, UNSURE_DELIVERIES + 1), 'gone');
+
+  await s.delete(client, uuid);
+  t.equal(await sessionLive(sessions, uuid), 'gone', 'deleted: gone');
+  await s.cleanUpsIdle();
+  t.equal(await sessions.get(sessionKey(uuid)), null, 'the clean-up removed the summary');
+  t.equal(await packageVerdict(sessions, ledger, uuid, 'another'), 'drop', 'absent with its clean-up recorded: dropped at the first delivery');
+  t.equal(await sessionLive(sessions, uuid), 'gone');
 });
 
 t.test('a record write of unknown outcome still unsettled at the deadline: 503 then, while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {

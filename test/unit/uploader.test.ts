@@ -248,3 +248,30 @@ t.test('a session deleted after its package was taken, before its batches are re
   t.equal(await queue.pending(uuid), 0, 'nothing of the session is left in the queue');
   t.same(await objects.list(sessionObjectPrefix('up', client.id, uuid)), [], 'and no object');
 });
+
+t.test('a session read as absent after the put, with no clean-up recorded (a deposed NATS leader around a heal): the object stays and the package is delivered again, then counted; nothing logged as a failure', async (t) => {
+  const { sessions, ledger, queue, objects, client, uuid } = await recordedPackage(t, 'uploader-absent-');
+  let absent = 0;
+  const reads: string[] = [];
+  const stale: typeof sessions = Object.assign(Object.create(sessions) as typeof sessions, {
+    get: async <T>(key: string) => {
+      reads.push(key);
+      // The first read of the summary (the check after the put) answers absent.
+      if (key === `session.${uuid}` && absent++ === 0) return null;
+      return sessions.get<T>(key);
+    },
+  });
+  const puts: string[] = [];
+  const counting: ObjectStore = Object.assign(Object.create(objects) as ObjectStore, {
+    put: async (key: string, body: AsyncIterable<Uint8Array>) => (puts.push(key), objects.put(key, body)),
+  });
+  const errors: string[] = [];
+  const log = { ...silentLogger, error: (msg: string) => void errors.push(msg) };
+  const { settled } = await uploading(t, { sessions: stale, ledger, queue, objects: counting }, log);
+  t.equal(await settled, 'stored', 'stored, not abandoned');
+  t.equal(puts.length, 2, 'put, judged unsure, delivered again and put again');
+  t.ok(reads.includes(`cleanup.${uuid}`), 'the absent read looked for a clean-up record');
+  t.equal((await objects.list(sessionObjectPrefix('up', client.id, uuid))).length, 1, 'the object is there');
+  t.equal((await ledger.storedCounts!(uuid)).get('stock'), 1, 'counted once');
+  t.same(errors, [], 'no failure logged');
+});
