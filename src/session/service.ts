@@ -431,8 +431,9 @@ export class SessionService {
     // A start ends every spare lease (`decideStart`): none is handed out meanwhile.
     this.leases.dropSpares(uploadUuid);
     const leaseMs = this.deps.inFlightLeaseMs;
+    const startId = randomUUID();
     const started = await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
-      decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now(), leaseMs }),
+      decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now(), leaseMs, startId }),
     );
     const startedAt = started.workflow!.started_at;
     // Held while this process works on it, as an ingest's lease: if it dies, the start lapses back to UPLOADING.

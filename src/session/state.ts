@@ -83,6 +83,8 @@ export interface SessionRecord {
      * Absent in summaries of earlier versions: taken.
      */
     starting_until?: number;
+    /** The start-upload call that wrote it (`StartInput.startId`). Absent in summaries of earlier versions. */
+    start_id?: string;
   };
   last_workflow?: WorkflowOutcome;
   /**
@@ -412,10 +414,17 @@ export interface StartInput {
   /** Batches of the session not yet durably in object storage. */
   pendingBatches: number;
   now: number;
+  /**
+   * Random, one per start-upload call: a write of this start that landed but was answered as a
+   * lost compare-and-set is decided again on its own summary, which is told apart from another
+   * start's by this (started, not 409).
+   */
+  startId: string;
 }
 
 /** start-upload, in the check order of docs/api.md. On success the session is STARTED before the Connector is called. */
 export function decideStart(r: SessionRecord, input: StartInput): Decision {
+  if (r.status === 'STARTED' && r.workflow?.start_id === input.startId) return ok(r);
   const bad = requireUploading(r);
   if (bad) return fail(bad);
   if ('issues' in input.dates) return fail(errors.validationFailed(input.dates.issues));
@@ -429,7 +438,7 @@ export function decideStart(r: SessionRecord, input: StartInput): Decision {
       // Dead instances' leases and spare ones can never be recorded any more (recording needs UPLOADING).
       in_flight: {},
       spare_leases: undefined,
-      workflow: { date_from, date_to, started_at: new Date(input.now).toISOString(), starting_until: input.now + input.leaseMs },
+      workflow: { date_from, date_to, started_at: new Date(input.now).toISOString(), starting_until: input.now + input.leaseMs, start_id: input.startId },
     }),
   );
 }

@@ -325,6 +325,22 @@ t.test('start-upload: a committed package not yet acked is pending (409) until i
   await t.resolves(s.start(client, uuid, dates), 'stored: not pending, the start goes');
 });
 
+t.test('a start-upload write that lands but is answered as a lost compare-and-set is decided again on its own summary: started, the Connector called once', async (t) => {
+  const { sessions, service } = await rig(t);
+  let calls = 0;
+  const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await s.flushLedger();
+  sessions.failNext = 'landed-conflict';
+  t.same(await s.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' }), { workflow: 'w1' }, "the Connector's answer (409 before)");
+  t.equal(calls, 1);
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(after.status, 'STARTED');
+  t.equal(after.workflow?.starting_until, undefined, 'taken: not held by a gateway that will never renew it');
+});
+
 t.test("a start whose gateway died during the Connector's call lapses back to UPLOADING after its hold; the Connector's answer after that is a 503 (injected clock)", async (t) => {
   const { sessions, service } = await rig(t);
   let now = Date.UTC(2026, 0, 10);

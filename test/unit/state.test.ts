@@ -133,7 +133,7 @@ t.test('spare leases: granted with a record, recorded like a lease, invisible to
   const p2 = decideIngestRecord(d.next, { id: 'p2', ...entry('products') }, NOW);
   if (!t.ok(p2.ok) || !p2.ok) return;
   t.equal(statusView(p2.next, 0, NOW).upload_tasks_finished, true, 'an unused spare lease holds nothing: upload tasks finished');
-  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000 });
+  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000, startId: 's' });
   t.ok(started.ok && !('spare_leases' in started.next), 'start-upload is not held back by a spare lease, and ends it');
   // Taken by an ingest, the spare lease is recorded like any lease; renewed and released alike.
   const renewed = decideIngestRenew(p2.next, ['s1'], NOW + 50, 1000);
@@ -215,7 +215,7 @@ t.test('a record of an older version (every package listed) reads as recording e
 });
 
 t.test('start-upload check order', async (t) => {
-  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000 };
+  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000, startId: 'start-1' };
   for (const s of ['STARTED', 'DONE'] as const) {
     const d = decideStart(session(s), { ...base, dates: { issues: [] } });
     t.ok(!d.ok && d.error.code === 'INVALID_SESSION_STATUS', `${s}: state first`);
@@ -235,7 +235,11 @@ t.test('start-upload check order', async (t) => {
   t.ok(d.ok, 'an expired lease (dead instance) does not block');
   if (d.ok) {
     t.equal(d.next.status, 'STARTED');
-    t.same({ ...d.next.workflow, started_at: undefined }, { ...dates, started_at: undefined, starting_until: NOW + 1000 }, 'held by its gateway for the lease');
+    t.same({ ...d.next.workflow, started_at: undefined }, { ...dates, started_at: undefined, starting_until: NOW + 1000, start_id: 'start-1' }, 'held by its gateway for the lease');
+    const again = decideStart(d.next, { ...base, now: NOW + 5 });
+    t.ok(again.ok && again.next === d.next, 'decided again on its own write (landed, answered as a lost compare-and-set): started, nothing to write');
+    const other = decideStart(d.next, { ...base, startId: 'start-2' });
+    t.ok(!other.ok && other.error.code === 'INVALID_SESSION_STATUS', "another start's: 409");
   }
 });
 
@@ -248,7 +252,7 @@ t.test('a failed start rolls back only its own start', async (t) => {
 });
 
 t.test("a start held by its gateway: renewed, taken once the Connector took it, lapsed back to UPLOADING if its gateway died", async (t) => {
-  const d = decideStart(session('UPLOADING'), { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000 });
+  const d = decideStart(session('UPLOADING'), { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000, startId: 's' });
   if (!d.ok) return t.fail('started');
   const r = d.next;
   const at = r.workflow!.started_at;
