@@ -179,7 +179,7 @@ export class SessionService {
       this.rememberActive(client.id, uploadUuid);
       return { upload_uuid: uploadUuid, ...(decision.previous ? { previous_upload_uuid: decision.previous } : {}) };
     }
-    throw errors.internal(new Error('initialize-session: too much contention'));
+    throw errors.storageUnavailable(new Error('initialize-session: too much contention'));
   }
 
   /** The session-access checks of path-bound endpoints: 400 no active session, 403 another uuid. */
@@ -575,7 +575,7 @@ export class SessionService {
         if (!isStoreConflict(err)) throw err;
       }
     }
-    throw errors.internal(new Error('webhook: too much contention'));
+    throw errors.storageUnavailable(new Error('webhook: too much contention'));
   }
 
   /** Waits until every ledger write this process has queued so far is done (tests, shutdown). */

@@ -88,7 +88,7 @@ async function rig(t: Test) {
     await objects.close();
     await sessions.close();
   });
-  const service = (clock?: () => number, over: { queue?: BatchQueue; ledger?: PackageLedger; resolveRecordMs?: number; connector?: Connector } = {}) =>
+  const service = (clock?: () => number, over: { sessions?: SessionStore; queue?: BatchQueue; ledger?: PackageLedger; resolveRecordMs?: number; connector?: Connector } = {}) =>
     new SessionService({ sessions, ledger, queue, objects, connector: noConnector, objectPrefix: 'up', inFlightLeaseMs: 60_000, callbackUrl: 'http://x/cb', ...(clock ? { clock } : {}), ...over });
   return { sessions, ledger, queue, service };
 }
@@ -465,6 +465,24 @@ function overriding<T extends object>(target: T, over: Partial<T>): T {
     get: (o, k) => (k in over ? over[k as keyof T] : typeof o[k as keyof T] === 'function' ? (o[k as keyof T] as (...a: unknown[]) => unknown).bind(o) : o[k as keyof T]),
   });
 }
+
+t.test('initialize-session and the webhook that lose every compare-and-set: 503 after their tries, not 500', async (t) => {
+  const { sessions, service } = await rig(t);
+  const { upload_uuid: uuid } = await service().initialize({ id: 'other', minDate: '2020-01-01' });
+  // Another call of the client wins the pointer every time (a new session's own key never conflicts).
+  const contended = overriding(sessions, {
+    create: async <T>(key: string, value: T) => {
+      if (key.startsWith('session.')) return sessions.create(key, value);
+      throw new StoreConflictError(key);
+    },
+    update: async (key: string) => {
+      throw new StoreConflictError(key);
+    },
+  });
+  const s = service(undefined, { sessions: contended });
+  await t.rejects(s.initialize(client), { statusCode: 503, message: 'Storage temporarily unavailable' });
+  await t.rejects(s.applyWebhook(uuid, { is_terminated: false, status: 'succeeded', replay: { id: 'signed-1', until: Date.now() + 60_000 } }), { statusCode: 503, message: 'Storage temporarily unavailable' });
+});
 
 t.test('status: with nothing pending, the stored counts are read after the queue answered (they read at once while anything is)', async (t) => {
   const { ledger, queue, service } = await rig(t);
