@@ -332,12 +332,12 @@ export function decideFold(r: SessionRecord, packageIds: Iterable<string>, now: 
  * - `ledger`: the summary neither records it nor holds a lease for it: it was recorded and
  *   folded (then the ledger, read after this summary, holds it: store) or it can never be
  *   recorded (drop);
- * - `drop`: the session is gone.
+ * - `drop`: the session is deleted (one that reads as absent: recovery.ts `absentSession`).
  */
 export type PackageFate = 'store' | 'drop' | 'wait' | 'revoke' | 'ledger';
 
-export function packageFate(r: SessionRecord | null, packageId: string, now: number): PackageFate {
-  if (r === null || r.deleted) return 'drop';
+export function packageFate(r: SessionRecord, packageId: string, now: number): PackageFate {
+  if (r.deleted) return 'drop';
   if (packageId in r.recording) return 'store';
   const lease = leaseOf(r, packageId);
   if (lease === undefined) return 'ledger';

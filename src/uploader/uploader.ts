@@ -141,7 +141,8 @@ function consumeOne(opts: UploaderOptions): QueueConsumer {
       onError?.(err, pkg.meta);
       throw err;
     }
-    // Not an error: the ingest is still under way (or its gateway died and its lease has yet to expire).
+    // Not an error: the ingest is still under way (or its gateway died and its lease has yet to
+    // expire), or its session read as absent with no delete recorded (`sessionLive`: unsure).
     if (decided === 'wait') throw new PackageNotRecorded(pkg.meta.package_id);
     // 'drop': acked unstored.
 

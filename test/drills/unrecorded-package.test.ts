@@ -68,7 +68,6 @@ t.test('the decisions: the uploader stores only what the session records; record
   t.equal(packageFate(base, 'expired', now), 'revoke', 'revoked before it is dropped');
   t.equal(packageFate(base, 'gone', now), 'ledger', 'no lease, not recording: folded (in the ledger) or never recorded');
   t.equal(packageFate({ ...base, deleted: true }, 'kept', now), 'drop', 'a deleted session stores nothing');
-  t.equal(packageFate(null, 'kept', now), 'drop');
   t.ok(decideIngestRecord(base, { id: 'live', ...pkg }, now).ok, 'a live lease records');
   for (const id of ['expired', 'gone']) {
     const d = decideIngestRecord(base, { id, ...pkg }, now);

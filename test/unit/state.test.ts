@@ -190,7 +190,6 @@ t.test('package fate: recording stores, a live lease waits, an expired one is re
   t.equal(packageFate(r, 'live', NOW), 'wait');
   t.equal(packageFate(r, 'dead', NOW), 'revoke');
   t.equal(packageFate(r, 'other', NOW), 'ledger');
-  t.equal(packageFate(null, 'rec', NOW), 'drop');
   t.equal(packageFate({ ...r, deleted: true }, 'rec', NOW), 'drop');
 });
 

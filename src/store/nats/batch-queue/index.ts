@@ -117,9 +117,9 @@ export class NatsBatchQueue implements BatchQueue {
   /**
    * The highest ack floor read from the consumer as it is (its `created`; forgotten when a read
    * finds none). A consumer's floor never goes back, but a read of it can: around a partition's
-   * heal a consumer leader deposed, or elected and not yet caught up, answered a lower one (once
-   * a start-upload 409 after status had said finished). Pending is judged by this one; the
-   * sweep, which deletes, by the floor as read.
+   * heal a consumer leader deposed, or elected and not yet caught up, may answer a lower one
+   * (the likeliest cause of a start-upload 409 seen once after status had said finished).
+   * Pending is judged by this one; the sweep, which deletes, by the floor as read.
    */
   #highestFloor: { created: string; seq: number } | null = null;
   /** `hasPending` for an answer, as last found per session (the most recent `REMEMBERED_ANSWERS`). */
