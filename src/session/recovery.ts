@@ -31,9 +31,9 @@ const MAX_CAS_ATTEMPTS = 32;
  * lease still in it is revoked with a compare-and-set before the package is dropped, so that
  * a gateway whose clock runs behind cannot record the package afterwards; a package neither
  * recording nor leased is looked up in the ledger again, read after the summary (an entry
- * leaves `recording` only once the ledger holds it, so a recorded package is never missed),
- * and dropped once a compare-and-set on the summary read has landed (`decideIngestFence`: on
- * NATS a deposed leader may have answered the read with a summary from before the lease). A
+ * leaves `recording` only once the ledger holds it, so a recorded package is never missed)
+ * and confirmed (`getConfirmed`), and dropped once a compare-and-set on the summary read has
+ * landed (`decideIngestFence`: on NATS a deposed leader may have answered either read). A
  * session that reads as absent is judged by `absentSession`. `delivery`: the package's
  * delivery attempt, from 1.
  */
@@ -51,7 +51,8 @@ export async function packageVerdict(
     const record = { value: fromStored(stored.value), revision: stored.revision };
     const fate = packageFate(record.value, packageId, now());
     if (fate === 'ledger') {
-      if (await ledger.get(uploadUuid, packageId)) return 'store';
+      // Absence concluded from a read that cannot be stale (a deposed leader's) before the drop.
+      if (await ledger.getConfirmed(uploadUuid, packageId)) return 'store';
       // Dropped only once a write proves the summary read is the stored one (`decideIngestFence`).
       if (await casOnce(sessions, uploadUuid, record, decideIngestFence(record.value, [packageId], now()))) continue;
       return 'drop';

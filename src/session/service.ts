@@ -395,9 +395,9 @@ export class SessionService {
       return recorded ? { ok: true, next: r } : decideIngestFence(r, packageIds, this.now());
     });
     if (recorded) return recorded;
-    // Neither recording nor leased in the summary just written: folded (the ledger holds it) or never recorded.
+    // Neither recording nor leased in the summary just written: folded (the ledger holds it, read confirmed) or never recorded.
     for (const id of packageIds) {
-      const entry = await this.deps.ledger.get(uploadUuid, id);
+      const entry = await this.deps.ledger.getConfirmed(uploadUuid, id);
       if (entry) return fromLedger(entry);
     }
     return null;

@@ -155,6 +155,14 @@ export interface PackageLedger {
   append(uploadUuid: string, entries: readonly LedgerEntry[]): Promise<void>;
   /** The entry of one package, or null. Sees every entry whose `append` resolved. */
   get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null>;
+  /**
+   * As `get`, for a conclusion drawn from absence (a package dropped, a keyed retry ingested
+   * anew): null only once a compare-and-set on the entry's key showed that nothing was written
+   * there since the read (where it can be stale: on NATS a deposed leader may answer a read
+   * without an entry written during a partition). May leave a deletion marker, which `get` and
+   * `list` skip.
+   */
+  getConfirmed(uploadUuid: string, packageId: string): Promise<LedgerEntry | null>;
   /** Every entry of the session, each package once, in no particular order. */
   list(uploadUuid: string): AsyncIterable<LedgerEntry>;
   /**

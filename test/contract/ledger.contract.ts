@@ -59,6 +59,19 @@ export function ledgerContract(t: Test, name: string, factory: LedgerFactory): v
     t.same(await all(ledger.list(U2)), [entry('p-9')]);
   });
 
+  t.test(`${name}: getConfirmed: the entry, or null; what it leaves behind is never listed, and an append afterwards stands`, async (t) => {
+    const { ledger, reopen } = await setup(t);
+    await ledger.append(U1, [entry('p-1', 3)]);
+    t.same(await ledger.getConfirmed(U1, 'p-1'), entry('p-1', 3));
+    t.equal(await ledger.getConfirmed(U1, 'p-2'), null, 'never written');
+    t.equal(await ledger.getConfirmed(U1, 'p-2'), null, 'and again');
+    t.equal(await ledger.get(U1, 'p-2'), null);
+    t.same(await all(ledger.list(U1)), [entry('p-1', 3)], 'listed: the entry only');
+    await ledger.append(U1, [entry('p-2', 5)]);
+    t.same(await (await reopen()).getConfirmed(U1, 'p-2'), entry('p-2', 5), 'written afterwards: read by any instance');
+    t.same(await all(ledger.list(U1)), [entry('p-1', 3), entry('p-2', 5)]);
+  });
+
   t.test(`${name}: appending an entry again changes nothing; each package is listed once`, async (t) => {
     const { ledger } = await setup(t);
     await ledger.append(U1, [entry('p-1'), entry('p-2')]);

@@ -660,6 +660,35 @@ t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the s
 });
 }
 
+t.test('NatsLedger: getConfirmed does not take a read without an entry for its absence (a deposed leader around a heal): the compare-and-set after it finds the entry', async (t) => {
+  const bucket = unique('ledger');
+  const h = await connection(t);
+  t.teardown(() => h.jsm.streams.delete(`KV_${bucket}`).catch(() => {}));
+  const U = '33333333-3333-4333-8333-333333333333';
+  // The ledger's reads go through a KV whose first read of p-1 answers as a leader that missed
+  // the entry would: nothing there.
+  let stale = 1;
+  const views = h.js.views;
+  const kv = views.kv.bind(views);
+  const staleViews = Object.assign(Object.create(views) as typeof views, {
+    kv: async (...args: Parameters<typeof kv>) => {
+      const opened = await kv(...args);
+      const get = opened.get.bind(opened);
+      return Object.assign(Object.create(opened) as typeof opened, {
+        get: async (key: string, opts?: Parameters<typeof get>[1]) => (key === `${U}.p-1` && stale-- > 0 ? null : get(key, opts)),
+      });
+    },
+  });
+  const js = Object.create(h.js, { views: { value: staleViews } }) as typeof h.js;
+  const ledger = await NatsLedger.open({ ...h, js } as NatsHandle, { bucket, replicas: 1 });
+  t.teardown(() => ledger.close());
+  const e = { package_id: 'p-1', entity: 'stock', rows: 1, bytes: 10, object_bytes: 130 };
+  await ledger.append(U, [e]);
+  t.same(await ledger.getConfirmed(U, 'p-1'), e, 'found on the read after the refused compare-and-set');
+  t.equal(stale, -1, 'read again after the refusal');
+  t.same(await ledger.get(U, 'p-1'), e, 'the entry is untouched');
+});
+
 t.test('NatsBatchQueue: a lower ack floor read later from the same consumer does not make acknowledged packages pending again; the sweep deletes by the floor as read', async (t) => {
   const h = await connection(t);
   const stream = unique('BACKFLOOR');

@@ -234,6 +234,18 @@ t.test("the uploader's verdict on a package it reads as neither recording nor le
   t.equal(await packageVerdict(sessions, ledger, uuid, id), 'drop', 'released: dropped');
 });
 
+t.test("the uploader's verdict on a folded package whose ledger reads miss its entry (a deposed leader's): store, by the confirmed read, not drop", async (t) => {
+  const { ledger, sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await s.flushLedger();
+  t.same((await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.recording, {}, 'folded: the summary no longer names it');
+  const stale = overriding(ledger, { get: async () => null });
+  t.equal(await packageVerdict(sessions, stale, uuid, id), 'store');
+});
+
 t.test("the uploader on a session that reads as absent: wait, and keep the object put, unless its delete's clean-up is recorded or the package came back UNSURE_DELIVERIES times", async (t) => {
   const { sessions, ledger, service } = await rig(t);
   const s = service();

@@ -59,6 +59,11 @@ export class SqliteLedger implements PackageLedger {
     return row ? { ...row } : null;
   }
 
+  /** One process's own database: a read is never stale, so `get` is confirmed as it is. */
+  getConfirmed(uploadUuid: string, packageId: string): Promise<LedgerEntry | null> {
+    return this.get(uploadUuid, packageId);
+  }
+
   async *list(uploadUuid: string): AsyncIterable<LedgerEntry> {
     this.#check(uploadUuid);
     for (let after = ''; ; ) {
