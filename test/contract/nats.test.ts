@@ -127,6 +127,12 @@ async function openQueue(t: Test, h: NatsHandle, opts: NatsBatchQueueOptions): P
   return q;
 }
 
+/** Moves the `uploader` consumer's ack floor to `seq - 1` (CONSUMER.RESET, nats-server 2.14+): acknowledged up to there, nothing removed. */
+async function resetConsumer(t: Test, h: NatsHandle, stream: string, seq: number): Promise<void> {
+  const reply = await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq })), { timeout: 5000 });
+  t.notOk(reply.json<{ error?: unknown }>().error, 'consumer reset');
+}
+
 /** Takes `n` packages off the queue (bounded), reading their batches; acks each. */
 async function drain(t: Test, q: BatchQueue, n: number, timeoutMs = 20_000): Promise<{ meta: PackageMeta; attempt: number; data: Buffer }[]> {
   const got: { meta: PackageMeta; attempt: number; data: Buffer }[] = [];
@@ -641,8 +647,7 @@ t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the s
   // left. The consumer reset of nats-server 2.14+ moves the floor without removing anything.
   const commitOf = (uuid: string, id: string) => `${stream}.c.${Buffer.from('client-1').toString('hex')}.${uuid}.stores.${id}`;
   const p2 = await h.jsm.streams.getMessage(stream, { last_by_subj: commitOf('u-left', 'p2') });
-  const reset = await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p2.seq + 1 })), { timeout: 5000 });
-  t.notOk(reset.json<{ error?: unknown }>().error, 'consumer reset');
+  await resetConsumer(t, h, stream, p2.seq + 1);
   t.equal((await h.jsm.consumers.info(stream, 'uploader')).ack_floor.stream_seq, p2.seq, 'acknowledged up to p2');
   t.equal((await h.jsm.streams.info(stream)).state.messages, 5, 'every message still in the stream (p1: two batches and its commit)');
 
@@ -698,14 +703,13 @@ t.test('NatsBatchQueue: a lower ack floor read later from the same consumer does
   await commit(q, meta('u-b', 'p2'), [Buffer.from('["b"]\n')]);
   const commitOf = (id: string) => `${stream}.c.${Buffer.from('client-1').toString('hex')}.u-b.stores.${id}`;
   const [p1, p2] = await Promise.all(['p1', 'p2'].map((id) => h.jsm.streams.getMessage(stream, { last_by_subj: commitOf(id) })));
-  const reset = async (seq: number) => t.notOk((await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq })), { timeout: 5000 })).json<{ error?: unknown }>().error);
   let now = 0;
   const other = await openQueue(t, h, { ...queueOpts(stream), clock: () => now });
-  await reset(p2!.seq + 1);
+  await resetConsumer(t, h, stream, p2!.seq + 1);
   t.equal(await other.hasPending('u-b'), false, 'the floor read past both');
   // The same consumer answers a lower floor: what a consumer leader deposed around a heal, or
   // elected and not caught up, answered once (start-upload 409 after status said finished).
-  await reset(p1!.seq);
+  await resetConsumer(t, h, stream, p1!.seq);
   now += 1001;
   t.equal((await h.jsm.consumers.info(stream, 'uploader')).ack_floor.stream_seq, p1!.seq - 1, 'the consumer now answers a floor below both');
   t.equal(await other.hasPending('u-b'), false, 'a decision: still not pending');
@@ -725,7 +729,7 @@ t.test('NatsBatchQueue: a decision that reads an ack floor below the acks ("cons
   // answers "not found": what a start-upload met once around a partition's heal, when status
   // had just read the floor past both.
   const p2 = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.c.${Buffer.from('client-1').toString('hex')}.u-g.stores.p2` });
-  t.notOk((await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p2.seq + 1 })), { timeout: 5000 })).json<{ error?: unknown }>().error);
+  await resetConsumer(t, h, stream, p2.seq + 1);
   let now = 0;
   const other = await openQueue(t, h, { ...queueOpts(stream), clock: () => now });
   t.equal(await other.hasPending('u-g'), false, 'the floor read past both: not pending');
@@ -753,7 +757,7 @@ t.test('NatsBatchQueue: an answer serves the last ack floor read and never waits
 
   // The floor moves past p1 (acked by another process, still in the stream: nats-server 2.14+'s reset).
   const p1 = await h.jsm.streams.getMessage(stream, { last_by_subj: `${stream}.c.${Buffer.from('client-1').toString('hex')}.u-f.stores.p1` });
-  t.notOk((await h.nc.request(`$JS.API.CONSUMER.RESET.${stream}.uploader`, Buffer.from(JSON.stringify({ seq: p1.seq + 1 })), { timeout: 5000 })).json<{ error?: unknown }>().error);
+  await resetConsumer(t, h, stream, p1.seq + 1);
   t.equal(await q.hasPending('u-f', { forAnswer: true }), true, 'within the reuse time the floor read before serves');
 
   now += 1001; // the floor read is old now

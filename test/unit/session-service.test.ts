@@ -75,6 +75,15 @@ function counting(
   return counted;
 }
 
+/** A new session of `client` on `s` with one package recorded and its ledger entry written (folded). */
+async function recordedPackage(s: SessionService): Promise<{ uuid: string; id: string }> {
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
+  await s.flushLedger();
+  return { uuid, id };
+}
+
 async function rig(t: Test) {
   const dir = await mkdtemp(join(tmpdir(), 'session-service-'));
   t.teardown(() => rm(dir, { recursive: true, force: true }));
@@ -237,10 +246,7 @@ t.test("the uploader's verdict on a package it reads as neither recording nor le
 t.test("the uploader's verdict on a folded package whose ledger reads miss its entry (a deposed leader's): store, by the confirmed read, not drop", async (t) => {
   const { ledger, sessions, service } = await rig(t);
   const s = service();
-  const { upload_uuid: uuid } = await s.initialize(client);
-  const id = await s.beginIngest(client, uuid);
-  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
-  await s.flushLedger();
+  const { uuid, id } = await recordedPackage(s);
   t.same((await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.recording, {}, 'folded: the summary no longer names it');
   const stale = overriding(ledger, { get: async () => null });
   t.equal(await packageVerdict(sessions, stale, uuid, id), 'store');
@@ -307,10 +313,7 @@ t.test('a start that fails goes back to UPLOADING before its answer, also when s
       },
     },
   });
-  const { upload_uuid: uuid } = await s.initialize(client);
-  const id = await s.beginIngest(client, uuid);
-  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
-  await s.flushLedger();
+  const { uuid, id } = await recordedPackage(s);
   const err = await s.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' }).catch((e: unknown) => e);
   t.equal(err, down, "the start's own failure is the answer");
   const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
@@ -341,10 +344,7 @@ t.test('a start-upload write that lands but is answered as a lost compare-and-se
   const { sessions, service } = await rig(t);
   let calls = 0;
   const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
-  const { upload_uuid: uuid } = await s.initialize(client);
-  const id = await s.beginIngest(client, uuid);
-  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
-  await s.flushLedger();
+  const { uuid, id } = await recordedPackage(s);
   sessions.failNext = 'landed-conflict';
   t.same(await s.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' }), { workflow: 'w1' }, "the Connector's answer (409 before)");
   t.equal(calls, 1);
@@ -371,10 +371,7 @@ t.test("a start whose gateway died during the Connector's call lapses back to UP
     },
   });
   const other = service(clock);
-  const { upload_uuid: uuid } = await dying.initialize(client);
-  const id = await dying.beginIngest(client, uuid);
-  await dying.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
-  await dying.flushLedger();
+  const { uuid, id } = await recordedPackage(dying);
   const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
   const first = dying.start(client, uuid, dates).catch((e: unknown) => e);
   await inCall;
@@ -404,10 +401,7 @@ t.test('a start that lapsed is put back by whatever writes the session next, and
   const { sessions, service } = await rig(t);
   let now = Date.UTC(2026, 0, 10);
   const s = service(() => now);
-  const { upload_uuid: uuid } = await s.initialize(client);
-  const id = await s.beginIngest(client, uuid);
-  await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
-  await s.flushLedger();
+  const { uuid, id } = await recordedPackage(s);
   // A start as a gateway that died left it: STARTED, its hold running out.
   const stored = (await sessions.get<SessionRecord>(sessionKey(uuid)))!;
   const started = { ...stored.value, status: 'STARTED' as const, workflow: { date_from: '2024-01-01', date_to: '2024-12-31', started_at: new Date(now).toISOString(), starting_until: now + 1000 } };
@@ -499,10 +493,7 @@ t.test('initialize-session and the webhook that lose every compare-and-set: 503 
 t.test('status: with nothing pending, the stored counts are read after the queue answered (they read at once while anything is)', async (t) => {
   const { ledger, queue, service } = await rig(t);
   const setup = service();
-  const { upload_uuid: uuid } = await setup.initialize(client);
-  const id = await setup.beginIngest(client, uuid);
-  await setup.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 });
-  await setup.flushLedger();
+  const { uuid, id } = await recordedPackage(setup);
 
   // The uploader stores the package, counts it, then acks it, while status asks: a count read
   // that began before the count landed sees nothing, and the queue says not pending once it did.
