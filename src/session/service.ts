@@ -192,10 +192,14 @@ export class SessionService {
 
   /**
    * The active-session pointer check alone (one read): for ingest, whose lease decision
-   * checks the summary itself.
+   * checks the summary itself. A client error is concluded from a confirmed read only
+   * (`SessionStore.getConfirmed`): a stale read that names another session, or none, would
+   * answer a client whose session was created meanwhile with 403 or 400.
    */
   async requirePointer(client: ClientRef, uploadUuid: string): Promise<void> {
-    const pointer = await this.deps.sessions.get<ActivePointer>(activeKey(client.id));
+    const key = activeKey(client.id);
+    let pointer = await this.deps.sessions.get<ActivePointer>(key);
+    if (pointer?.value.upload_uuid !== uploadUuid) pointer = await this.deps.sessions.getConfirmed<ActivePointer>(key);
     this.rememberActive(client.id, pointer?.value.upload_uuid ?? null);
     if (!pointer) throw errors.sessionNotInitialized();
     if (pointer.value.upload_uuid !== uploadUuid) throw errors.invalidUploadUuid();

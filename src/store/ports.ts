@@ -94,6 +94,15 @@ export interface SessionStore {
    * it never goes back behind what this instance saw. Without it, `get` serves.
    */
   getRecent?<T>(key: string): Promise<Versioned<T> | null>;
+  /**
+   * As `get`, for a client error concluded from what the key holds (the active pointer: 400,
+   * 403): answers only once a compare-and-set on the key showed that nothing was written there
+   * since the read, where a read can be stale (on NATS a deposed leader may answer without a
+   * write made during a partition). There it writes the value read again (a new revision, the
+   * one returned) or, where the key holds none, a deletion marker: one durable write, so only
+   * on an error path and only on keys a client has few of.
+   */
+  getConfirmed<T>(key: string): Promise<Versioned<T> | null>;
   /** Writes only if the key holds no value (never written, or deleted). Throws STORE_CONFLICT otherwise. */
   create<T>(key: string, value: T): Promise<number>;
   /** Writes only if the key's current revision is `revision`. Throws STORE_CONFLICT otherwise. */

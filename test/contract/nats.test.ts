@@ -1,6 +1,6 @@
 import { crc32 } from 'node:zlib';
 import t, { type Test } from 'tap';
-import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type RequestOptions, type StreamConfig } from 'nats';
+import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KvEntry, type RequestOptions, type StreamConfig } from 'nats';
 import { connectNats, damagedReads, enableStreamFeatures, isWrongLastSequence, publishOnce, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
@@ -665,14 +665,11 @@ t.test(`NatsBatchQueue (${kind} stream): packages acknowledged but left in the s
 });
 }
 
-t.test('NatsLedger: getConfirmed does not take a read without an entry for its absence (a deposed leader around a heal): the compare-and-set after it finds the entry', async (t) => {
-  const bucket = unique('ledger');
-  const h = await connection(t);
-  t.teardown(() => h.jsm.streams.delete(`KV_${bucket}`).catch(() => {}));
-  const U = '33333333-3333-4333-8333-333333333333';
-  // The ledger's reads go through a KV whose first read of p-1 answers as a leader that missed
-  // the entry would: nothing there.
-  let stale = 1;
+/**
+ * `h` with KV buckets whose `get` answers `stale(key)` where it gives an answer (not
+ * undefined), as a stream leader deposed by a partition does for a moment after the heal.
+ */
+function staleReads(h: NatsHandle, stale: (key: string) => KvEntry | null | undefined): NatsHandle {
   const views = h.js.views;
   const kv = views.kv.bind(views);
   const staleViews = Object.assign(Object.create(views) as typeof views, {
@@ -680,18 +677,61 @@ t.test('NatsLedger: getConfirmed does not take a read without an entry for its a
       const opened = await kv(...args);
       const get = opened.get.bind(opened);
       return Object.assign(Object.create(opened) as typeof opened, {
-        get: async (key: string, opts?: Parameters<typeof get>[1]) => (key === `${U}.p-1` && stale-- > 0 ? null : get(key, opts)),
+        get: async (key: string, opts?: Parameters<typeof get>[1]) => {
+          const answer = stale(key);
+          return answer === undefined ? get(key, opts) : answer;
+        },
       });
     },
   });
-  const js = Object.create(h.js, { views: { value: staleViews } }) as typeof h.js;
-  const ledger = await NatsLedger.open({ ...h, js } as NatsHandle, { bucket, replicas: 1 });
+  return { ...h, js: Object.create(h.js, { views: { value: staleViews } }) as typeof h.js } as NatsHandle;
+}
+
+t.test('NatsLedger: getConfirmed does not take a read without an entry for its absence (a deposed leader around a heal): the compare-and-set after it finds the entry', async (t) => {
+  const bucket = unique('ledger');
+  const h = await connection(t);
+  t.teardown(() => h.jsm.streams.delete(`KV_${bucket}`).catch(() => {}));
+  const U = '33333333-3333-4333-8333-333333333333';
+  // The first read of p-1 answers as a leader that missed the entry would: nothing there.
+  let stale = 1;
+  const ledger = await NatsLedger.open(
+    staleReads(h, (key) => (key === `${U}.p-1` && stale-- > 0 ? null : undefined)),
+    { bucket, replicas: 1 },
+  );
   t.teardown(() => ledger.close());
   const e = { package_id: 'p-1', entity: 'stock', rows: 1, bytes: 10, object_bytes: 130 };
   await ledger.append(U, [e]);
   t.same(await ledger.getConfirmed(U, 'p-1'), e, 'found on the read after the refused compare-and-set');
   t.equal(stale, -1, 'read again after the refusal');
   t.same(await ledger.get(U, 'p-1'), e, 'the entry is untouched');
+});
+
+t.test('NatsSessionStore: getConfirmed takes neither an older value nor none from a stale read (a deposed leader around a heal): the compare-and-set after it finds the key as it is', async (t) => {
+  const bucket = unique('sessions');
+  const h = await connection(t);
+  t.teardown(() => h.jsm.streams.delete(`KV_${bucket}`).catch(() => {}));
+  let next: KvEntry | null | undefined;
+  const store = await NatsSessionStore.open(
+    staleReads(h, (key) => {
+      const answer = key === 'active.a' ? next : undefined;
+      if (key === 'active.a') next = undefined;
+      return answer;
+    }),
+    { bucket, replicas: 1 },
+  );
+  t.teardown(() => store.close());
+  const first = await store.create('active.a', { upload_uuid: 'u1' });
+  const current = await store.update('active.a', { upload_uuid: 'u2' }, first);
+  next = { key: 'active.a', revision: first, value: Buffer.from(JSON.stringify({ upload_uuid: 'u1' })), operation: 'PUT' } as unknown as KvEntry;
+  t.same((await store.get('active.a'))?.value, { upload_uuid: 'u1' }, 'the stale read as get answers it');
+  next = { key: 'active.a', revision: first, value: Buffer.from(JSON.stringify({ upload_uuid: 'u1' })), operation: 'PUT' } as unknown as KvEntry;
+  const got = await store.getConfirmed<{ upload_uuid: string }>('active.a');
+  t.same(got?.value, { upload_uuid: 'u2' }, 'an older value: the value written since');
+  t.ok(got!.revision > current, 'at the revision its confirming write made');
+  next = null;
+  t.same((await store.getConfirmed('active.a'))?.value, { upload_uuid: 'u2' }, 'none: the value there');
+  t.equal(next, undefined, 'the stale read was taken');
+  t.same((await store.get('active.a'))?.value, { upload_uuid: 'u2' }, 'the value is untouched');
 });
 
 t.test('NatsBatchQueue: a lower ack floor read later from the same consumer does not make acknowledged packages pending again; the sweep deletes by the floor as read', async (t) => {

@@ -77,6 +77,27 @@ export function sessionStoreContract(t: Test, name: string, factory: SessionStor
     t.equal(await store.get('k'), null, 'unconditional delete');
   });
 
+  t.test(`${name}: getConfirmed reads as get; what it leaves is never listed, and create and update afterwards stand`, async (t) => {
+    const { store } = await setup(t);
+    const r1 = await store.create('active.a', { v: 1 });
+    const got = await store.getConfirmed<{ v: number }>('active.a');
+    t.same(got?.value, { v: 1 });
+    t.same(await store.get('active.a'), got, 'its revision is the current one');
+    t.equal(await store.getConfirmed('active.b'), null, 'never written');
+    t.equal(await store.getConfirmed('active.b'), null, 'and again');
+    t.equal(await store.get('active.b'), null);
+    const listed = [];
+    for await (const l of store.list('active.')) listed.push(l.key);
+    t.same(listed, ['active.a'], 'listed: the value only');
+    const rb = await store.create('active.b', { v: 2 });
+    t.same(await store.getConfirmed('active.b'), { value: { v: 2 }, revision: (await store.get('active.b'))!.revision }, 'created afterwards');
+    t.ok(rb > 0);
+    await t.rejects(store.update('active.a', { v: 3 }, r1 - 1), CONFLICT);
+    const r3 = await store.update('active.a', { v: 3 }, got!.revision);
+    t.same(await store.getConfirmed('active.a'), { value: { v: 3 }, revision: (await store.get('active.a'))!.revision });
+    t.ok(r3 > 0);
+  });
+
   t.test(`${name}: 20 concurrent creates, exactly one winner`, async (t) => {
     const { store } = await setup(t);
     const results = await Promise.allSettled(Array.from({ length: 20 }, (_, i) => store.create('race', { i })));

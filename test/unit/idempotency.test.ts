@@ -190,6 +190,7 @@ t.test('a running attempt renews its lease', async (t) => {
   const sessions: SessionStore = {
     capabilities: store.capabilities,
     get: (k) => store.get(k),
+    getConfirmed: (k) => store.getConfirmed(k),
     create: (k, value) => store.create(k, value),
     delete: (k, revision) => store.delete(k, revision),
     list: (prefix) => store.list(prefix),

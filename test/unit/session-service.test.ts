@@ -30,23 +30,39 @@ const noConnector: Connector = {
  * summary write fail as a NATS timeout does, after it landed or before, or (`landed-conflict`)
  * land and then answer as a lost compare-and-set; `staleNext` answers the next summary read
  * (as a deposed NATS leader does for a moment after a partition heals), `absentNext` as
- * absent (such a leader, for a session created during the cut); `stall` holds summary
+ * absent (such a leader, for a session created during the cut), `pointerNext` the next read
+ * of an active pointer (such a leader's older pointer, or none); `stall` holds summary
  * writes until it resolves; `landed` resolves once the next summary write has.
  */
 type Failure = 'landed' | 'lost' | 'landed-conflict';
 function counting(
   store: SessionStore,
-): SessionStore & { updates: number; failNext: Failure | null; staleNext: Versioned<unknown> | null; absentNext: boolean; stall: Promise<void> | null; landed: () => Promise<void> } {
+): SessionStore & {
+  updates: number;
+  failNext: Failure | null;
+  staleNext: Versioned<unknown> | null;
+  absentNext: boolean;
+  pointerNext: Versioned<unknown> | null | undefined;
+  stall: Promise<void> | null;
+  landed: () => Promise<void>;
+} {
   const onLanded: (() => void)[] = [];
   const counted = {
     updates: 0,
     failNext: null as Failure | null,
     staleNext: null as Versioned<unknown> | null,
     absentNext: false,
+    /** The next read of an active pointer answers this, as a stale read would (undefined: none). */
+    pointerNext: undefined as Versioned<unknown> | null | undefined,
     stall: null as Promise<void> | null,
     landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
     capabilities: store.capabilities,
     get: async <T>(key: string): Promise<Versioned<T> | null> => {
+      if (key.startsWith('active.') && counted.pointerNext !== undefined) {
+        const stale = counted.pointerNext as Versioned<T> | null;
+        counted.pointerNext = undefined;
+        return stale;
+      }
       if (key.startsWith('session.') && counted.absentNext) {
         counted.absentNext = false;
         return null;
@@ -55,6 +71,7 @@ function counting(
       if (stale) counted.staleNext = null;
       return (stale as Versioned<T> | null) ?? store.get<T>(key);
     },
+    getConfirmed: store.getConfirmed.bind(store),
     create: store.create.bind(store),
     update: async <T>(key: string, value: T, revision: number) => {
       if (key.startsWith('session.')) counted.updates++;
@@ -534,3 +551,19 @@ t.test('status: with nothing pending, the stored counts are read after the queue
 async function until(cond: () => Promise<boolean>): Promise<void> {
   while (!(await cond())) await new Promise((resolve) => setImmediate(resolve));
 }
+
+t.test('a client error is concluded from a confirmed read of the pointer: a stale read naming an earlier session, or none, is not answered 403 or 400', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: first } = await s.initialize(client);
+  await s.delete(client, first);
+  const { upload_uuid: uuid } = await s.initialize(client);
+  sessions.pointerNext = { value: { upload_uuid: first }, revision: 1 };
+  await s.requirePointer(client, uuid);
+  t.equal(sessions.pointerNext, undefined, 'a read naming the deleted session was taken, and confirmed: the pointer names this one');
+  sessions.pointerNext = null;
+  t.equal((await s.requireActive(client, uuid)).value.upload_uuid, uuid, 'a read finding no pointer: confirmed, the session is there');
+  t.equal(sessions.pointerNext, undefined);
+  await t.rejects(s.requireActive(client, first), { statusCode: 403, message: 'Invalid upload UUID' }, 'a uuid the pointer does not name is still 403');
+  await t.rejects(s.requireActive({ ...client, id: 'other' }, uuid), { statusCode: 400, message: 'Upload session not initialized' }, 'a client without a session is still 400');
+});

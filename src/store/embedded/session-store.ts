@@ -52,6 +52,11 @@ export class SqliteSessionStore implements SessionStore {
     return row ? { value: JSON.parse(row.value) as T, revision: row.revision } : null;
   }
 
+  /** `get`: one process, and a read sees every write that resolved. */
+  getConfirmed<T>(key: string): Promise<Versioned<T> | null> {
+    return this.get<T>(key);
+  }
+
   /** The port's listing (store/ports.ts): the keys in order, a page per query, each page as of its query. */
   async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
     this.#check();

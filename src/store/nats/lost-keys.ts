@@ -77,6 +77,12 @@ export class LostKeysGuard implements SessionStore {
     return (await checking) as Versioned<T> | null;
   }
 
+  /** Checked as `get` first: a key whose message is lost is STORE_UNAVAILABLE at once, not after `retryMs` of refused compare-and-sets. */
+  async getConfirmed<T>(key: string): Promise<Versioned<T> | null> {
+    await this.get(key);
+    return this.#inner.getConfirmed<T>(key);
+  }
+
   create<T>(key: string, value: T): Promise<number> {
     return this.#inner.create(key, value);
   }

@@ -104,6 +104,32 @@ export class NatsSessionStore implements SessionStore {
     });
   }
 
+  /**
+   * A read from the leader, then the value read written again expecting its revision, or
+   * where the key holds none a deletion marker expecting the revision read (0: never
+   * written): landed, nothing was written since; refused, read again. A stream leader cut off
+   * from its quorum can still answer reads for a moment after the partition heals, without
+   * writes made meanwhile, but cannot land a write.
+   */
+  async getConfirmed<T>(key: string): Promise<Versioned<T> | null> {
+    const deadline = Date.now() + this.#retryMs;
+    for (;;) {
+      const { last, read } = await withRetry(this.#ctx, this.#retryMs, async () => {
+        const last = await this.#last(key);
+        return { last, read: this.#value<T>(key, last) };
+      });
+      try {
+        if (read && last) return { value: read.value, revision: await this.#write(key, last.data, last.seq) };
+        await this.#write(key, new Uint8Array(0), last?.seq ?? 0, deleteMarker);
+        return null;
+      } catch (err) {
+        if (!(err instanceof StoreConflictError)) throw err;
+        if (Date.now() >= deadline) throw new StoreError('STORE_UNAVAILABLE', `Session store key ${key}: every read for ${this.#retryMs} ms was older than the key`, { cause: err });
+        await new Promise((resolve) => setTimeout(resolve, 50)); // a deposed leader steps down within moments of hearing the new one
+      }
+    }
+  }
+
   async create<T>(key: string, value: T): Promise<number> {
     const data = encode(key, value);
     let expected = 0;
@@ -130,11 +156,7 @@ export class NatsSessionStore implements SessionStore {
   async delete(key: string, revision?: number): Promise<void> {
     checkKey(key);
     if (revision !== undefined && (!Number.isInteger(revision) || revision < 1)) throw new StoreConflictError(key);
-    await this.#write(key, new Uint8Array(0), revision, () => {
-      const h = headers();
-      h.set(OPERATION, 'DEL');
-      return h;
-    });
+    await this.#write(key, new Uint8Array(0), revision, deleteMarker);
   }
 
   /**
@@ -224,6 +246,13 @@ export class NatsSessionStore implements SessionStore {
   #check(): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
   }
+}
+
+/** The headers of a KV deletion marker (a tombstone). */
+function deleteMarker(): MsgHdrs {
+  const h = headers();
+  h.set(OPERATION, 'DEL');
+  return h;
 }
 
 /** A key's last message: its value, or a tombstone. */
