@@ -9,6 +9,7 @@
  * heartbeat), workflow-start.ts (the Connector's start body).
  */
 import { randomUUID } from 'node:crypto';
+import { isDeepStrictEqual } from 'node:util';
 import type { Connector } from '../connector/types.js';
 import { errors, isServiceError, isStorageUnavailable, type ValidationIssue } from '../errors.js';
 import { activeKey, clientSessionKey, sessionKey } from '../store/keys.js';
@@ -565,9 +566,13 @@ export class SessionService {
    * 'ignored' for a repeat or a late one (whose signed request the session still remembers).
    */
   async applyWebhook(uploadUuid: string, event: WebhookEvent): Promise<'ok' | 'ignored'> {
+    /** The write of the last attempt that came back as a lost compare-and-set (as stored: JSON), and its answer. */
+    let tried: { written: unknown; answer: 'ok' | 'ignored' } | null = null;
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS; attempt++) {
       const record = await this.summaries.read(uploadUuid);
       if (!record || record.value.deleted) throw errors.sessionNotFound();
+      // That write landed after all (NATS can answer so): the summary is exactly it, answered as it would have been.
+      if (tried && isDeepStrictEqual(record.value, tried.written)) return tried.answer;
       const { applied, next } = decideWebhook(record.value, event, this.now());
       // Ignored, but new: remembered (written) all the same, so that its replay after the next start is ignored too.
       if (!applied && next === record.value) return 'ignored';
@@ -577,6 +582,7 @@ export class SessionService {
       } catch (err) {
         this.summaries.forget(uploadUuid);
         if (!isStoreConflict(err)) throw err;
+        tried = { written: JSON.parse(JSON.stringify(next)), answer: applied ? 'ok' : 'ignored' };
       }
     }
     throw errors.storageUnavailable(new Error('webhook: too much contention'));

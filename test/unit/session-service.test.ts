@@ -370,6 +370,24 @@ t.test('a start-upload write that lands but is answered as a lost compare-and-se
   t.equal(after.workflow?.starting_until, undefined, 'taken: not held by a gateway that will never renew it');
 });
 
+t.test("a webhook write that lands but is answered as a lost compare-and-set is answered as applied ('ok'), signed or not", async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service(undefined, { connector: { ...noConnector, start: async () => ({ workflow: 'w1' }) } });
+  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+  const { uuid } = await recordedPackage(s);
+  await s.start(client, uuid, dates);
+  sessions.failNext = 'landed-conflict';
+  t.equal(await s.applyWebhook(uuid, { is_terminated: false, status: 'failed' }), 'ok', "unsigned ('ignored' before)");
+  t.equal((await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.status, 'UPLOADING');
+  t.equal(await s.applyWebhook(uuid, { is_terminated: false, status: 'failed' }), 'ignored', 'sent again: nothing running to end');
+  await s.start(client, uuid, dates);
+  sessions.failNext = 'landed-conflict';
+  const signed = { is_terminated: false, status: 'succeeded' as const, replay: { id: 'signed-1', until: Date.now() + 60_000 } };
+  t.equal(await s.applyWebhook(uuid, signed), 'ok', "signed ('ignored' before: its replay id was there)");
+  t.equal((await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.status, 'DONE');
+  t.equal(await s.applyWebhook(uuid, signed), 'ignored', 'replayed');
+});
+
 t.test("a start whose gateway died during the Connector's call lapses back to UPLOADING after its hold; the Connector's answer after that is a 503 (injected clock)", async (t) => {
   const { sessions, service } = await rig(t);
   let now = Date.UTC(2026, 0, 10);
