@@ -30,9 +30,15 @@ export const CACHED_SESSIONS = 10_000;
 /** An upload uuid as `initialize` makes them (docs/api.md, Session rules: random UUID v4, lowercase). */
 export const UPLOAD_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
-/** After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at most 100 ms. */
-function conflictBackoff(attempt: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(100, 2 ** attempt)));
+/**
+ * After a lost compare-and-set (another instance wrote): a random pause up to 2^attempt ms, at
+ * most 100 ms. While the summary is contended (`SessionStore.contended`), before every write
+ * of every instance, the winner's too: up to 1 ms, so that each starts its next read as the
+ * others do (bench/micro/contention.ts: the longer pauses of the one that kept losing left it
+ * further behind).
+ */
+function conflictBackoff(attempt: number, contended: boolean): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, Math.random() * (contended ? 1 : Math.min(100, 2 ** attempt))));
 }
 
 /**
@@ -152,9 +158,11 @@ export class Summaries {
     const deadline = Date.now() + budgetMs;
     let conflicted = false;
     for (let attempt = 0; attempt < MAX_CAS_ATTEMPTS || Date.now() < deadline; attempt++) {
-      if (conflicted) await conflictBackoff(attempt);
+      const contended = this.deps.sessions.contended?.(sessionKey(uploadUuid)) ?? false;
+      if (conflicted || contended) await conflictBackoff(attempt, contended);
       conflicted = false;
-      const cached = attempt === 0 ? this.cache.get(uploadUuid) : undefined;
+      // Another process lost a write of this summary a moment ago: read first, as it must (not from the cache).
+      const cached = attempt === 0 && !contended ? this.cache.get(uploadUuid) : undefined;
       const current = cached ?? (await this.read(uploadUuid));
       let next = current ? (this.deps.settle?.(current.value) ?? current.value) : null;
       const outcomes = group.map((d) => {
@@ -178,6 +186,7 @@ export class Summaries {
         } catch (err) {
           this.cache.delete(uploadUuid);
           if (!isStoreConflict(err)) throw err;
+          this.deps.sessions.lostWrite?.(sessionKey(uploadUuid));
           conflicted = true;
           continue;
         }

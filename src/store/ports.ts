@@ -103,6 +103,15 @@ export interface SessionStore {
    * on an error path and only on keys a client has few of.
    */
   getConfirmed<T>(key: string): Promise<Versioned<T> | null>;
+  /**
+   * Fairness between processes writing one key (stores of one process need none):
+   * `lostWrite` tells the other processes that a compare-and-set of this one on `key` lost;
+   * `contended` is whether another said so within the last second. A writer that writes from
+   * what it cached outpaces one that must read first after a loss, for as long as it has
+   * writes to make; told, it reads first too.
+   */
+  lostWrite?(key: string): void;
+  contended?(key: string): boolean;
   /** Writes only if the key holds no value (never written, or deleted). Throws STORE_CONFLICT otherwise. */
   create<T>(key: string, value: T): Promise<number>;
   /** Writes only if the key's current revision is `revision`. Throws STORE_CONFLICT otherwise. */

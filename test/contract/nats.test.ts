@@ -734,6 +734,28 @@ t.test('NatsSessionStore: getConfirmed takes neither an older value nor none fro
   t.same((await store.get('active.a'))?.value, { upload_uuid: 'u2' }, 'the value is untouched');
 });
 
+t.test('NatsSessionStore: a lost write one instance tells makes the key contended for the other instances on the bucket, not for itself nor on another bucket', async (t) => {
+  const bucket = unique('sessions');
+  const [ha, hb, hc] = [await connection(t), await connection(t), await connection(t)];
+  t.teardown(() => ha.jsm.streams.delete(`KV_${bucket}`).catch(() => {}));
+  t.teardown(() => ha.jsm.streams.delete(`KV_${bucket}x`).catch(() => {}));
+  const [a, b, other] = [await NatsSessionStore.open(ha, { bucket, replicas: 1 }), await NatsSessionStore.open(hb, { bucket, replicas: 1 }), await NatsSessionStore.open(hc, { bucket: `${bucket}x`, replicas: 1 })];
+  t.teardown(() => Promise.all([a.close(), b.close(), other.close()]));
+  // Each connection's subscription is registered with the server once a round trip has passed.
+  await Promise.all([ha.nc.flush(), hb.nc.flush(), hc.nc.flush()]);
+  t.equal(b.contended('session.x'), false);
+  a.lostWrite('session.x');
+  // The server has the message once a's flush returns, and has queued it to b before it
+  // answers b's flush: b's callback has run by then.
+  await ha.nc.flush();
+  await hb.nc.flush();
+  t.equal(b.contended('session.x'), true, 'b is told');
+  t.equal(a.contended('session.x'), false, 'not the one that lost');
+  t.equal(b.contended('session.y'), false, 'that key only');
+  await hc.nc.flush();
+  t.equal(other.contended('session.x'), false, 'not another bucket');
+});
+
 t.test('NatsBatchQueue: a lower ack floor read later from the same consumer does not make acknowledged packages pending again; the sweep deletes by the floor as read', async (t) => {
   const h = await connection(t);
   const stream = unique('BACKFLOOR');

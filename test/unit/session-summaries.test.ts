@@ -91,6 +91,36 @@ t.test('a write that keeps losing past its budget is told 503 Storage temporaril
   t.not((await sessions.get<SessionRecord>(sessionKey(uuid)))?.value.updated_at, 'mine', 'nothing of it written');
 });
 
+t.test('two processes on one summary: a lost write is told to the others; told, a writer reads before it writes instead of writing from its cache', async (t) => {
+  const { sessions } = await embeddedStores(t, 'summaries-');
+  const key = sessionKey(uuid);
+  await sessions.create(key, newSession(uuid, acme.id, Date.parse('2026-01-01T00:00:00Z')));
+  const told: string[] = [];
+  let contended = false;
+  let reads = 0;
+  const { store } = losing(sessions, 1);
+  const hinted = new Proxy(store, {
+    get(target, prop) {
+      if (prop === 'lostWrite') return (k: string) => told.push(k);
+      if (prop === 'contended') return (k: string) => k === key && contended;
+      if (prop === 'get') return (k: string) => (reads++, target.get(k));
+      return Reflect.get(target, prop, target);
+    },
+  }) as SessionStore;
+  const summaries = new Summaries({ sessions: hinted });
+  const named = (name: string) => (r: SessionRecord) => ({ ok: true as const, next: { ...r, updated_at: name } });
+  await summaries.mutate(acme, uuid, 'any', named('first'));
+  t.same(told, [key], 'its lost compare-and-set told');
+  reads = 0;
+  await summaries.mutate(acme, uuid, 'any', named('second'));
+  t.equal(reads, 0, 'not told: written from the cache');
+  contended = true;
+  await summaries.mutate(acme, uuid, 'any', named('third'));
+  t.equal(reads, 1, 'told: read first');
+  t.equal((await sessions.get<SessionRecord>(key))?.value.updated_at, 'third');
+  t.same(told, [key], 'a write that landed tells nobody');
+});
+
 /** Resolves with true once `cond` holds, checking after each turn of the event loop. */
 async function waitFor(cond: () => boolean): Promise<boolean> {
   while (!cond()) await new Promise((r) => setImmediate(r));

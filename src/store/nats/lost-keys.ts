@@ -83,6 +83,14 @@ export class LostKeysGuard implements SessionStore {
     return this.#inner.getConfirmed<T>(key);
   }
 
+  lostWrite(key: string): void {
+    this.#inner.lostWrite?.(key);
+  }
+
+  contended(key: string): boolean {
+    return this.#inner.contended?.(key) ?? false;
+  }
+
   create<T>(key: string, value: T): Promise<number> {
     return this.#inner.create(key, value);
   }

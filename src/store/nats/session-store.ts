@@ -1,4 +1,4 @@
-import { headers, nuid, type KV, type MsgHdrs } from 'nats';
+import { headers, nuid, type KV, type MsgHdrs, type Subscription } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { answerSoon, directGet, enableStreamFeatures, isWrongLastSequence, LastRead, openKv, readJson, withRetry, type NatsContext } from './connection.js';
 import { GroupPublisher } from './group-publisher.js';
@@ -20,6 +20,10 @@ const OPERATION = 'KV-Operation';
 const LIST_READS = 32;
 /** Keys whose last message seen `getRecent` remembers (status of this many sessions never goes back in time). */
 const SEEN_KEYS = 4096;
+/** How long a key stays contended after another process said it lost a write of it (`lostWrite`). */
+export const CONTENDED_MS = 1000;
+/** A process says that it lost a write of a key at most this often. */
+const LOST_WRITE_EVERY_MS = 50;
 
 /**
  * `SessionStore` on a JetStream KV bucket (history 1, file storage). Revisions are stream
@@ -58,6 +62,14 @@ export class NatsSessionStore implements SessionStore {
   readonly #direct: boolean;
   /** What this instance last wrote or read of each key (the most recent `SEEN_KEYS`): `getRecent` never answers older. */
   readonly #seen = new LastRead<Last>(SEEN_KEYS);
+  /** This instance, in what it tells the others (`lostWrite`). */
+  readonly #instance = nuid.next();
+  /** Keys another instance lost a write of, and those this one said it lost (`contended`, `lostWrite`). */
+  readonly #contended = new LastRead<true>(SEEN_KEYS);
+  readonly #told = new LastRead<true>(SEEN_KEYS);
+  /** Where the instances on the bucket say that they lost a write (core NATS: nothing stored). */
+  readonly #lostWrites: string;
+  readonly #hints: Subscription;
   #closed = false;
 
   private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean, direct: boolean) {
@@ -68,6 +80,14 @@ export class NatsSessionStore implements SessionStore {
     this.#retryMs = retryMs;
     this.#writes = new GroupPublisher(ctx, this.#stream, { atomic, budgetMs: retryMs });
     this.#direct = direct;
+    this.#lostWrites = `_INGEST.lost-write.${bucket}`;
+    this.#hints = ctx.nc.subscribe(this.#lostWrites, {
+      callback: (err, msg) => {
+        if (err) return; // a subscription refused (permissions): fairness is lost, nothing else
+        const [from, key] = msg.string().split(' ');
+        if (from !== this.#instance && key) this.#contended.set(key, true);
+      },
+    });
   }
 
   /** How the writes went out: atomic batches and the writes in them, single publishes. */
@@ -185,8 +205,23 @@ export class NatsSessionStore implements SessionStore {
     }
   }
 
+  lostWrite(key: string): void {
+    if (this.#closed || this.#told.recent(key, LOST_WRITE_EVERY_MS)) return;
+    this.#told.set(key, true);
+    try {
+      this.#ctx.nc.publish(this.#lostWrites, `${this.#instance} ${key}`);
+    } catch {
+      // A closed or draining connection: nobody to tell.
+    }
+  }
+
+  contended(key: string): boolean {
+    return this.#contended.recent(key, CONTENDED_MS) !== undefined;
+  }
+
   async close(): Promise<void> {
     this.#closed = true;
+    this.#hints.unsubscribe();
   }
 
   async #write(key: string, data: Uint8Array, expected: number | undefined, hdrs?: () => MsgHdrs): Promise<number> {
