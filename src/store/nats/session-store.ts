@@ -21,7 +21,7 @@ const LIST_READS = 32;
 /** Keys whose last message seen `getRecent` remembers (status of this many sessions never goes back in time). */
 const SEEN_KEYS = 4096;
 /** How long a key stays contended after another process said it lost a write of it (`lostWrite`). */
-export const CONTENDED_MS = 1000;
+const CONTENDED_MS = 1000;
 /** A process says that it lost a write of a key at most this often. */
 const LOST_WRITE_EVERY_MS = 50;
 
