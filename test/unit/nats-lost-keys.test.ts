@@ -13,7 +13,8 @@ function guarded(counted: Record<string, number> = {}) {
   let now = 0;
   const asked: string[] = [];
   const nothing = async () => null;
-  const inner = { get: nothing, getRecent: nothing } as unknown as SessionStore;
+  const confirmed: string[] = [];
+  const inner = { get: nothing, getRecent: nothing, getConfirmed: async (key: string) => (confirmed.push(key), null) } as unknown as SessionStore;
   const ctx = {
     requestTimeoutMs: 1000,
     nc: { isClosed: () => false },
@@ -31,7 +32,7 @@ function guarded(counted: Record<string, number> = {}) {
     },
   } as unknown as NatsContext;
   const guard = new LostKeysGuard(inner, ctx, 'sessions', () => now);
-  return { guard, asked, advance: (ms: number) => (now += ms) };
+  return { guard, asked, confirmed, advance: (ms: number) => (now += ms) };
 }
 
 t.test('an answer reuses the absence the check found, for ABSENT_REUSE_MS', async (t) => {
@@ -67,4 +68,13 @@ t.test('a key the stream counts but cannot give back is lost, and stays checked'
   await t.rejects(guard.getRecent('k'), { code: 'STORE_UNAVAILABLE' });
   await t.rejects(guard.getRecent('k'), { code: 'STORE_UNAVAILABLE' });
   t.equal(asked.length, 2, 'a lost key is never remembered as absent');
+});
+
+t.test("a confirmed read is checked as a decision's first: a lost key is STORE_UNAVAILABLE at once, an absent one confirmed", async (t) => {
+  const lost = guarded({ '$KV.sessions.k': 1 });
+  await t.rejects(lost.guard.getConfirmed('k'), { code: 'STORE_UNAVAILABLE' });
+  t.same(lost.confirmed, [], 'no compare-and-set tried on a key whose message is lost');
+  const absent = guarded();
+  t.equal(await absent.guard.getConfirmed('k'), null);
+  t.same(absent.confirmed, ['k'], 'absent: confirmed by the store');
 });
