@@ -4,7 +4,7 @@
  * timeout, so nothing waits on a NATS that does not answer.
  */
 import { Socket } from 'node:net';
-import { connect, StorageType, type JetStreamClient, type JetStreamManager, type KV, type MsgHdrs, type NatsConnection, type PubAck, type StreamConfig } from 'nats';
+import { connect, headers, StorageType, type JetStreamClient, type JetStreamManager, type KV, type MsgHdrs, type NatsConnection, type PubAck, type StreamConfig } from 'nats';
 import { StoreError } from '../ports.js';
 
 export interface NatsConnectOptions {
@@ -283,6 +283,37 @@ export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: 
       const wait = Math.min(100 * 2 ** n, 1000);
       if (!isTransient(err) || ctx.nc.isClosed() || Date.now() + wait >= deadline) throw unavailable(err);
       await new Promise((resolve) => setTimeout(resolve, wait));
+    }
+  }
+}
+
+/** The header of a KV delete or purge marker (nats.js KV). */
+export const KV_OPERATION = 'KV-Operation';
+
+/** The headers of a KV deletion marker (a tombstone), as nats.js's `kv.delete` writes it. */
+export function deleteMarker(): MsgHdrs {
+  const h = headers();
+  h.set(KV_OPERATION, 'DEL');
+  return h;
+}
+
+/**
+ * A read confirmed by a compare-and-set against it: `attempt` reads, then writes expecting
+ * the revision read, and resolves once that write lands (nothing was written since: the read
+ * was current). A write refused (`refused`) means the read was older than the key, as a
+ * stream leader cut off from its quorum answers for a moment after the partition heals (it
+ * cannot land a write): read again after a short pause, until `budgetMs` is spent, then
+ * `STORE_UNAVAILABLE`. `attempt` gets the deadline, for its own requests.
+ */
+export async function confirmedRead<T>(what: string, budgetMs: number, refused: (err: unknown) => boolean, attempt: (deadline: number) => Promise<T>): Promise<T> {
+  const deadline = Date.now() + budgetMs;
+  for (;;) {
+    try {
+      return await attempt(deadline);
+    } catch (err) {
+      if (!refused(err)) throw err;
+      if (Date.now() >= deadline) throw new StoreError('STORE_UNAVAILABLE', `${what}: every read for ${budgetMs} ms was older than the key`, { cause: err });
+      await new Promise((resolve) => setTimeout(resolve, 50)); // a deposed leader steps down within moments of hearing the new one
     }
   }
 }

@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { headers, type KV, type KvEntry } from 'nats';
+import type { KV, KvEntry } from 'nats';
 import { StoreError, type LedgerEntry, type PackageLedger, type SessionStore } from '../ports.js';
-import { enableStreamFeatures, isWrongLastSequence, openKv, publishOnce, readJson, unavailable, withRetry, type NatsContext } from './connection.js';
+import { confirmedRead, deleteMarker, enableStreamFeatures, isWrongLastSequence, openKv, publishOnce, readJson, unavailable, withRetry, type NatsContext } from './connection.js';
 import { GroupPublisher } from './group-publisher.js';
 import { NatsStoredCounts } from './stored-counts.js';
 
@@ -115,36 +115,23 @@ export class NatsLedger implements PackageLedger {
 
   /**
    * A read from the leader, and where it finds no entry a deletion marker published expecting
-   * the key's revision as read (0: never written): landed, nothing was written since; refused,
-   * read again. A stream leader cut off from its quorum can still answer reads for a moment
-   * after the partition heals, without entries written meanwhile, but cannot land a write.
+   * the key's revision as read (0: never written), as `confirmedRead` does.
    */
   async getConfirmed(uploadUuid: string, packageId: string): Promise<LedgerEntry | null> {
     this.#check(uploadUuid);
     const key = this.#key(uploadUuid, packageId);
-    const deadline = Date.now() + this.#retryMs;
-    for (;;) {
+    return confirmedRead(`Ledger entry ${key}`, this.#retryMs, isWrongLastSequence, async (deadline) => {
       const read = await withRetry(this.#ctx, this.#retryMs, () => this.#kv.get(key));
       if (read?.operation === 'PUT') return readJson<LedgerEntry>(read.value, `Ledger entry ${key}`);
-      try {
-        await publishOnce(this.#ctx, `$KV.${this.#bucket}.${key}`, new Uint8Array(), {
-          stream: `KV_${this.#bucket}`,
-          msgID: randomUUID(),
-          budgetMs: Math.max(1, deadline - Date.now()),
-          lastSubjectSequence: read?.revision ?? 0,
-          headers: () => {
-            const h = headers();
-            h.set('KV-Operation', 'DEL');
-            return h;
-          },
-        });
-        return null;
-      } catch (err) {
-        if (!isWrongLastSequence(err)) throw err;
-        if (Date.now() >= deadline) throw new StoreError('STORE_UNAVAILABLE', `Ledger entry ${key}: every read for ${this.#retryMs} ms was older than the key`, { cause: err });
-        await new Promise((resolve) => setTimeout(resolve, 50)); // a deposed leader steps down within moments of hearing the new one
-      }
-    }
+      await publishOnce(this.#ctx, `$KV.${this.#bucket}.${key}`, new Uint8Array(), {
+        stream: `KV_${this.#bucket}`,
+        msgID: randomUUID(),
+        budgetMs: Math.max(1, deadline - Date.now()),
+        lastSubjectSequence: read?.revision ?? 0,
+        headers: deleteMarker,
+      });
+      return null;
+    });
   }
 
   async *list(uploadUuid: string): AsyncIterable<LedgerEntry> {

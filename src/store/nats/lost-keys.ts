@@ -13,11 +13,8 @@
  * delete writes a marker), means lost data: `STORE_UNAVAILABLE`, never "absent".
  */
 import { readForAnswer, StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { JS_NO_MESSAGE_FOUND, jsErrorCode, LastRead, withRetry, type NatsContext } from './connection.js';
+import { JS_NO_MESSAGE_FOUND, jsErrorCode, KV_OPERATION, LastRead, withRetry, type NatsContext } from './connection.js';
 import { kvKey } from './session-store.js';
-
-/** The header of a KV delete or purge marker (nats.js KV). */
-const KV_OPERATION = 'KV-Operation';
 
 /** How long the check re-sends through transient failures, as one store operation does. */
 const RETRY_MS = 10_000;

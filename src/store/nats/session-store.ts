@@ -1,6 +1,6 @@
-import { headers, nuid, type KV, type MsgHdrs, type Subscription } from 'nats';
+import { nuid, type KV, type MsgHdrs, type Subscription } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { answerSoon, directGet, enableStreamFeatures, isWrongLastSequence, LastRead, openKv, readJson, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, confirmedRead, deleteMarker, directGet, enableStreamFeatures, isWrongLastSequence, KV_OPERATION, LastRead, openKv, readJson, withRetry, type NatsContext } from './connection.js';
 import { GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -15,7 +15,6 @@ export interface NatsSessionStoreOptions {
 const KEY = /^[A-Za-z0-9_.=-]+$/;
 /** Port keys whose dot-separated tokens are all non-empty are NATS subjects as they are. */
 const SUBJECT_SAFE = /^[A-Za-z0-9_=-]+(\.[A-Za-z0-9_=-]+)*$/;
-const OPERATION = 'KV-Operation';
 /** Keys a listing reads at once. */
 const LIST_READS = 32;
 /** Keys whose last message seen `getRecent` remembers (status of this many sessions never goes back in time). */
@@ -115,7 +114,7 @@ export class NatsSessionStore implements SessionStore {
     this.#check();
     return withRetry(this.#ctx, this.#retryMs, async () => {
       const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then((msg) => {
-        const operation = msg?.headers?.get(OPERATION);
+        const operation = msg?.headers?.get(KV_OPERATION);
         const seen = this.#seen.peek(key);
         if (msg && (!seen || msg.seq >= seen.seq)) return this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' });
         return seen ?? null;
@@ -127,27 +126,18 @@ export class NatsSessionStore implements SessionStore {
   /**
    * A read from the leader, then the value read written again expecting its revision, or
    * where the key holds none a deletion marker expecting the revision read (0: never
-   * written): landed, nothing was written since; refused, read again. A stream leader cut off
-   * from its quorum can still answer reads for a moment after the partition heals, without
-   * writes made meanwhile, but cannot land a write.
+   * written), as `confirmedRead` does.
    */
-  async getConfirmed<T>(key: string): Promise<Versioned<T> | null> {
-    const deadline = Date.now() + this.#retryMs;
-    for (;;) {
+  getConfirmed<T>(key: string): Promise<Versioned<T> | null> {
+    return confirmedRead(`Session store key ${key}`, this.#retryMs, (err) => err instanceof StoreConflictError, async () => {
       const { last, read } = await withRetry(this.#ctx, this.#retryMs, async () => {
         const last = await this.#last(key);
         return { last, read: this.#value<T>(key, last) };
       });
-      try {
-        if (read && last) return { value: read.value, revision: await this.#write(key, last.data, last.seq) };
-        await this.#write(key, new Uint8Array(0), last?.seq ?? 0, deleteMarker);
-        return null;
-      } catch (err) {
-        if (!(err instanceof StoreConflictError)) throw err;
-        if (Date.now() >= deadline) throw new StoreError('STORE_UNAVAILABLE', `Session store key ${key}: every read for ${this.#retryMs} ms was older than the key`, { cause: err });
-        await new Promise((resolve) => setTimeout(resolve, 50)); // a deposed leader steps down within moments of hearing the new one
-      }
-    }
+      if (read && last) return { value: read.value, revision: await this.#write(key, last.data, last.seq) };
+      await this.#write(key, new Uint8Array(0), last?.seq ?? 0, deleteMarker);
+      return null;
+    });
   }
 
   async create<T>(key: string, value: T): Promise<number> {
@@ -281,13 +271,6 @@ export class NatsSessionStore implements SessionStore {
   #check(): void {
     if (this.#closed) throw new StoreError('STORE_CLOSED', 'Session store is closed');
   }
-}
-
-/** The headers of a KV deletion marker (a tombstone). */
-function deleteMarker(): MsgHdrs {
-  const h = headers();
-  h.set(OPERATION, 'DEL');
-  return h;
 }
 
 /** A key's last message: its value, or a tombstone. */
