@@ -722,9 +722,10 @@ t.test('NatsSessionStore: getConfirmed takes neither an older value nor none fro
   t.teardown(() => store.close());
   const first = await store.create('active.a', { upload_uuid: 'u1' });
   const current = await store.update('active.a', { upload_uuid: 'u2' }, first);
-  next = { key: 'active.a', revision: first, value: Buffer.from(JSON.stringify({ upload_uuid: 'u1' })), operation: 'PUT' } as unknown as KvEntry;
+  const older = { key: 'active.a', revision: first, value: Buffer.from(JSON.stringify({ upload_uuid: 'u1' })), operation: 'PUT' } as unknown as KvEntry;
+  next = older;
   t.same((await store.get('active.a'))?.value, { upload_uuid: 'u1' }, 'the stale read as get answers it');
-  next = { key: 'active.a', revision: first, value: Buffer.from(JSON.stringify({ upload_uuid: 'u1' })), operation: 'PUT' } as unknown as KvEntry;
+  next = older;
   const got = await store.getConfirmed<{ upload_uuid: string }>('active.a');
   t.same(got?.value, { upload_uuid: 'u2' }, 'an older value: the value written since');
   t.ok(got!.revision > current, 'at the revision its confirming write made');
