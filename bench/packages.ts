@@ -18,7 +18,11 @@
  * package, the messages stored in every stream plus acknowledgements and (single server)
  * the server's fsync calls per stream (strace with a seccomp filter), and in `many` the status p99
  * measured during the load, beside the p99 of `/healthz` asked between the status requests (an
- * answer that reads nothing: what the loaded machine alone adds to any answer).
+ * answer that reads nothing: what the loaded machine alone adds to any answer). With --floors,
+ * two more floors are asked in the same turn: `GET /` of an idle Node HTTP server in a process of
+ * its own (what the machine's two loaded cores add to an answer from a process with nothing
+ * else to do), and, on NATS engines, the same status from a second gateway on the same NATS
+ * and S3 that takes no load (what the store's reads cost an answer whose own process is idle).
  *
  * Scenarios: `many` — 16 sessions (one client each), 4 packages of ~7 KB in flight per
  * session (--in-flight), for --duration seconds, the status asked in turn while the clients
@@ -34,11 +38,12 @@
  * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none),
  * --rounds N (1: every target N times in turn, A B A B, each a fresh service; medians and, for an
  * engine run beside its `:default-sync`, the ratio of each round's pair), --in-flight N (4: packages
- * in flight per session in `many`). `BENCH_SERVER_FLAGS` adds Node flags to the service (as for
+ * in flight per session in `many`), --floors (status's two floors above). `BENCH_SERVER_FLAGS` adds Node flags to the service (as for
  * `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`; `BENCH_NATS_SUBJECTS=FILE` writes
  * every message the NATS server carried, counted by subject shape.
  */
-import { execFileSync, fork, type ChildProcess } from 'node:child_process';
+import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
@@ -67,6 +72,7 @@ const { values } = parseArgs({
     'inline-bytes': { type: 'string', default: '' },
     rounds: { type: 'string', default: '1' },
     'in-flight': { type: 'string', default: '4' },
+    floors: { type: 'boolean', default: false },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -102,6 +108,8 @@ interface Target {
   status?(client: BenchClient, uuid: string): Promise<void>;
   /** `GET /healthz`: an answer that reads nothing, asked beside status as the machine's floor. */
   health?(): Promise<void>;
+  /** --floors, NATS: the same status from a second gateway that takes no load. */
+  idleStatus?(client: BenchClient, uuid: string): Promise<void>;
   /** Whether every package the session got is stored (its uploads finished). */
   stored?(client: BenchClient, uuid: string): Promise<boolean>;
   /** On NATS: messages stored in every stream plus acknowledgements so far. */
@@ -431,6 +439,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
   }
   const flags = process.env.BENCH_SERVER_FLAGS?.split(' ').filter(Boolean) ?? [];
   const gw = await spawnGateway(t, config as never, {}, flags, [], AS_IN_PRODUCTION);
+  const idle = values.floors && natsUrl ? await spawnGateway(t, { ...config, storage: { inProcessUploader: false } } as never, {}, [], [], AS_IN_PRODUCTION) : undefined;
   // A CPU profile is written on a clean exit: stop the service (SIGTERM) before the teardown's kill.
   if (flags.length > 0) t.teardown(() => gw.stop());
   return {
@@ -439,6 +448,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
     pid: gw.child.pid!,
     session: async (client) => (await api(gw.url, client, 'POST', '/initialize-session')).upload_uuid,
     status: async (client, uuid) => void (await api(gw.url, client, 'GET', `/${uuid}/status`)),
+    ...(idle ? { idleStatus: async (client: BenchClient, uuid: string) => void (await api(idle.url, client, 'GET', `/${uuid}/status`)) } : {}),
     health: async () => {
       const res = await request(`${gw.url}/healthz`);
       await res.body.dump();
@@ -482,6 +492,21 @@ function fmt(l: Load): string {
   return `${l.perSecond.toFixed(0)} | ${l.p50.toFixed(1)} | ${l.p99.toFixed(1)} | ${l.cpuMsPerPackage.toFixed(2)} | ${stored} | ${l.packages}${fail}`;
 }
 
+/** --floors: a Node HTTP server with nothing else to do, in a process of its own, for the whole run. */
+async function startIdleProcess(): Promise<{ ask: () => Promise<void> }> {
+  const server = "const s = require('node:http').createServer((q, r) => r.end()).listen(0, '127.0.0.1', () => console.log(s.address().port));";
+  const child = spawn(process.execPath, ['-e', server], { stdio: ['ignore', 'pipe', 'inherit'] });
+  process.once('exit', () => child.kill());
+  const [port] = (await once(child.stdout!, 'data')) as [Buffer];
+  const url = `http://127.0.0.1:${Number(String(port))}/`;
+  return {
+    ask: async () => {
+      const res = await request(url);
+      await res.body.dump();
+    },
+  };
+}
+
 const lines: string[] = [];
 const say = (s: string) => {
   lines.push(s);
@@ -492,6 +517,7 @@ try {
   const work = join(tmpdir(), `bench-packages-${process.pid}`);
   await mkdir(work, { recursive: true });
   process.once('exit', () => execFileSync('rm', ['-rf', work]));
+  const idleProcess = values.floors ? await startIdleProcess() : undefined;
   const products = findEntity('products')!;
   const small = join(work, 'small.json');
   const mib = join(work, 'mib.json');
@@ -531,22 +557,23 @@ try {
       const lanes = sessions.flatMap((s) => Array.from({ length: IN_FLIGHT }, () => s));
       const writes0 = await target.jetStreamWrites?.();
       const syncs0 = await target.fsyncs?.();
-      // Status of one of the sessions, asked in turn while the clients send (not while the uploads catch up after).
+      // Status of one of the sessions, asked in turn while the clients send (not while the uploads catch up after), and
+      // beside it its floors: /healthz (what any answer of this gateway waits for on the loaded machine), with --floors
+      // an idle process's answer and an idle gateway's status.
+      const s0 = sessions[0]!;
+      const c0 = { id: s0.clientId, token: s0.token };
+      const probes: { name: string; ask: () => Promise<void>; ms: number[] }[] = [];
+      if (target.status) probes.push({ name: 'status', ask: () => target.status!(c0, s0.uuid), ms: [] });
+      if (target.health) probes.push({ name: '/healthz', ask: () => target.health!(), ms: [] });
+      if (target.idleStatus) probes.push({ name: 'status from an idle gateway', ask: () => target.idleStatus!(c0, s0.uuid), ms: [] });
+      if (idleProcess && target.status) probes.push({ name: 'an idle process', ask: () => idleProcess!.ask(), ms: [] });
       let loading = true;
-      const statusLatencies: number[] = [];
-      // Between them, /healthz: what any answer waits for on the loaded machine, status's floor.
-      const healthLatencies: number[] = [];
       const poll = (async () => {
-        if (!target.status) return;
-        const s0 = sessions[0]!;
-        while (loading) {
-          const t0 = performance.now();
-          await target.status({ id: s0.clientId, token: s0.token }, s0.uuid);
-          statusLatencies.push(performance.now() - t0);
-          if (target.health) {
-            const t1 = performance.now();
-            await target.health();
-            healthLatencies.push(performance.now() - t1);
+        while (loading && probes.length > 0) {
+          for (const p of probes) {
+            const t0 = performance.now();
+            await p.ask();
+            p.ms.push(performance.now() - t0);
           }
           await new Promise((r) => setTimeout(r, 10));
         }
@@ -556,13 +583,18 @@ try {
       say(`| ${target.name} | ${SESSIONS} sessions × ${IN_FLIGHT} in flight, 7 KB | ${fmt(r)} |`);
       const writes = writes0 === undefined ? undefined : (await target.jetStreamWrites!()) - writes0;
       const syncs = syncsSince(syncs0, await target.fsyncs?.());
-      const statusMs = target.status ? pct(statusLatencies.sort((a, b) => a - b), 99) : undefined;
-      const healthMs = healthLatencies.length > 0 ? pct(healthLatencies.sort((a, b) => a - b), 99) : undefined;
+      for (const p of probes) p.ms.sort((a, b) => a - b);
+      const [statusMs, healthMs] = ['status', '/healthz'].map((name) => {
+        const ms = probes.find((p) => p.name === name)?.ms;
+        return ms && ms.length > 0 ? pct(ms, 99) : undefined;
+      });
+      const floors = probes.filter((p) => p.name !== 'status' && p.name !== '/healthz').map((p) => `, ${p.name} p99 ${pct(p.ms, 99).toFixed(1)} ms (p50 ${pct(p.ms, 50).toFixed(1)})`);
       measured.push({ label, scenario: 'many', round, perSecond: r.perSecond, ...(statusMs === undefined ? {} : { statusMs }), ...(healthMs === undefined ? {} : { healthMs }) });
       if (target.status || writes !== undefined) {
         notes.push(
-          `${target.name}, ${SESSIONS} sessions: status p99 during the load ${statusMs?.toFixed(1)} ms (${statusLatencies.length} asked)` +
+          `${target.name}, ${SESSIONS} sessions: status p99 during the load ${statusMs?.toFixed(1)} ms (${probes[0]?.ms.length ?? 0} asked)` +
             (healthMs === undefined ? '' : `, /healthz p99 ${healthMs.toFixed(1)} ms`) +
+            floors.join('') +
             perPackage(r.packages, writes, syncs) +
             `; CPU ms per package until stored: ${r.cpuParts}`,
         );
