@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { errors } from '../errors.js';
+import { errors, isStorageUnavailable } from '../errors.js';
 import type { ObjectStore } from '../store/ports.js';
 import type { Connector, WebhookPayload, WorkflowObject, WorkflowStart } from './types.js';
 import { sendWebhook } from './webhook.js';
@@ -67,8 +67,9 @@ interface Scheduled {
  * or terminated one may be started again.
  *
  * With `stateFile`, every workflow not yet done is saved before `start` / `terminate`
- * answer (a start that cannot be saved fails with 500; other failed saves are logged and
- * carried by the next write), and `open` resumes them: a running one completes at its due time (100 ms after
+ * answer (a start that cannot be saved fails: with the disk full or failing as the storage
+ * error itself, 503 at the edge, else 500; other failed saves are logged and carried by the
+ * next write), and `open` resumes them: a running one completes at its due time (100 ms after
  * `open` when that has passed) and can be terminated until then; a webhook that was being
  * sent is sent again 100 ms after `open` (the gateway ignores a repeat): at least once.
  * Restored workflows send to `callbackUrl()` when given, else to their saved `callback_url`.
@@ -139,6 +140,8 @@ export class EmulatedConnector implements Connector {
       } catch (err) {
         this.#workflows.delete(wf.workflow_id);
         this.#opts.log?.('connector emulator: cannot save state', { upload_uuid: uuid, file: this.#opts.stateFile, err });
+        // Its state is the service's own disk: a full or failing one is 503 as any other write there.
+        if (isStorageUnavailable(err)) throw err;
         throw errors.connectorError(500, 'Connector could not record the workflow');
       }
       // Closed while saving: the saved workflow resumes at the next open.
@@ -219,6 +222,8 @@ export class EmulatedConnector implements Connector {
       }
     } catch (err) {
       this.#opts.log?.('connector emulator: cannot read stored objects', { upload_uuid: req.upload_uuid, err });
+      // The objects are the service's own storage: one that cannot be read for now is 503.
+      if (isStorageUnavailable(err)) throw err;
       throw errors.connectorError(500, 'Connector could not read the stored objects');
     }
     return tally.judge();

@@ -60,9 +60,10 @@ async function readyz(gw: GatewayProc): Promise<{ status: number; body: any }> {
   return { status: res.statusCode, body: await res.body.json() };
 }
 
-async function setup(t: Test, dataDir: string) {
+/** The gateway and a session per client of the load; with `spare`, one more session the load leaves alone. */
+async function setup(t: Test, dataDir: string, spare = false) {
   const dir = await tempDir(t, 'drill-storage-');
-  const { file, clients } = await writeClients(dir, CLIENTS);
+  const { file, clients } = await writeClients(dir, CLIENTS + (spare ? 1 : 0));
   const config = {
     dataDir,
     clientsFile: file,
@@ -73,7 +74,7 @@ async function setup(t: Test, dataDir: string) {
   const gw = await spawnGateway(t, config as never);
   const sessions: Session[] = [];
   for (const client of clients) sessions.push({ client, uuid: (await clientOf(gw, client).init()).body.upload_uuid });
-  return { gw, sessions };
+  return { gw, sessions: sessions.slice(0, CLIENTS), spare: sessions[CLIENTS] };
 }
 
 /** Drains, hands every session to the Connector, stops the gateway and checks what was stored against what was answered. */
@@ -112,9 +113,15 @@ t.test('disk full, then space freed: 503 while full, readiness tells, 200 again 
   const dataDir = await tempDir(t, 'drill-full-');
   execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=64m', 'tmpfs', dataDir]);
   t.teardown(() => execFileSync('umount', ['-l', dataDir]));
-  const { gw, sessions } = await setup(t, dataDir);
+  const { gw, sessions, spare } = await setup(t, dataDir, true);
   const outcomes = new Map<string, Outcome>();
   await load(gw, sessions, 'before', outcomes, () => count(outcomes, (o) => o === 200) >= 300);
+  // A session with a package to hand over, asked to start while the disk is full.
+  const handOver = clientOf(gw, spare!.client);
+  const spareIngest = await handOver.ingest(spare!.uuid, 'products', drillPackage('spare', 0, ROWS));
+  t.equal(spareIngest.status, 200);
+  outcomes.set('spare/0', spareIngest.status);
+  await waitForStatus(gw, spare!.uuid, (b) => b.upload_tasks_finished, spare!.client, 60_000);
 
   // Another tenant of the file system takes every byte left.
   const ballast = join(dataDir, 'ballast');
@@ -132,6 +139,10 @@ t.test('disk full, then space freed: 503 while full, readiness tells, 200 again 
   t.equal(ready.status, 503, 'not ready while the disk is full');
   t.match(ready.body, { detail: 'Not ready', checks: { storage: 'failed' } });
   t.comment(`while full: ${JSON.stringify(statusCounts(full))}; readiness ${JSON.stringify(ready.body)}`);
+  // Whichever write fails first (the session's start, the Connector emulator's state), the answer is the storage's.
+  const start = await handOver.start(spare!.uuid, { date_from: '2024-01-01', date_to: yesterday() });
+  t.match(start, { status: 503, body: { detail: 'Storage temporarily unavailable' } }, 'start-upload on a full disk');
+  t.equal(start.headers['retry-after'], '5');
 
   unlinkSync(ballast);
   const after = new Map<string, Outcome>();
@@ -139,7 +150,8 @@ t.test('disk full, then space freed: 503 while full, readiness tells, 200 again 
   t.ok(count(after, (o) => o === 200) >= 300, `the same process answers 200 again (${JSON.stringify(statusCounts(after))})`);
   t.equal((await readyz(gw)).status, 200, 'ready again');
   for (const m of [full, after]) for (const [k, v] of m) outcomes.set(k, v);
-  await settle(t, gw, sessions, dataDir, outcomes);
+  // The spare session's start failed and was put back: it starts now, with its package.
+  await settle(t, gw, [...sessions, spare!], dataDir, outcomes);
 });
 
 t.test('the service fills its own disk: every answer true, and 200 again once space is freed', async (t) => {

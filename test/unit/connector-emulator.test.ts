@@ -236,6 +236,16 @@ t.test('an unreadable store fails the start and frees the upload', async (t) => 
   t.match(await failure(c.start(startRequest(hook.url))), { code: 'CONNECTOR_ERROR' }, 'not "already running"');
 });
 
+t.test('storage that fails for now (EIO) is the storage error itself, a 503 at the edge, not a Connector 500', async (t) => {
+  const hook = await webhookReceiver(t);
+  const eio = Object.assign(new Error('EIO: i/o error, read'), { code: 'EIO' });
+  const failing = { ...store(), get: async () => Promise.reject(eio) } as ObjectStore;
+  const c = await emulator(t, failing, { log: () => {} });
+  for (const attempt of ['first', 'again (not "already running")']) {
+    t.equal(await c.start(startRequest(hook.url)).catch((err: unknown) => err), eio, attempt);
+  }
+});
+
 /** Log entries, with a latch on the next one. */
 function logSink(): { entries: LogEntry[]; log: (msg: string, data: Record<string, unknown>) => void; next(): Promise<LogEntry> } {
   const entries: LogEntry[] = [];
