@@ -86,6 +86,12 @@ export interface NatsOptions {
    * calls run at full speed): `fsyncs()` reads the count so far. For the bench.
    */
   countSyncs?: boolean;
+  /**
+   * Clients connect (without credentials) into an account whose JetStream file storage is
+   * limited to this (e.g. `3MB`), as a hosted or multi-tenant NATS sets a quota: a write past
+   * it is refused with "resource limits exceeded for account" (10002).
+   */
+  accountMaxFile?: string;
 }
 
 export async function startNats(t: Teardown, opts: NatsOptions = {}): Promise<NatsServer> {
@@ -149,6 +155,7 @@ class Node implements NatsServer {
   readonly #config: string;
   readonly #syncInterval: string | null;
   readonly #syncLog: string | null;
+  readonly #accountMaxFile: string | null;
   #proc: ChildProcess | null = null;
   #exited: Promise<void> = Promise.resolve();
   #log: string[] = [];
@@ -159,7 +166,7 @@ class Node implements NatsServer {
     readonly port: number,
     dir: string,
     readonly cluster: { name: string; port: number; routes: string[] } | null,
-    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs'> = {},
+    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs' | 'accountMaxFile'> = {},
     /** On a host of its own: cluster.conf under a command prefix, instead of a config written here. */
     readonly net: NetLaunch | null = null,
   ) {
@@ -169,6 +176,7 @@ class Node implements NatsServer {
     this.storeDir = opts.storeDir ?? dir;
     this.#syncInterval = opts.syncInterval ?? null;
     this.#syncLog = opts.countSyncs ? join(dir, 'syncs.strace') : null;
+    this.#accountMaxFile = opts.accountMaxFile ?? null;
     // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
     t.teardown(async () => {
       await this.kill();
@@ -290,6 +298,12 @@ class Node implements NatsServer {
       ...(this.#syncInterval === null ? [] : [`  sync_interval: ${JSON.stringify(this.#syncInterval)}`]),
       `}`,
     ];
+    if (this.#accountMaxFile !== null) {
+      lines.push(
+        `accounts { INGEST { jetstream { max_file: ${this.#accountMaxFile}, max_mem: 1MB }, users [ { user: ingest, password: ingest } ] } }`,
+        `no_auth_user: ingest`,
+      );
+    }
     if (this.cluster) {
       lines.push(
         `cluster {`,

@@ -9,6 +9,7 @@ import { packageTail, QueueSubjects } from '../../src/store/nats/batch-queue/sub
 import { ENTRY_ROUNDS, NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
 import { countsKey } from '../../src/store/nats/stored-counts.js';
+import { asServiceError } from '../../src/errors.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
 import { startNats, startNatsCluster } from '../../testbed/nats.js';
 import { until } from '../support/drills.js';
@@ -1118,4 +1119,20 @@ t.test('a change of a stream on a stale read keeps what another process turned o
   const { config } = await first.jsm.streams.info(`KV_${bucket}`);
   t.ok(config.allow_direct, 'direct get stays on');
   t.ok((config as { allow_atomic?: boolean }).allow_atomic, 'atomic batches stay on');
+});
+
+t.test('an account whose JetStream quota is full: a write past it is STORE_UNAVAILABLE (503), never a 500', async (t) => {
+  // As a hosted or multi-tenant NATS limits an account (the shipped server limits itself instead, max_file_store).
+  const limited = await startNats(t, { accountMaxFile: '3MB' });
+  const h = await connection(t, limited.url);
+  const q = await openQueue(t, h, queueOpts(unique('QUEUE')));
+  const sessions = await NatsSessionStore.open(h, { bucket: unique('sessions'), replicas: 1 });
+  t.teardown(() => sessions.close());
+  const batch = new Uint8Array(300 * 1024).fill(65);
+  let refused: unknown;
+  for (let i = 0; i < 20 && refused === undefined; i++) await commit(q, meta('u-1', `p${i}`), [batch, batch]).catch((err: unknown) => (refused = err));
+  t.match(refused, { code: 'STORE_UNAVAILABLE', cause: { api_error: { err_code: 10002 } } }, "the queue's write past the quota");
+  t.equal(asServiceError(refused).statusCode, 503);
+  const write = await sessions.create('k', { pad: 'x'.repeat(200 * 1024) }).catch((err: unknown) => err);
+  t.match(write, { code: 'STORE_UNAVAILABLE' }, "the session store's write too");
 });

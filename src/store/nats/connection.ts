@@ -242,11 +242,13 @@ export function readJson<T>(data: Uint8Array, what: string): T {
 /** "stream not found": the adapters make their streams at open, so one missing later was lost (deleted, or a server that came back empty). */
 export const JS_STREAM_NOT_FOUND = 10059;
 /**
- * JetStream errors that say its storage cannot be used (nats-server errors.json): "JetStream
- * store failed" (a write the disk refused), "insufficient storage resources", "resource limits
- * exceeded" (the server's storage budget is full).
+ * JetStream errors that say its storage cannot be used (nats-server errors.json): 10077 a write
+ * the disk refused ("JetStream store failed"); 10047 "insufficient storage resources" (the
+ * server's `max_file_store` spent); 10023 "insufficient resources"; 10002 "resource limits
+ * exceeded for account" (an account's JetStream quota spent, as hosted or multi-tenant servers
+ * set); 10049 a stream that could not be created (at open, for the same reasons).
  */
-const JS_STORAGE_FAILED = new Set([10077, 10047, 10023, 10049]);
+const JS_STORAGE_FAILED = new Set([10077, 10047, 10023, 10002, 10049]);
 
 /**
  * Whether `err` means that NATS cannot keep or give back our data for now: a transient failure
