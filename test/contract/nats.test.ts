@@ -14,7 +14,8 @@ import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMe
 import { startNats, startNatsCluster } from '../../testbed/nats.js';
 import { until } from '../support/drills.js';
 import { batchQueueContract } from './batch-queue.contract.js';
-import { ledgerContract } from './ledger.contract.js';
+import { entry, ledgerContract } from './ledger.contract.js';
+import { freezingProxy } from '../support/freezing-proxy.js';
 import { sessionStoreContract } from './session-store.contract.js';
 
 const server = await startNats(t);
@@ -1135,4 +1136,25 @@ t.test('an account whose JetStream quota is full: a write past it is STORE_UNAVA
   t.equal(asServiceError(refused).statusCode, 503);
   const write = await sessions.create('k', { pad: 'x'.repeat(200 * 1024) }).catch((err: unknown) => err);
   t.match(write, { code: 'STORE_UNAVAILABLE' }, "the session store's write too");
+});
+
+t.test("NatsLedger: a listing whose NATS stops answering once the watch is made ends STORE_UNAVAILABLE (503), it does not wait for NATS", async (t) => {
+  const proxy = await freezingProxy(t, server.url);
+  const h = await connection(t, proxy.url);
+  const bucket = unique('ledger');
+  const ledger = await NatsLedger.open(h, { bucket, replicas: 1, retryMs: 1000 });
+  await ledger.append('u-1', Array.from({ length: 20 }, (_, i) => entry(`p-${i}`)));
+  // The watch's consumer is made, then nothing: its entries never come.
+  proxy.arm(new RegExp(`^\\$JS\\.API\\.CONSUMER\\.CREATE\\.KV_${bucket}\\b`));
+  const listed: string[] = [];
+  const ended = await (async () => {
+    for await (const e of ledger.list('u-1')) listed.push(e.package_id);
+  })().then(
+    () => 'listed',
+    (err: unknown) => err,
+  );
+  await proxy.frozen;
+  t.match(ended, { code: 'STORE_UNAVAILABLE' });
+  t.equal(asServiceError(ended).statusCode, 503);
+  t.same(listed, [], 'no entry came');
 });

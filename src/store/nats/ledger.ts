@@ -29,7 +29,7 @@ export const ENTRY_ROUNDS = 2;
  * instances completing one recording) stores the same value. Puts of every session that are
  * ready at the same moment go out as one atomic batch where the server has them (2.12+). Reads go to the stream leader (no direct get), so an entry whose put was
  * acknowledged is read back everywhere. `list` is a KV watch of the session's keys, stopped
- * once the initial values are in. The uploader's markers are keys `<upload_uuid>.<package_id>.stored`
+ * once the initial values are in, each waited for at most `retryMs`. The uploader's markers are keys `<upload_uuid>.<package_id>.stored`
  * in the same bucket: `drop` purges them with the entries, and `list` (keys of two tokens) skips them.
  * With a session store and atomic batches (2.12+) the ledger counts its markers itself, each
  * marker and its session's counts in one batch (stored-counts.ts).
@@ -156,17 +156,33 @@ export class NatsLedger implements PackageLedger {
     // already queued (then they are the first `getReceived()` entries), or from the iterator,
     // in order, once every initial value before it was yielded.
     const it = watch[Symbol.asyncIterator]();
+    // Once made, the watch's consumer waits for NATS without a deadline of its own (nats.js
+    // makes it again after a reconnect, re-sending without end): each wait for the next entry
+    // is bounded here, and whatever ends the watch is the storage's failure, not a 500.
+    const next = async (): Promise<IteratorResult<KvEntry>> => {
+      let timer: NodeJS.Timeout | undefined;
+      const silent = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new StoreError('STORE_UNAVAILABLE', `NATS gave no entry of the ledger's listing of ${uploadUuid} for ${this.#retryMs} ms`)), this.#retryMs);
+      });
+      try {
+        return await Promise.race([it.next(), silent]);
+      } catch (err) {
+        throw err instanceof StoreError ? err : new StoreError('STORE_UNAVAILABLE', `The ledger's listing of ${uploadUuid} failed: ${(err as Error)?.message ?? String(err)}`, { cause: err });
+      } finally {
+        clearTimeout(timer);
+      }
+    };
     try {
       if (initialized) {
         for (let n = watch.getReceived(); n > 0; n--) {
-          const got = await it.next();
+          const got = await next();
           if (got.done) return;
           if (got.value.operation === 'PUT') yield entryOf(got.value);
         }
         return;
       }
       for (;;) {
-        const got = await Promise.race([it.next(), ready]);
+        const got = await Promise.race([next(), ready]);
         if (got === 'initialized' || got.done) return;
         if (got.value.operation === 'PUT') yield entryOf(got.value);
       }
