@@ -40,10 +40,11 @@ export function uwsEdge(uWS: UwsModule): EdgeAdapter {
       app.any('/*', (res, req) => {
         const fields: [string, string][] = [];
         req.forEach((k, v) => fields.push([k, v]));
-        const exchange = new UwsExchange(res, reading);
+        const method = req.getCaseSensitiveMethod();
+        const exchange = new UwsExchange(res, reading, method === 'HEAD');
         handlers.request(
           {
-            method: req.getCaseSensitiveMethod(),
+            method,
             path: req.getUrl(),
             query: req.getQuery() ?? '',
             // Only HTTP/1.1 reaches the route callback of this build.
@@ -84,6 +85,8 @@ class UwsExchange implements WireExchange {
   constructor(
     private readonly res: UWS.HttpResponse,
     private readonly reading: Reading,
+    /** An answer to HEAD has no body (RFC 9110 §9.3.2): bytes after its head would be read as the next answer. */
+    private readonly head: boolean,
   ) {
     res.onAborted(() => {
       this.#gone = true;
@@ -147,7 +150,8 @@ class UwsExchange implements WireExchange {
       }
       this.res.writeStatus(`${reply.status} ${STATUS_CODES[reply.status] ?? ''}`.trimEnd());
       for (const [k, v] of reply.headers) this.res.writeHeader(k, v);
-      this.res.end(reply.body, close);
+      // Every route is GET or POST: HEAD is always answered with an error, whose length is of no use (0 here).
+      this.res.end(this.head ? '' : reply.body, close);
     };
     if (!this.#inCallback) this.res.cork(write);
     // Inside the route callback uWS has corked the socket already. But it goes on parsing the

@@ -8,6 +8,7 @@
  * - a credential or idempotency header sent twice is refused; the `Bearer` scheme is
  *   case-insensitive; `X-Forwarded-For` lines from a trusted proxy are merged, a malformed or
  *   zoned right-most entry refused;
+ * - an answer to `HEAD` has no body, so the next answer on the connection is read whole;
  * - a request pipelined behind a body waits for that body's answer (node edge);
  * - a slow body is timed by the edge's body-rate window alone (408), on uWS too.
  * What the uWS build's parser never hands to JavaScript (HTTP/1.0, no `Host`, 49+ fields, a
@@ -113,6 +114,22 @@ t.test('paths are matched as sent: empty segments and trailing slashes are 404 a
     const res = await call(svc.url, 'GET', path);
     t.same([res.status, res.body], [503, { detail: 'Rate limit exceeded' }], `${path.replace(uuid, '<uuid>')}: counted by the rate limit`);
   }
+});
+
+t.test('an answer to HEAD has no body: the next answer on the connection starts right after its head', async (t) => {
+  const svc = await startService(t);
+  const c = new RawClient(t, svc.url);
+  await c.write(head('HEAD', '/healthz') + head('GET', '/healthz', 'Connection: close\r\n'));
+  await c.closedByServer(15_000);
+  const raw = c.text;
+  const end = raw.indexOf('\r\n\r\n') + 4;
+  t.match(raw.slice(0, end), /^HTTP\/1\.1 405 Method Not Allowed\r\n/, 'HEAD: the head of a 405 (no route takes HEAD)');
+  const next = parseResponses(raw.slice(end));
+  t.same(
+    next.map((r) => [r.status, json(r.body)]),
+    [[200, { status: 'ok' }]],
+    'then the GET, nothing between',
+  );
 });
 
 t.test('credentials: the Bearer scheme in any case; a header sent twice is refused', async (t) => {
