@@ -40,6 +40,7 @@ import {
   decideTerminate,
   decideWebhook,
   newSession,
+  packageCount,
   startLapsed,
   statusView,
   type ActivePointer,
@@ -430,6 +431,10 @@ export class SessionService {
     dates: { date_from: string; date_to: string } | { issues: ValidationIssue[] },
   ): Promise<unknown> {
     await this.requirePointer(client, uploadUuid);
+    // The packages recorded before the pending check: one recorded after it (an ingest whose lease
+    // the check's moment saw, committed and recorded while the queue answered) may not have been
+    // seen pending, and holds the start back as its lease did (`decideStart`).
+    const seen = await this.summaries.read(uploadUuid);
     // A package whose object is stored is not pending, whatever the queue's ack floor read says.
     const stored = (packageId: string) => this.deps.ledger.isStored(uploadUuid, packageId);
     const pendingBatches = (await this.deps.queue.hasPending(uploadUuid, { stored })) ? 1 : 0;
@@ -438,7 +443,7 @@ export class SessionService {
     const leaseMs = this.deps.inFlightLeaseMs;
     const startId = randomUUID();
     const started = await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
-      decideStart(r, { dates, minDate: client.minDate, pendingBatches, now: this.now(), leaseMs, startId }),
+      decideStart(r, { dates, minDate: client.minDate, pendingBatches, packagesSeen: seen ? packageCount(seen.value) : 0, now: this.now(), leaseMs, startId }),
     );
     const startedAt = started.workflow!.started_at;
     // Held while this process works on it, as an ingest's lease: if it dies, the start lapses back to UPLOADING.

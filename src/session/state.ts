@@ -413,6 +413,8 @@ export interface StartInput {
   minDate: string;
   /** Batches of the session not yet durably in object storage. */
   pendingBatches: number;
+  /** The session's packages (`packageCount`) read before the pending check: more now were recorded since, maybe unseen by it. */
+  packagesSeen: number;
   now: number;
   /**
    * Random, one per start-upload call: a write of this start that landed but was answered as a
@@ -431,7 +433,7 @@ export function decideStart(r: SessionRecord, input: StartInput): Decision {
   const { date_from, date_to } = input.dates;
   if (date_from < input.minDate) return fail(errors.dateBeforeMinimum(input.minDate));
   if (packageCount(r) === 0) return fail(errors.noEntities());
-  if (liveInFlight(r, input.now) > 0 || input.pendingBatches > 0) return fail(errors.uploadTasksInProgress());
+  if (liveInFlight(r, input.now) > 0 || input.pendingBatches > 0 || packageCount(r) > input.packagesSeen) return fail(errors.uploadTasksInProgress());
   return ok(
     touchLeases(r, input.now, {
       status: 'STARTED',

@@ -357,6 +357,36 @@ t.test('start-upload: a committed package not yet acked is pending (409) until i
   await t.resolves(s.start(client, uuid, dates), 'stored: not pending, the start goes');
 });
 
+t.test('start-upload: a package committed and recorded while the pending check is out (its lease gone by then) holds the start back (409)', async (t) => {
+  const { ledger, queue, service } = await rig(t);
+  // The queue's answer comes a moment after it was read, as a NATS round trip's does: meanwhile an ingest finishes.
+  let meanwhile: (() => Promise<void>) | null = null;
+  const slow: BatchQueue = Object.assign(Object.create(queue) as BatchQueue, {
+    hasPending: async (uuid: string, opts?: Parameters<BatchQueue['hasPending']>[1]) => {
+      const answer = await queue.hasPending(uuid, opts);
+      const run = meanwhile;
+      meanwhile = null;
+      await run?.();
+      return answer;
+    },
+  });
+  const s = service(undefined, { queue: slow });
+  const { uuid, id } = await recordedPackage(s);
+  await ledger.countStored!(uuid, [{ package_id: id, entity: 'stock' }], sessionKey(uuid));
+  const next = await s.beginIngest(client, uuid);
+  meanwhile = async () => {
+    const w = await queue.open({ package_id: next, upload_uuid: uuid, client_id: client.id, entity: 'stock', columns: ['a'] });
+    await w.append(Buffer.from('[2]\n'));
+    await w.commit({ rows: 1, bytes: 4 });
+    await s.recordIngest(client, uuid, { id: next, entity: 'stock', rows: 1, bytes: 4, object_bytes: 101 });
+  };
+  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+  await t.rejects(s.start(client, uuid, dates), { statusCode: 409, message: 'Upload tasks are still in progress' });
+  t.equal(meanwhile, null, 'the ingest finished during the check');
+  t.equal((await s.status(client, uuid)).session_status, 'UPLOADING');
+  await t.rejects(s.start(client, uuid, dates), { statusCode: 409, message: 'Upload tasks are still in progress' }, 'asked again: its package is pending, seen so now');
+});
+
 t.test('a start-upload write that lands but is answered as a lost compare-and-set is decided again on its own summary: started, the Connector called once', async (t) => {
   const { sessions, service } = await rig(t);
   let calls = 0;

@@ -133,7 +133,7 @@ t.test('spare leases: granted with a record, recorded like a lease, invisible to
   const p2 = decideIngestRecord(d.next, { id: 'p2', ...entry('products') }, NOW);
   if (!t.ok(p2.ok) || !p2.ok) return;
   t.equal(statusView(p2.next, 0, NOW).upload_tasks_finished, true, 'an unused spare lease holds nothing: upload tasks finished');
-  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000, startId: 's' });
+  const started = decideStart(p2.next, { dates, minDate: '2020-01-01', pendingBatches: 0, packagesSeen: packageCount(p2.next), now: NOW, leaseMs: 1000, startId: 's' });
   t.ok(started.ok && !('spare_leases' in started.next), 'start-upload is not held back by a spare lease, and ends it');
   // Taken by an ingest, the spare lease is recorded like any lease; renewed and released alike.
   const renewed = decideIngestRenew(p2.next, ['s1'], NOW + 50, 1000);
@@ -214,7 +214,7 @@ t.test('a record of an older version (every package listed) reads as recording e
 });
 
 t.test('start-upload check order', async (t) => {
-  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000, startId: 'start-1' };
+  const base = { dates, minDate: '2020-01-01', pendingBatches: 0, packagesSeen: packageCount(session('UPLOADING')), now: NOW, leaseMs: 1000, startId: 'start-1' };
   for (const s of ['STARTED', 'DONE'] as const) {
     const d = decideStart(session(s), { ...base, dates: { issues: [] } });
     t.ok(!d.ok && d.error.code === 'INVALID_SESSION_STATUS', `${s}: state first`);
@@ -228,6 +228,8 @@ t.test('start-upload check order', async (t) => {
   t.ok(!d.ok && d.error.code === 'NO_ENTITIES');
   d = decideStart(session('UPLOADING'), { ...base, pendingBatches: 1 });
   t.ok(!d.ok && d.error.code === 'UPLOAD_TASKS_IN_PROGRESS', 'pending batches');
+  d = decideStart(session('UPLOADING'), { ...base, packagesSeen: base.packagesSeen - 1 });
+  t.ok(!d.ok && d.error.code === 'UPLOAD_TASKS_IN_PROGRESS', 'a package recorded since the pending check was made (its lease gone with it)');
   d = decideStart(session('UPLOADING', { in_flight: { p: NOW + 1 } }), base);
   t.ok(!d.ok && d.error.code === 'UPLOAD_TASKS_IN_PROGRESS', 'in-flight ingest');
   d = decideStart(session('UPLOADING', { in_flight: { p: NOW - 1 } }), base);
@@ -251,7 +253,7 @@ t.test('a failed start rolls back only its own start', async (t) => {
 });
 
 t.test("a start held by its gateway: renewed, taken once the Connector took it, lapsed back to UPLOADING if its gateway died", async (t) => {
-  const d = decideStart(session('UPLOADING'), { dates, minDate: '2020-01-01', pendingBatches: 0, now: NOW, leaseMs: 1000, startId: 's' });
+  const d = decideStart(session('UPLOADING'), { dates, minDate: '2020-01-01', pendingBatches: 0, packagesSeen: packageCount(session('UPLOADING')), now: NOW, leaseMs: 1000, startId: 's' });
   if (!d.ok) return t.fail('started');
   const r = d.next;
   const at = r.workflow!.started_at;
