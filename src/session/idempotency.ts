@@ -61,8 +61,15 @@ export type Claim =
 
 export interface IdempotencyOptions {
   sessions: SessionStore;
-  /** The session service's `settleAttempts`: records one of a key's earlier attempts, or fences them all. */
-  service: { settleAttempts(client: ClientRef, uploadUuid: string, packageIds: readonly string[]): Promise<PackageEntry | null> };
+  /**
+   * The session service's `settleAttempts` (records one of a key's earlier attempts, or fences
+   * them all) and `sessionDeleted` (a key of a deleted session is free: docs/api.md, "After a
+   * delete a repeat is checked as new", while its record waits for the delete's clean-up).
+   */
+  service: {
+    settleAttempts(client: ClientRef, uploadUuid: string, packageIds: readonly string[]): Promise<PackageEntry | null>;
+    sessionDeleted(uploadUuid: string): Promise<boolean>;
+  };
   /** How long a stored answer is replayed; afterwards the key is free again and its record is removed. */
   ttlMs: number;
   /** Records one client may hold; past it the oldest done ones are removed. Default unbounded. */
@@ -110,7 +117,7 @@ export class IdempotentIngests {
    */
   async replay(client: ClientRef, key: string, fp: RequestFingerprint): Promise<StoredAnswer | null> {
     const cur = await this.#opts.sessions.get<IdempotencyRecord>(idempotencyKey(client.id, key));
-    if (!cur || this.#expired(cur.value)) return null;
+    if (!cur || this.#expired(cur.value) || (await this.#opts.service.sessionDeleted(cur.value.upload_uuid))) return null;
     if (!sameRequest(cur.value, fp)) throw errors.idempotencyKeyReused();
     return cur.value.state === 'done' ? { status: cur.value.status, body: cur.value.body } : null;
   }
@@ -131,7 +138,8 @@ export class IdempotentIngests {
     for (;;) {
       const cur = await sessions.get<IdempotencyRecord>(id);
       const now = this.#now();
-      if (!cur || this.#expired(cur.value)) {
+      // A record of another session is free once that one is deleted (this request passed its own session's checks).
+      if (!cur || this.#expired(cur.value) || (cur.value.upload_uuid !== fp.upload_uuid && (await this.#opts.service.sessionDeleted(cur.value.upload_uuid)))) {
         const record = this.#pending(fp, [packageId], now, now);
         try {
           const revision = cur ? await sessions.update(id, record, cur.revision) : await this.#createCounted(client.id, id, record);

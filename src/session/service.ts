@@ -228,6 +228,12 @@ export class SessionService {
     this.activeHints.set(clientId, uploadUuid);
   }
 
+  /** Whether `uploadUuid` is deleted (marked so, or its summary gone with the clean-up): what a key of it answered is replayed no more. */
+  async sessionDeleted(uploadUuid: string): Promise<boolean> {
+    const record = await this.summaries.read(uploadUuid);
+    return !record || record.value.deleted === true;
+  }
+
   async status(client: ClientRef, uploadUuid: string): Promise<StatusView> {
     const counts = () => (UPLOAD_UUID.test(uploadUuid) ? this.stored.perEntity(uploadUuid) : Promise.resolve(new Map<string, number>()));
     // The three reads go at once. When nothing is pending the stored counts are read again,

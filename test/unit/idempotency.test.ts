@@ -20,6 +20,8 @@ interface Rig {
   /** Package ids each settleAttempts call got, and what the next call answers. */
   settled: string[][];
   recorded: PackageEntry | null;
+  /** Sessions `sessionDeleted` answers true for. */
+  deleted: Set<string>;
   ledger(opts?: Partial<IdempotencyOptions>): IdempotentIngests;
 }
 
@@ -33,6 +35,7 @@ async function rig(t: Test): Promise<Rig> {
     clock: { now: 1_700_000_000_000 },
     settled: [],
     recorded: null,
+    deleted: new Set(),
     ledger: (opts = {}) =>
       new IdempotentIngests({
         sessions,
@@ -41,6 +44,7 @@ async function rig(t: Test): Promise<Rig> {
             r.settled.push([...ids]);
             return r.recorded;
           },
+          sessionDeleted: async (uuid) => r.deleted.has(uuid),
         },
         ttlMs: 86_400_000,
         leaseMs: 60_000,
@@ -86,6 +90,22 @@ t.test('a finished request is replayed; a different request under the key is ref
   t.equal(await ledger.replay({ ...client, id: 'other' }, 'k1', fp), null, 'keys are per client');
   const rec = await r.sessions.get<any>(idempotencyKey('acme', 'k1'));
   t.match(rec?.value, { state: 'done', status: 200, package_id: 'p-1', upload_uuid: 'u-1', entity: 'products', content_length: 120 });
+});
+
+t.test("a key of a deleted session is free while its record waits for the delete's clean-up: not replayed, claimed again for another session", async (t) => {
+  const r = await rig(t);
+  const ledger = r.ledger();
+  await run(t, await ledger.claim(client, 'k1', fp, 'p-1')).finish(ok200);
+  const next = { ...fp, upload_uuid: 'u-2' };
+  await t.rejects(ledger.claim(client, 'k1', next, 'p-2'), { code: 'IDEMPOTENCY_KEY_REUSED' }, 'while u-1 lives: another request');
+  r.deleted.add('u-1');
+  t.equal(await ledger.replay(client, 'k1', fp), null, 'the same request: checked as new (its session checks answer)');
+  t.equal(await ledger.replay(client, 'k1', next), null, 'in the next session: no replay, no reuse refusal');
+  const attempt = run(t, await ledger.claim(client, 'k1', next, 'p-2'));
+  t.equal(attempt.packageId, 'p-2', 'claimed for the new session');
+  t.same(r.settled, [], 'nothing of the deleted session is settled');
+  await attempt.finish(ok200);
+  t.match((await r.sessions.get<any>(idempotencyKey('acme', 'k1')))?.value, { state: 'done', upload_uuid: 'u-2', package_id: 'p-2' });
 });
 
 t.test('answers expire after ttlMs; the key then runs again', async (t) => {
@@ -162,7 +182,7 @@ t.test('a takeover that cannot settle keeps the earlier attempts for the next re
   await run(t, await r.ledger().claim(client, 'k', fp, 'p-1')).release(true);
   const failing = new IdempotentIngests({
     sessions: r.sessions,
-    service: { settleAttempts: async () => Promise.reject(new Error('store down')) },
+    service: { settleAttempts: async () => Promise.reject(new Error('store down')), sessionDeleted: async () => false },
     ttlMs: 86_400_000,
     leaseMs: 60_000,
     waitMs: 0,
