@@ -547,6 +547,33 @@ t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and l
   t.same(await Promise.all(['u-held', 'u-done'].map((u) => elsewhere.hasPending(u))), [false, false]);
 });
 
+t.test('NatsBatchQueue: a process that stops takes the commits it acked above the ack floor out of the stream on its way (no round of its own comes later)', async (t) => {
+  const h = await connection(t);
+  const stream = unique('STOPS');
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  const q = await openQueue(t, h, { ...queueOpts(stream), removeEveryMs: 20 });
+  await commit(q, meta('u-held', 'p1'), [Buffer.from('["p1"]\n')]);
+  await commit(q, meta('u-done', 'p2'), [Buffer.from('["p2"]\n')]);
+  let held!: () => void;
+  const inHand = new Promise<void>((resolve) => (held = resolve));
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  const holder = q.consume(async () => {
+    held();
+    await gate;
+  });
+  t.teardown(() => holder.stop());
+  await inHand; // p1: the floor stays below p2
+  // Another process (an uploader in a rolling restart) acks p2, then stops before its next round.
+  const leaving = await NatsBatchQueue.open(await connection(t), { ...queueOpts(stream), removeEveryMs: 3_600_000 });
+  t.same((await drain(t, leaving, 1)).map((d) => d.meta.package_id), ['p2']);
+  await leaving.close();
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 1, 'only p1 is left in the stream');
+  t.equal(await q.hasPending('u-done'), false, "p2 holds its session back nowhere (this process did not ack it)");
+  release();
+  await holder.stop();
+});
+
 t.test('NatsBatchQueue: a stream made as a work queue keeps working as one (retention cannot change in place)', async (t) => {
   const h = await connection(t);
   const stream = unique('OLDWQ');

@@ -16,7 +16,9 @@
  *
  * A commit acked above the floor (another package before it still in a handler, or waiting
  * out a redelivery delay) is not covered by the purge; one still there a round later is
- * deleted on its own, so a session's pending messages are never held back by another's.
+ * deleted on its own, so a session's pending messages are never held back by another's. The
+ * last round, as the process stops (`flush`), deletes every one left at once: no later round
+ * of this process will, and no other process knows they were acked.
  */
 import type { StreamMessages } from './messages.js';
 
@@ -63,12 +65,16 @@ export class AckedRemover {
     return this.#acked.has(seq);
   }
 
-  /** Runs a round now (after the one in flight), unless nothing this process acked is left. Never throws. */
+  /**
+   * The last round, as the consumer stops (after the one in flight), unless nothing this
+   * process acked is left: the commits above the floor go now, not a round later. Never throws.
+   */
   async flush(): Promise<void> {
     await this.#round;
     if (this.#acked.size === 0) return;
     clearTimeout(this.#timer);
     this.#timer = undefined;
+    for (const seq of this.#acked.keys()) this.#acked.set(seq, true);
     await this.#run();
   }
 
@@ -84,7 +90,7 @@ export class AckedRemover {
       this.#timer = undefined;
       void this.#run();
     }, ms);
-    // Leftovers of a process that exits are removed by the next round of another, or the sweep.
+    // A process that stops flushes; leftovers of a crash go once the floor passes them (the next purge of any process, or the sweep).
     this.#timer.unref();
   }
 
