@@ -1,3 +1,4 @@
+import { ConnectorJson } from '../connector/types.js';
 import { errors } from '../errors.js';
 import type { BufferedHandler } from '../http/server.js';
 import { authenticate, json, type ApiDeps } from './context.js';
@@ -11,7 +12,8 @@ export const startUpload =
   async (req, body) => {
     const client = authenticate(deps, req);
     const dates = parseStartBody(body, utcToday(deps.clock()));
-    return json(await deps.service.start(client, req.params.upload_uuid!, dates));
+    const answer = await deps.service.start(client, req.params.upload_uuid!, dates);
+    return answer instanceof ConnectorJson ? { status: 200, body: answer.text, raw: { contentType: 'application/json' } } : json(answer);
   };
 
 export const startUploadRoute: RouteDeclaration<ApiDeps> = {

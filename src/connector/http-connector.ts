@@ -1,7 +1,7 @@
 import { Pool } from 'undici';
 import { readBounded } from '../bounded-body.js';
 import { errors, MESSAGES } from '../errors.js';
-import type { Connector, WorkflowStart } from './types.js';
+import { ConnectorJson, type Connector, type WorkflowStart } from './types.js';
 
 export interface HttpConnectorOptions {
   /** Base URL (`CONNECTOR_URL`); its origin and path are used, a trailing slash is ignored. */
@@ -42,12 +42,13 @@ export class HttpConnector implements Connector {
     });
   }
 
-  async start(req: WorkflowStart): Promise<unknown> {
+  async start(req: WorkflowStart): Promise<ConnectorJson> {
     const { status, text } = await this.#post('/workflows', JSON.stringify(req), true);
     if (status >= 200 && status < 300) {
       if (text !== undefined) {
         try {
-          return JSON.parse(text) as unknown;
+          JSON.parse(text);
+          return new ConnectorJson(text);
         } catch {
           // not JSON: answered below as an invalid response
         }

@@ -37,10 +37,19 @@ export interface WorkflowObject {
   bytes: number;
 }
 
+/**
+ * A Connector's 2xx answer as it came, checked to be JSON: the client gets these bytes, since
+ * a parse and a serialisation would change some (`1.0` as `1`, an integer past 2^53 rounded).
+ */
+export class ConnectorJson {
+  constructor(readonly text: string) {}
+}
+
 export interface Connector {
   /**
-   * Starts the workflow of one upload. Resolves with the Connector's 2xx JSON body, to be
-   * answered to the client unchanged with 200. Throws:
+   * Starts the workflow of one upload. Resolves with the Connector's 2xx JSON body (over HTTP
+   * a `ConnectorJson`, its bytes; the emulator's own answer as a value), to be answered to the
+   * client unchanged with 200. Throws:
    * - `CONNECTOR_REJECTED` (409): the Connector answered 409; message is its `detail` or
    *   `message` (when a string), else its trimmed body text, else
    *   `Connector rejected the upload start, please contact support`;
