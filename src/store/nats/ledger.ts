@@ -27,10 +27,12 @@ export const ENTRY_ROUNDS = 2;
  * (history 1). Every write is a plain put of a key no other package uses, so writes never
  * conflict and need no compare-and-set: writing the same entry twice (a retry, or two
  * instances completing one recording) stores the same value. Puts of every session that are
- * ready at the same moment go out as one atomic batch where the server has them (2.12+). Reads go to the stream leader (no direct get), so an entry whose put was
- * acknowledged is read back everywhere. `list` is a KV watch of the session's keys, stopped
- * once the initial values are in, each waited for at most `retryMs`. The uploader's markers are keys `<upload_uuid>.<package_id>.stored`
- * in the same bucket: `drop` purges them with the entries, and `list` (keys of two tokens) skips them.
+ * ready at the same moment go out as one atomic batch where the server has them (2.12+).
+ * Reads go to the stream leader (no direct get), so an entry whose put was acknowledged is
+ * read back everywhere. `list` is a KV watch of the session's keys, stopped once the initial
+ * values are in, each waited for at most `retryMs`. The uploader's markers are keys
+ * `<upload_uuid>.<package_id>.stored` in the same bucket: `drop` purges them with the
+ * entries, and `list` (keys of two tokens) skips them.
  * With a session store and atomic batches (2.12+) the ledger counts its markers itself, each
  * marker and its session's counts in one batch (stored-counts.ts).
  */
