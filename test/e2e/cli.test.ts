@@ -2,14 +2,17 @@
  * The `ingest` command line as a child process against a started service: CSV edge cases
  * stored as the right typed rows, JSON output and exit codes, a re-run that stores nothing
  * twice, start --wait to DONE, 503 answers retried after their Retry-After without
- * duplicates, and `push --errors` (every record not accepted, fixed and sent again).
+ * duplicates, init, start and delete whose first answer is lost, and `push --errors` (every
+ * record not accepted, fixed and sent again).
  * (The 100 MiB push is cli-large.test.ts.)
  */
 import { existsSync } from 'node:fs';
 import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createServer, request } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { parse as parseCsv } from 'csv-parse/sync';
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { cliRunner, rowObjects, storedPackages } from '../support/cli.js';
 import { startService, tempDir } from '../support/harness.js';
 
@@ -319,6 +322,129 @@ t.test('503 answers are retried after their Retry-After, with the same key, and 
   const ids = rowObjects(stored).map((r) => r.product_id);
   t.equal(ids.length, n, 'every row stored');
   t.equal(new Set(ids).size, n, 'none twice');
+});
+
+/** An answer the proxy took from the service and never passed on. */
+interface Lost {
+  status: number;
+  body: any;
+}
+
+/**
+ * An HTTP proxy in front of the service that loses the answer to the next request whose path
+ * ends with `path`: the request is carried out, and its answer is held until the client gave
+ * up on it (`late`: its deadline, the CLI's --timeout, closes the connection) or the
+ * connection is closed at once (`reset`). Every other request goes through as it is.
+ */
+async function losingProxy(t: Test, target: string): Promise<{ url: string; lose(path: string, how: 'late' | 'reset'): Promise<Lost>; seen: string[] }> {
+  const seen: string[] = [];
+  let armed: { path: string; how: 'late' | 'reset'; lost(answer: Lost): void } | null = null;
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      seen.push(`${req.method} ${req.url}`);
+      const losing = armed !== null && req.url!.endsWith(armed.path) ? armed : null;
+      if (losing) armed = null;
+      const { host: _host, connection: _connection, ...headers } = req.headers;
+      const upstream = request(`${target}${req.url}`, { method: req.method, headers }, (answer) => {
+        const body: Buffer[] = [];
+        answer.on('data', (c: Buffer) => body.push(c));
+        answer.on('end', () => {
+          const text = Buffer.concat(body);
+          if (!losing) {
+            const { connection: _c, 'keep-alive': _k, 'transfer-encoding': _te, ...rest } = answer.headers;
+            res.writeHead(answer.statusCode!, { ...rest, 'content-length': text.length }).end(text);
+            return;
+          }
+          const lost = { status: answer.statusCode!, body: JSON.parse(text.toString('utf8')) };
+          if (losing.how === 'reset') {
+            req.socket.destroy();
+            losing.lost(lost);
+          } else if (res.closed) losing.lost(lost);
+          else res.on('close', () => losing.lost(lost));
+        });
+      });
+      upstream.on('error', () => res.destroy());
+      upstream.end(Buffer.concat(chunks));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => {
+    server.closeAllConnections();
+    return new Promise<void>((resolve) => server.close(() => resolve()));
+  });
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    seen,
+    lose: (path, how) => new Promise<Lost>((lost) => (armed = { path, how, lost })),
+  };
+}
+
+t.test('init whose answer is lost (late): the retry\'s 409 names the session it may have made, said as such', async (t) => {
+  const svc = await startService(t);
+  const proxy = await losingProxy(t, svc.url);
+  const cli = await cliRunner(t, proxy);
+
+  // Its 200 comes after --timeout; the retry's 409 names the session that attempt made, which
+  // no answer of the service tells from one open before: said, not claimed.
+  const lost = proxy.lose('/initialize-session', 'late');
+  const init = await cli.run(['init', '--timeout', '1', '--json']);
+  const made = await lost;
+  t.match(made, { status: 200, body: { status: 'created' } });
+  const uuid: string = made.body.upload_uuid;
+  t.match(init.stderr, /no answer within 1000 ms; retry 1 in/);
+  t.equal(init.code, 1, 'exits 1', { stdout: init.stdout, stderr: init.stderr });
+  t.match(init.json, {
+    error: {
+      status: 409,
+      message: `409 Upload session already exists: upload ${uuid} is UPLOADING (push with --upload to add to it, or delete it); an earlier attempt's answer was lost, so this may be the session that attempt created (the service's answers do not tell it from one open before)`,
+    },
+  });
+  t.equal(proxy.seen.filter((s) => s.endsWith('/initialize-session')).length, 2);
+  t.match((await cli.run(['status', '--json'])).json, { upload_uuid: uuid, session_status: 'UPLOADING' }, 'and remembered');
+});
+
+t.test('start --wait whose answer is lost (late): the retry\'s 409 STARTED is that start, and the workflow is waited for', async (t) => {
+  const svc = await startService(t);
+  const proxy = await losingProxy(t, svc.url);
+  const cli = await cliRunner(t, proxy);
+  const dir = await tempDir(t, 'cli-lost-start-');
+  const file = join(dir, 'products.csv');
+  await writeFile(file, 'product_id,name,price\np1,Water,0.5\n');
+  const push = await cli.run(['push', file, '--entity', 'products', '--json', '--quiet']);
+  t.equal(push.code, 0, 'exits 0', { stdout: push.stdout, stderr: push.stderr.slice(-3000) });
+  const uuid: string = push.json.upload_uuid;
+
+  // The Connector's answer comes after --timeout; the retry meets the session STARTED (or DONE already).
+  const lost = proxy.lose('/start-upload', 'late');
+  const start = await cli.run(['start', '--from', '2024-01-01', '--wait', '--timeout', '1', '--json']);
+  t.match(await lost, { status: 200, body: { status: 'started', entities: [{ name: 'products', rows: 1 }] } });
+  t.match(start.stderr, /no answer within 1000 ms; retry 1 in/);
+  t.match(start.stderr, new RegExp(`upload ${uuid}: start-upload's answer was lost, and its retry found the session (STARTED|DONE): it started`));
+  t.equal(start.code, 0, 'exits 0', { stdout: start.stdout, stderr: start.stderr });
+  t.match(start.json, { ok: true, start: { answer_lost: true, status: { upload_uuid: uuid } }, status: { upload_uuid: uuid, session_status: 'DONE' } });
+  t.equal(proxy.seen.filter((s) => s.endsWith('/start-upload')).length, 2, 'start-upload twice: carried out, then refused');
+});
+
+t.test('delete whose answer is lost (reset): the retry finds no session, and the call is reported as deleted', async (t) => {
+  const svc = await startService(t);
+  const proxy = await losingProxy(t, svc.url);
+  const cli = await cliRunner(t, proxy);
+  const init = await cli.run(['init', '--json']);
+  t.equal(init.code, 0);
+  const uuid: string = init.json.upload_uuid;
+
+  // The connection closes once the service deleted the session.
+  const lost = proxy.lose('/delete', 'reset');
+  const del = await cli.run(['delete', '--json']);
+  t.match(await lost, { status: 200, body: { message: 'Upload deletion started' } });
+  t.match(del.stderr, /retry 1 in/);
+  t.equal(del.code, 0, 'exits 0', { stdout: del.stdout, stderr: del.stderr });
+  t.match(del.json, { status: 'started', message: `Upload deletion started: upload ${uuid} is gone (the answer to delete was lost)`, answer_lost: true });
+  t.equal(proxy.seen.filter((s) => s.endsWith('/delete')).length, 2);
+  t.match((await cli.run(['status', uuid, '--json'])).json, { error: { status: 404 } });
+  t.equal((await cli.run(['status'])).code, 2, 'no longer remembered');
 });
 
 t.test('status without a remembered session names the real cause; --watch --until ends; counts read right', async (t) => {

@@ -5,10 +5,10 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { IngestClient } from '../../client/client.js';
 import { CLI_DEFAULTS } from '../../client/defaults.js';
 import { UsageError } from '../../client/cli-config.js';
-import { ApiError, ClientError, isApiError } from '../../client/errors.js';
-import type { InitializeResult, StatusView } from '../../client/types.js';
+import { ApiError, ClientError, isApiError, isRecord } from '../../client/errors.js';
+import type { InitializeResult, OperationResult, StartResult, StatusView } from '../../client/types.js';
 import { seconds, str } from './args.js';
-import { callOpts, EXIT, type Cli } from './context.js';
+import { callOpts, EXIT, type Answer, type Cli } from './context.js';
 
 export class WaitTimeout extends Error {
   override readonly name = 'WaitTimeout';
@@ -21,15 +21,34 @@ export class WaitTimeout extends Error {
   }
 }
 
+/** An initialize-session answer; `answer_lost`: an earlier attempt went unanswered (see `initialize`). */
+export type Initialized = InitializeResult & { answer_lost?: true };
+
+/**
+ * initialize-session, retried. After an attempt that went unanswered, an `already_exists`
+ * may name the session that attempt made, or one that was open before: the service's answers
+ * do not tell the two apart (the 409 carries no creation time), so it is marked, not taken
+ * as made.
+ */
+export function initialize(cli: Cli, client: IngestClient): Promise<Initialized> {
+  return cli.change<Initialized>(
+    () => client.initialize(callOpts(cli)),
+    async (last) => ('value' in last && last.value.status === 'already_exists' ? { ...last.value, answer_lost: true } : undefined),
+  );
+}
+
 /** The initialize-session 409 as an error that names the session in the way. */
-export function initConflict(init: Exclude<InitializeResult, { status: 'created' }>): ApiError {
+export function initConflict(init: Exclude<Initialized, { status: 'created' }>): ApiError {
   const hint = init.status === 'already_exists' ? 'push with --upload to add to it, or delete it' : 'wait for it, or terminate it';
-  return new ApiError(409, { ...init, detail: `${init.message}: upload ${init.upload_uuid} is ${init.session_status} (${hint})` }, null);
+  const lost = init.answer_lost
+    ? "; an earlier attempt's answer was lost, so this may be the session that attempt created (the service's answers do not tell it from one open before)"
+    : '';
+  return new ApiError(409, { ...init, detail: `${init.message}: upload ${init.upload_uuid} is ${init.session_status} (${hint})${lost}` }, null);
 }
 
 export async function initCommand(cli: Cli): Promise<number> {
   const client = await cli.client();
-  const init = await cli.call(() => client.initialize(callOpts(cli)));
+  const init = await initialize(cli, client);
   await cli.remember(init.upload_uuid);
   if (init.status === 'created') {
     cli.print(init, init.upload_uuid);
@@ -82,17 +101,21 @@ export async function startCommand(cli: Cli): Promise<number> {
 
   // Wait for can_start_upload; a session that cannot become startable by waiting is sent
   // to start-upload anyway, so that the service says why.
-  const ready = await poll(cli, client, uuid, interval, (s) => s.can_start_upload || s.session_status !== 'UPLOADING' || s.entities.length === 0);
+  let ready = await poll(cli, client, uuid, interval, (s) => s.can_start_upload || s.session_status !== 'UPLOADING' || s.entities.length === 0);
   if (!ready.can_start_upload) cli.note(`upload ${uuid} cannot start: ${describeStatus(ready)}`);
   let started: Record<string, unknown>;
   for (;;) {
     try {
-      started = await cli.call(() => client.start(uuid, { date_from: from, date_to: to }, callOpts(cli)));
+      const before = ready;
+      started = await cli.change(
+        () => client.start(uuid, { date_from: from, date_to: to }, callOpts(cli)),
+        (last) => settleStart(cli, client, before, last),
+      );
       break;
     } catch (err) {
       // A package committed between our poll and the call: wait again.
       if (!(isApiError(err) && err.status === 409 && err.detail === 'Upload tasks are still in progress')) throw err;
-      await poll(cli, client, uuid, interval, (s) => s.can_start_upload || s.session_status !== 'UPLOADING');
+      ready = await poll(cli, client, uuid, interval, (s) => s.can_start_upload || s.session_status !== 'UPLOADING');
     }
   }
   await cli.remember(uuid);
@@ -125,7 +148,10 @@ export async function terminateCommand(cli: Cli): Promise<number> {
 export async function deleteCommand(cli: Cli): Promise<number> {
   const client = await cli.client();
   const uuid = await cli.uploadUuid();
-  const result = await cli.call(() => client.delete(uuid, callOpts(cli)));
+  const result = await cli.change<Deleted>(
+    () => client.delete(uuid, callOpts(cli)),
+    (last) => settleDelete(cli, client, uuid, last),
+  );
   const creds = await cli.creds();
   if ((await cli.memory.get(creds.url, creds.clientId)) === uuid) await cli.remember(null);
   cli.print(result, result.message);
@@ -140,6 +166,40 @@ export async function entitiesCommand(cli: Cli): Promise<number> {
     .join('\n');
   cli.print(catalog, human);
   return EXIT.OK;
+}
+
+/**
+ * A start after an attempt that went unanswered: a 409 `actual` STARTED or DONE of a session
+ * that was UPLOADING when the call began is what that attempt did (start-upload sets STARTED
+ * before it answers), so the call started the session; its status stands for the Connector's
+ * answer, which is lost.
+ */
+async function settleStart(cli: Cli, client: IngestClient, before: StatusView, last: Answer<StartResult>): Promise<StartResult | undefined> {
+  const actual = 'error' in last && last.error.status === 409 && isRecord(last.error.detail) ? last.error.detail.actual : undefined;
+  if ((actual !== 'STARTED' && actual !== 'DONE') || before.session_status !== 'UPLOADING') return undefined;
+  const uuid = before.upload_uuid;
+  const status = await cli.call(() => client.status(uuid, callOpts(cli)));
+  cli.note(`upload ${uuid}: start-upload's answer was lost, and its retry found the session ${actual}: it started`);
+  return { answer_lost: true, status };
+}
+
+/** A delete's answer; `answer_lost`: the call's was lost, and the session is gone (see `settleDelete`). */
+type Deleted = OperationResult & { answer_lost?: true };
+
+/**
+ * A delete after an attempt that went unanswered: a refusal for want of the session (400 none
+ * active, 403 another one made since, 404) is what that attempt did when the session's own
+ * status is 404 too.
+ */
+async function settleDelete(cli: Cli, client: IngestClient, uuid: string, last: Answer<Deleted>): Promise<Deleted | undefined> {
+  if (!('error' in last) || ![400, 403, 404].includes(last.error.status)) return undefined;
+  try {
+    await cli.call(() => client.status(uuid, callOpts(cli)));
+    return undefined; // still there: the refusal stands
+  } catch (err) {
+    if (!(isApiError(err) && err.status === 404)) throw err;
+  }
+  return { status: 'started', message: `Upload deletion started: upload ${uuid} is gone (the answer to delete was lost)`, answer_lost: true };
 }
 
 /** Polls status until `done` holds; bounded by --wait-timeout. Transient failures are retried. */

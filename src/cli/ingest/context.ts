@@ -4,6 +4,7 @@
 import { IngestClient } from '../../client/client.js';
 import { CLI_DEFAULTS } from '../../client/defaults.js';
 import { resolveCredentials, SessionMemory, UsageError, type Credentials } from '../../client/cli-config.js';
+import { isApiError, isClientError, type ApiError } from '../../client/errors.js';
 import { withRetry, type RetryPolicy } from '../../client/retry.js';
 import { seconds, str } from './args.js';
 
@@ -22,6 +23,9 @@ export const EXIT = {
 } as const;
 
 export type Values = Record<string, string | boolean | undefined>;
+
+/** What the last attempt of a call got: the call's value, or the service's refusal. */
+export type Answer<T> = { value: T } | { error: ApiError };
 
 export interface CliIo {
   stdout: { write(text: string): unknown; isTTY?: boolean };
@@ -123,6 +127,35 @@ export class Cli {
 
   call<T>(fn: () => Promise<T>): Promise<T> {
     return withRetry(fn, this.retry());
+  }
+
+  /**
+   * `call` for a change that is not idempotent (init, start, delete). An attempt that ended
+   * without an answer (TIMEOUT, NETWORK) may have been carried out all the same, and then a
+   * later attempt meets its effect instead of the state the call began in (start: 409
+   * `actual` STARTED; delete: the session gone; init: 409 naming the session it made).
+   * After such an attempt only, `settle` gets what the last attempt got and returns what the
+   * call did; undefined leaves that answer as it is.
+   */
+  async change<T>(fn: () => Promise<T>, settle: (last: Answer<T>) => Promise<T | undefined>): Promise<T> {
+    let unanswered = false;
+    let value: T;
+    try {
+      value = await this.call(async () => {
+        try {
+          return await fn();
+        } catch (err) {
+          if (isClientError(err) && (err.code === 'TIMEOUT' || err.code === 'NETWORK')) unanswered = true;
+          throw err;
+        }
+      });
+    } catch (err) {
+      if (!unanswered || !isApiError(err)) throw err;
+      const settled = await settle({ error: err });
+      if (settled === undefined) throw err;
+      return settled;
+    }
+    return unanswered ? ((await settle({ value })) ?? value) : value;
   }
 
   /** The result: JSON on stdout with --json, else the human text. */

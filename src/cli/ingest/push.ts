@@ -15,7 +15,7 @@ import { push, type PackageFailure, type PushSummary } from '../../client/push.j
 import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from '../../client/sources.js';
 import { ERROR_CHECKS_MAX, ErrorsFile, errorsFileFormat, writeRefused } from '../errors-file.js';
 import { integer, MAX_PARALLEL, MAX_RATE, number, parseSize, str } from './args.js';
-import { initConflict } from './commands.js';
+import { initConflict, initialize } from './commands.js';
 import { callOpts, EXIT, type Cli } from './context.js';
 
 export async function pushCommand(cli: Cli): Promise<number> {
@@ -272,10 +272,10 @@ async function pushSession(cli: Cli, client: IngestClient): Promise<string> {
     if (status.session_status !== 'UPLOADING') throw new ApiError(409, { detail: `upload ${given} is ${status.session_status}, not UPLOADING` }, null);
     return given;
   }
-  const init = await cli.call(() => client.initialize(callOpts(cli)));
+  const init = await initialize(cli, client);
   if (init.status === 'created') return init.upload_uuid;
   if (init.status === 'already_exists' && !cli.values.new) {
-    cli.note(`using the open upload session ${init.upload_uuid}`);
+    cli.note(`using the open upload session ${init.upload_uuid}${init.answer_lost ? " (perhaps the one this push created: an earlier attempt's answer was lost)" : ''}`);
     return init.upload_uuid;
   }
   throw initConflict(init);
