@@ -12,13 +12,14 @@ import { UsageError } from '../../client/cli-config.js';
 import { ApiError, isClientError } from '../../client/errors.js';
 import { fmtCount, fmtInt, PushProgress, type ProgressMode } from '../../client/progress.js';
 import { push, type PackageFailure, type PushSummary } from '../../client/push.js';
-import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat, type SourceRow } from '../../client/sources.js';
+import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat } from '../../client/sources.js';
 import { ERROR_CHECKS_MAX, ErrorsFile, errorsFileFormat, writeRefused } from '../errors-file.js';
 import { integer, MAX_PARALLEL, MAX_RATE, number, parseSize, str } from './args.js';
 import { initConflict, initialize } from './commands.js';
 import { callOpts, EXIT, type Cli } from './context.js';
 
-export async function pushCommand(cli: Cli): Promise<number> {
+/** `open`: how an input becomes rows (a test counts the readers open at once). */
+export async function pushCommand(cli: Cli, open: typeof openSource = openSource): Promise<number> {
   const v = cli.values;
   if (cli.positionals.length === 0) throw new UsageError('push: which file? (ingest push <file...> --entity E)');
   const entityName = str(v.entity);
@@ -47,10 +48,17 @@ export async function pushCommand(cli: Cli): Promise<number> {
     const entity = catalog.entities.find((e) => e.name === entityName);
     if (!entity) throw new UsageError(`--entity: unknown entity ${JSON.stringify(entityName)} (known: ${catalog.entities.map((e) => e.name).join(', ')})`);
 
-    // Every header is checked before a session is touched: a wrong file changes nothing.
-    const sources: Primed[] = [];
-    for (const input of inputs) sources.push(await primed(await openSource(input.path, input.format, entity)));
-    if (errorsPath !== undefined) errors = await ErrorsFile.open(errorsPath, errorsFormat!, [...new Set(sources.flatMap((s) => s.columns ?? []))], inputs.length > 1);
+    // Every header is checked before a session is touched: a wrong file changes nothing. One
+    // input at a time, its reader ended after the check; each is read again from its start
+    // when its turn comes, so memory holds one input's rows however many inputs there are.
+    const sources: RowSource[] = [];
+    const columns = new Set<string>();
+    for (const input of inputs) {
+      const source = await open(input.path, input.format, entity);
+      for (const c of (await checkedColumns(source)) ?? []) columns.add(c);
+      sources.push(source);
+    }
+    if (errorsPath !== undefined) errors = await ErrorsFile.open(errorsPath, errorsFormat!, [...columns], inputs.length > 1);
     const uploadUuid = await pushSession(cli, client);
     await cli.remember(uploadUuid);
 
@@ -241,28 +249,20 @@ function pushExit(s: PushSummary): number {
   return s.input_error !== null && s.packages_failed === 0 ? EXIT.INPUT : EXIT.FAILED;
 }
 
-/** A source whose first rows are read; `columns`: those of its first row when it is an array row (a CSV file's header). */
-type Primed = RowSource & { readonly columns: readonly string[] | null };
-
-/** Reads the first rows now, so that a file whose header is wrong fails before any call changes anything. */
-async function primed(source: RowSource): Promise<Primed> {
+/**
+ * Reads the first rows of `source`, so that a file whose header is wrong fails before any call
+ * changes anything, then ends the reading (its file closed, the rows dropped). The columns of
+ * its first row when it is an array row (a CSV file's header), else null.
+ */
+async function checkedColumns(source: RowSource): Promise<readonly string[] | null> {
   const rows = source.rows();
-  const first = await rows.next();
-  const head = first.done ? undefined : first.value[0];
-  return {
-    path: source.path,
-    format: source.format,
-    totalBytes: source.totalBytes,
-    columns: head?.kind === 'array' ? head.columns : null,
-    get bytesRead() {
-      return source.bytesRead;
-    },
-    async *rows(): AsyncGenerator<SourceRow[]> {
-      if (first.done) return;
-      yield first.value;
-      yield* rows;
-    },
-  };
+  try {
+    const first = await rows.next();
+    const head = first.done ? undefined : first.value[0];
+    return head?.kind === 'array' ? head.columns : null;
+  } finally {
+    await rows.return(undefined);
+  }
 }
 
 async function pushSession(cli: Cli, client: IngestClient): Promise<string> {

@@ -1,0 +1,125 @@
+/**
+ * `ingest push` in process against a fake service: a push of many inputs reads one at a time
+ * (each header checked and its reader ended before the next is opened, each read again in
+ * its turn), so memory holds one input's rows however many inputs there are.
+ */
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import t from 'tap';
+import type { IngestClient } from '../../src/client/client.js';
+import { openSource, type RowSource, type SourceFormat } from '../../src/client/sources.js';
+import type { CatalogEntity } from '../../src/client/types.js';
+import { pushCommand } from '../../src/cli/ingest/push.js';
+import { Cli, EXIT } from '../../src/cli/ingest/context.js';
+
+const PRODUCTS: CatalogEntity = {
+  name: 'products',
+  columns: [
+    { name: 'product_id', type: 'string', required: true },
+    { name: 'name', type: 'string', required: true },
+    { name: 'price', type: 'number', required: false },
+  ],
+  required: ['product_id', 'name'],
+  parents: [],
+};
+
+/** A service that stores every package it is sent, and the readers open at each send. */
+function fakeClient(readersOpen: () => number) {
+  const sends: { rows: number; readersOpen: number }[] = [];
+  const client = {
+    async entities() {
+      return { entities: [PRODUCTS] };
+    },
+    async initialize() {
+      return { status: 'created', upload_uuid: '00000000-0000-4000-8000-000000000001' };
+    },
+    async ingestWithRetry(_uuid: string, _entity: string, body: Uint8Array) {
+      const rows = (JSON.parse(Buffer.from(body).toString('utf8')) as { data: unknown[] }).data.length;
+      sends.push({ rows, readersOpen: readersOpen() });
+      return { status: 'success', message: '', rows_processed: rows, replayed: false };
+    },
+  };
+  return { client: client as unknown as IngestClient, sends };
+}
+
+/** A command line whose client is `client` and which remembers nothing. */
+class TestCli extends Cli {
+  constructor(
+    private readonly fake: IngestClient,
+    positionals: string[],
+    readonly out: string[],
+  ) {
+    super({ stdout: { write: (s: string) => out.push(s) }, stderr: { write: () => true }, env: {} }, { entity: 'products', 'package-size': '32KiB', json: true, quiet: true }, positionals);
+  }
+
+  override async client(): Promise<IngestClient> {
+    return this.fake;
+  }
+
+  override async remember(): Promise<void> {}
+}
+
+t.test('a push of many files reads one at a time: each header checked and its reader ended, each read again in its turn', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'cli-push-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const files = 12;
+  const per = 3000; // about 90 KB a file: several packages of 32 KiB
+  const paths: string[] = [];
+  for (let f = 0; f < files; f++) {
+    const path = join(dir, `part-${String(f).padStart(2, '0')}.csv`);
+    await writeFile(path, `product_id,name,price\n${Array.from({ length: per }, (_, i) => `p${f}-${i},Name ${i},${i % 100}`).join('\n')}\n`);
+    paths.push(path);
+  }
+
+  // A reader is open from its first read to its end (the stream and its rows held).
+  let open = 0;
+  let most = 0;
+  let opened = 0;
+  const counted = async (path: string, format: SourceFormat, entity: CatalogEntity): Promise<RowSource> => {
+    const source = await openSource(path, format, entity);
+    return {
+      path: source.path,
+      format: source.format,
+      totalBytes: source.totalBytes,
+      get bytesRead() {
+        return source.bytesRead;
+      },
+      async *rows() {
+        open++;
+        opened++;
+        most = Math.max(most, open);
+        try {
+          yield* source.rows();
+        } finally {
+          open--;
+        }
+      },
+    };
+  };
+  const { client, sends } = fakeClient(() => open);
+  const out: string[] = [];
+  const code = await pushCommand(new TestCli(client, paths, out), counted);
+
+  t.equal(code, EXIT.OK, 'exits 0', { out });
+  const result = JSON.parse(out.join('')) as { ok: boolean; files: { rows_accepted: number }[] };
+  t.same(
+    result.files.map((f) => f.rows_accepted),
+    paths.map(() => per),
+    'every row of every file',
+  );
+  t.equal(
+    sends.reduce((n, s) => n + s.rows, 0),
+    files * per,
+    'sent once',
+  );
+  t.ok(sends.length > files, `${sends.length} packages`);
+  t.equal(most, 1, 'at most one reader open at once (the header checks and the sends alike)');
+  t.same(
+    sends.filter((s) => s.readersOpen > 1),
+    [],
+    'no package sent while another input is open (before: every input, from the first send on)',
+  );
+  t.equal(opened, 2 * files, 'each input read twice: its header checked, then its rows sent');
+  t.equal(open, 0, 'every reader ended');
+});
