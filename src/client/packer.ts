@@ -79,14 +79,12 @@ export class Packer {
     const size = enc(json);
     let sealed: Package | null = null;
     let open = this.#open;
-    if (open && (open.index !== null || open.columns !== columns || open.bytes + 1 + size > this.maxBytes)) {
+    if (!open || open.index !== null || open.columns !== columns || open.bytes + 1 + size > this.maxBytes) {
+      const fresh = this.#start(columns, null, record);
+      // Refused before the open package is sealed: its rows stay open, for flush() to send.
+      if (fresh.bytes + size > this.maxBytes) throw tooLarge(record, fresh.bytes + size, this.maxBytes);
       sealed = this.flush();
-      open = null;
-    }
-    if (!open) {
-      open = this.#start(columns, null, record);
-      if (open.bytes + size > this.maxBytes) throw tooLarge(record, open.bytes + size, this.maxBytes);
-      this.#open = open;
+      this.#open = open = fresh;
     } else open.bytes += 1;
     open.texts.push(json);
     open.bytes += size;
@@ -101,19 +99,13 @@ export class Packer {
     for (const t of texts) valueBytes += enc(t);
     let sealed: Package | null = null;
     let open = this.#open;
-    if (open && open.index === null) {
-      sealed = this.flush();
-      open = null;
-    }
-    if (open && this.#sizeWith(open, keys, valueBytes) > this.maxBytes) {
-      sealed = this.flush();
-      open = null;
-    }
-    if (!open) {
-      open = this.#start([], new Map(), record);
-      const size = this.#sizeWith(open, keys, valueBytes);
+    if (!open || open.index === null || this.#sizeWith(open, keys, valueBytes) > this.maxBytes) {
+      const fresh = this.#start([], new Map(), record);
+      const size = this.#sizeWith(fresh, keys, valueBytes);
+      // Refused before the open package is sealed: its rows stay open, for flush() to send.
       if (size > this.maxBytes) throw tooLarge(record, size, this.maxBytes);
-      this.#open = open;
+      sealed = this.flush();
+      this.#open = open = fresh;
     }
     const index = open.index!;
     const columns = open.columns as string[];

@@ -10,6 +10,11 @@
  *   path does not enter the key; a changed file makes changed packages and new keys.
  * - A package that fails for good (a 4xx, or retries spent) stops the reading of new
  *   packages unless `keepGoing`; the packages in flight finish either way.
+ * - A file that stops being readable (an `INPUT` error: a broken record, a row too large for
+ *   a package) ends the reading. The rows since the last package sealed are not sent
+ *   (`unsent_from`): the fixed file cuts the same packages before them, with the same keys, so
+ *   pushing it again stores every row once (sent as a package of their own, they would come
+ *   again inside a longer one).
  */
 import { createHash } from 'node:crypto';
 import type { IngestClient } from './client.js';
@@ -82,6 +87,7 @@ export interface PushSummary {
   packages_failed: number;
   /** Accepted packages the service had already stored (a re-run): answered from their key, not stored again. */
   packages_replayed: number;
+  /** Rows taken into packages, in file order (a row too large for any package is not one of them). */
   rows_read: number;
   rows_sent: number;
   rows_accepted: number;
@@ -93,8 +99,10 @@ export interface PushSummary {
   retries: number;
   elapsed_ms: number;
   failures: PackageFailure[];
-  /** The file stopped being readable as rows (nothing after that point was sent). */
+  /** The file stopped being readable as rows (nothing from `unsent_from` on was sent). */
   input_error: string | null;
+  /** With `input_error`: the file record from which on nothing was sent (the open package's first), or null when that is the bad record itself. */
+  unsent_from: number | null;
   aborted: boolean;
 }
 
@@ -127,6 +135,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
     elapsed_ms: 0,
     failures: [],
     input_error: null,
+    unsent_from: null,
     aborted: false,
   };
   const emit = opts.onEvent ?? (() => {});
@@ -185,8 +194,8 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
       for await (const batch of opts.source.rows()) {
         for (const row of batch) {
           if (stop || opts.signal?.aborted) break reading;
-          summary.rows_read++;
           const sealed = packer.add(row);
+          summary.rows_read++;
           if (sealed && !(await dispatch(sealed))) break reading;
         }
       }
@@ -196,6 +205,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
   } catch (err) {
     if (!isClientError(err) || err.code !== 'INPUT') throw err;
     summary.input_error = err.message;
+    summary.unsent_from = packer.flush()?.firstRecord ?? null;
   } finally {
     await Promise.all(inFlight);
   }

@@ -2,8 +2,9 @@
  * The `ingest` command line as a child process against a started service: CSV edge cases
  * stored as the right typed rows, JSON output and exit codes, a re-run that stores nothing
  * twice, start --wait to DONE, 503 answers retried after their Retry-After without
- * duplicates, init, start and delete whose first answer is lost, and `push --errors` (every
- * record not accepted, fixed and sent again).
+ * duplicates, init, start and delete whose first answer is lost, `push --errors` (every record
+ * not accepted, fixed and sent again), and a file that stops being readable (the records from
+ * the unsent package on named, the fixed file pushed again storing each row once).
  * (The 100 MiB push is cli-large.test.ts.)
  */
 import { existsSync } from 'node:fs';
@@ -696,4 +697,39 @@ t.test('push --errors of several CSV inputs (standard input too): the union of t
     { product_id: 'b1', name: 'C', price: 2, is_active: true },
     { product_id: 'b2', name: 'D', price: 3, is_active: false },
   ]);
+});
+
+t.test('a file whose last record cannot be read: the summary says from which record on nothing was sent, and the fixed file pushed again stores every row once', async (t) => {
+  const svc = await startService(t);
+  const cli = await cliRunner(t, svc);
+  const dir = await tempDir(t, 'cli-unreadable-');
+  const n = 300;
+  const file = join(dir, 'products.csv');
+  const rows = Array.from({ length: n }, (_, i) => `p${i},Name ${i},${i}`).join('\n');
+  // Record n + 1 opens a quote that never closes: the file stops being readable at its end.
+  await writeFile(file, `product_id,name,price\n${rows}\np-bad,"never closed,1\n`);
+  const errorsFile = join(dir, 'errors.csv');
+  // 2 KiB packages of about 100 rows: the rows read after the last full one are an open package, not sent.
+  const push = (more: string[]) => cli.run(['push', file, '--entity', 'products', '--package-size', '2KiB', '--errors', errorsFile, ...more]);
+  const run = await push(['--new', '--json']);
+  t.not(run.code, 0, 'not done', { stdout: run.stdout, stderr: run.stderr.slice(-3000) });
+  t.match(run.json, { ok: false, packages_failed: 0, input_error: /invalid CSV: Quote Not Closed/, errors_file: null });
+  const sent = run.json.rows_sent as number;
+  t.ok(sent > 0 && sent < n, `the full packages went (${sent} rows), the open one did not`);
+  t.equal(run.json.unsent_from, sent + 1, 'nothing sent from the open package\'s first record on');
+  const stored = () => storedPackages(svc, run.json.upload_uuid).then((p) => rowObjects(p).map((r) => r.product_id as string).sort());
+  t.same(await stored(), Array.from({ length: sent }, (_, i) => `p${i}`).sort(), 'the session holds the rows sent, once');
+
+  const human = await push(['-q']);
+  t.match(human.stdout, new RegExp(`\\n {2}the file stopped being readable: .*Quote Not Closed.*; its records from ${sent + 1} on were not sent\\n`));
+  t.match(human.stdout, new RegExp(`\\n {2}every record sent was accepted, but the records from ${sent + 1} on were not sent: no .*errors\\.csv written\\n`));
+  t.notMatch(human.stdout, /every record was accepted/);
+  t.match(human.stdout, /\n {2}fix the file and push it again: packages already stored are answered, not stored again\n$/);
+
+  // As the summary says: the fixed file cuts the same packages before the open one (answered from their keys), then the rest.
+  await writeFile(file, `product_id,name,price\n${rows}\np-bad,"closed now",1\n`);
+  const fixed = await push(['--json']);
+  t.equal(fixed.code, 0, 'the fixed file is done', { stdout: fixed.stdout, stderr: fixed.stderr.slice(-3000) });
+  t.same(await stored(), [...Array.from({ length: n }, (_, i) => `p${i}`), 'p-bad'].sort(), 'every row of the file stored once');
+  t.notOk(existsSync(errorsFile), 'no errors file');
 });

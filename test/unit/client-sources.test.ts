@@ -263,3 +263,31 @@ t.test('Packer: object rows get the union of their keys, missing keys as null, s
   }
   t.throws(() => pack([{ kind: 'object', value: { product_id: 'x'.repeat(500), name: 'a' }, record: 7 }], 200), /record 7: a package holding only this row would be/);
 });
+
+t.test('Packer: a row that fits no package leaves the rows before it open, for flush() to send', async (t) => {
+  const columns = ['product_id', 'name'];
+  const huge = 'x'.repeat(500);
+  for (const [kind, row] of [
+    ['array', (i: number, name: string): SourceRow => ({ kind: 'array', columns, json: JSON.stringify([`p${i}`, name]), record: i })],
+    ['object', (i: number, name: string): SourceRow => ({ kind: 'object', value: { product_id: `p${i}`, name }, record: i })],
+  ] as const) {
+    const packer = new Packer(200);
+    const sealed: Package[] = [];
+    let i = 1;
+    // Rows until one package is sealed and the next holds two: the huge row would seal that one.
+    while (sealed.length === 0) {
+      const p = packer.add(row(i++, 'a'));
+      if (p) sealed.push(p);
+    }
+    packer.add(row(i++, 'b'));
+    t.throws(() => packer.add(row(i, huge)), new RegExp(`record ${i}: a package holding only this row would be`), kind);
+    const last = packer.flush();
+    t.ok(last, `${kind}: the open package is still there`);
+    t.same(
+      [...sealed, last!].flatMap((p) => unpack([p])[0]!.data.map((r) => r[0])),
+      Array.from({ length: i - 1 }, (_, k) => `p${k + 1}`),
+      `${kind}: every row before the huge one, once`,
+    );
+    t.equal(packer.flush(), null);
+  }
+});

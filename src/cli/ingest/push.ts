@@ -119,7 +119,7 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
         try {
           const outcome = await file.commit();
           written = outcome === 'written';
-          lines.push(errorsFileLine(file, outcome, dryRun));
+          lines.push(errorsFileLine(file, outcome, dryRun, unreadRecords(summaries, sources.length > 1)));
         } catch (err) {
           await file.discard();
           lines.push(`  ${file.path} not written: ${(err as Error).message}`);
@@ -134,7 +134,11 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
         ? { ...summaries[0]!, ok, ...(dryRun ? { dry_run: true } : {}), ...errorsResult }
         : { ok, ...(dryRun ? { dry_run: true } : {}), ...errorsResult, files: summaries };
     const them = sources.length > 1 ? ['the files', 'them'] : ['the file', 'it'];
-    if (written) {
+    if (summaries.some((s) => s.input_error !== null) && !dryRun) {
+      // What was not sent goes with the fixed file: it cuts the packages before the same, with the same keys.
+      const refused = written ? ` (fix the records of ${errorsPath} in ${them[0]} too, rather than push ${errorsPath})` : '';
+      lines.push(`  fix ${them[0]} and push ${them[1]} again: packages already stored are answered, not stored again${refused}`);
+    } else if (written) {
       // errorsFileLine said what to do next.
     } else if (exit === EXIT.PARTIAL && dryRun) lines.push(`  nothing was stored; fix the refused records and check ${them[0]} again, or push ${them[1]}`);
     else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
@@ -147,9 +151,24 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
   }
 }
 
-/** What the push did with the errors file, and what to do next. */
-function errorsFileLine(file: ErrorsFile, outcome: 'written' | 'none' | 'removed', dryRun: boolean): string {
-  if (outcome !== 'written') return `  every record ${dryRun ? 'would be' : 'was'} accepted: no ${file.path} written${outcome === 'removed' ? ' (the older one removed)' : ''}`;
+/** The records not sent of inputs that stopped being readable ("the records from 12 on"), or null: every input was read to its end. */
+function unreadRecords(summaries: readonly PushSummary[], several: boolean): string | null {
+  const stopped = summaries.filter((s) => s.input_error !== null);
+  if (stopped.length === 0) return null;
+  return `the records ${stopped.map((s) => `${several ? `of ${s.file} ` : ''}${unsentFrom(s)}`).join(', ')}`;
+}
+
+/** Where an input that stopped being readable stopped being sent: "from 12 on", or "from the unreadable one on". */
+const unsentFrom = (s: PushSummary): string => `from ${s.unsent_from === null ? 'the unreadable one' : fmtInt(s.unsent_from)} on`;
+
+/** What the push did with the errors file, and what to do next (`unread`: what inputs that stopped being readable did not give). */
+function errorsFileLine(file: ErrorsFile, outcome: 'written' | 'none' | 'removed', dryRun: boolean, unread: string | null): string {
+  if (outcome !== 'written') {
+    const none = `no ${file.path} written${outcome === 'removed' ? ' (the older one removed)' : ''}`;
+    return unread === null
+      ? `  every record ${dryRun ? 'would be' : 'was'} accepted: ${none}`
+      : `  every record sent ${dryRun ? 'would be' : 'was'} accepted, but ${unread} were not sent: ${none}`;
+  }
   const alone = file.records - file.withProblems - file.unchecked;
   const parts = [`${fmtInt(file.withProblems)} with errors`, ...(alone ? [`${fmtInt(alone)} refused only with their package`] : [])];
   if (file.unchecked) parts.push(`${fmtInt(file.unchecked)} not checked (at most ${ERROR_CHECKS_MAX} dry runs per push: push the fixed file to find theirs)`);
@@ -176,7 +195,7 @@ function summaryLines(summary: PushSummary, dryRun: boolean, from?: string, erro
     lines.push(`  package ${f.package} (file records ${f.first_record}–${f.first_record + f.rows - 1}) failed: ${f.status ?? f.code} ${f.message}${f.record !== undefined ? ` (file record ${f.record})` : ''}`);
     lines.push(...refusedRowLines(f, errorsPath));
   }
-  if (summary.input_error) lines.push(`  the file stopped being readable: ${summary.input_error}`);
+  if (summary.input_error) lines.push(`  the file stopped being readable: ${summary.input_error}; its records ${unsentFrom(summary)} were not sent`);
   if (summary.aborted) lines.push('  interrupted');
   return lines;
 }
