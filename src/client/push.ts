@@ -106,6 +106,9 @@ export interface PushSummary {
   aborted: boolean;
 }
 
+/** The 422 of a key already used for another request (docs/api.md, Idempotency-Key). */
+const isKeyReused = (err: unknown): boolean => isApiError(err) && err.status === 422 && typeof err.detail === 'string' && err.detail.startsWith('Idempotency-Key was already used');
+
 /** The `Idempotency-Key` of one package. */
 export function packageKey(uploadUuid: string, entity: string, index: number, body: Uint8Array, scope?: string): string {
   const bodyHash = createHash('sha256').update(body).digest('hex');
@@ -147,12 +150,13 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
     summary.packages_sent++;
     summary.rows_sent += pkg.rows;
     emit({ type: 'sent', index: pkg.index, rows: pkg.rows, bytes: pkg.body.length });
-    try {
-      const res = await opts.client.ingestWithRetry(
+    const key = packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body, opts.keyScope);
+    const ingest = (gzip: boolean) =>
+      opts.client.ingestWithRetry(
         opts.uploadUuid,
         opts.entity,
         pkg.body,
-        { idempotencyKey: packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body, opts.keyScope), gzip: opts.gzip ?? false, dryRun: opts.dryRun ?? false, signal: opts.signal },
+        { idempotencyKey: key, gzip, dryRun: opts.dryRun ?? false, signal: opts.signal },
         {
           ...opts.retry,
           onRetry: (info) => {
@@ -162,6 +166,15 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
           },
         },
       );
+    try {
+      const gzip = opts.gzip ?? false;
+      // The key names the package's rows, but the service binds it to the body's length on the
+      // wire as well: a package sent before in the other coding (a re-run with --gzip added or
+      // dropped) is refused as another request. Sent in that coding, it is answered from its key.
+      const res = await ingest(gzip).catch((err: unknown) => {
+        if (isKeyReused(err)) return ingest(!gzip);
+        throw err;
+      });
       summary.packages_accepted++;
       if (res.replayed) summary.packages_replayed++;
       summary.rows_accepted += res.rows_processed;

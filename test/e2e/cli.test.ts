@@ -224,7 +224,7 @@ t.test('JSON output and exit codes', async (t) => {
   t.equal((await cli.run(['status'])).code, 2, 'and no longer remembered');
 });
 
-t.test('a re-run of the same push stores nothing twice; start --wait reaches DONE with the row count', async (t) => {
+t.test('a re-run of the same push stores nothing twice, also with --gzip added; start --wait reaches DONE with the row count', async (t) => {
   const svc = await startService(t);
   const cli = await cliRunner(t, svc);
   const dir = await tempDir(t, 'cli-rerun-');
@@ -241,6 +241,10 @@ t.test('a re-run of the same push stores nothing twice; start --wait reaches DON
   const second = await cli.run(['push', file, '--entity', 'products', '--package-size', '1KiB', '--upload', uuid, '--json', '--quiet']);
   t.equal(second.code, 0);
   t.match(second.json, { rows_accepted: n, packages_accepted: packages, packages_replayed: packages }, 'every package answered from its Idempotency-Key');
+  // Again with --gzip: the same keys, another length on the wire (the service binds a key to it).
+  const gzipped = await cli.run(['push', file, '--entity', 'products', '--package-size', '1KiB', '--upload', uuid, '--gzip', '--json', '--quiet']);
+  t.equal(gzipped.code, 0, 'a re-run with --gzip added: done', { stdout: gzipped.stdout, stderr: gzipped.stderr.slice(-3000) });
+  t.match(gzipped.json, { rows_accepted: n, packages_accepted: packages, packages_replayed: packages, packages_failed: 0 }, 'every package answered from its key, not refused as another request');
   const stored = await storedPackages(svc, uuid);
   t.equal(stored.length, packages, 'no package stored twice');
   t.equal(rowObjects(stored).length, n);
