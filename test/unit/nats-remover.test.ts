@@ -1,7 +1,7 @@
 /**
  * The bulk removal of acknowledged commits (src/store/nats/batch-queue/remover.ts) against a
  * stand-in for the stream: which requests each round makes, what it keeps, how it fails.
- * Rounds are driven by `flush()`; the timer is set far out so that it never fires here.
+ * Rounds are driven by `flush()` (and `finish()`, the last); the timer is set far out so that it never fires here.
  */
 import t from 'tap';
 import type { StreamMessages } from '../../src/store/nats/batch-queue/messages.js';
@@ -62,6 +62,18 @@ t.test('a commit acked above a held floor is deleted on its own once a round has
   await remover.flush();
   t.same(calls.slice(2), ['purge Q.c.> ≤ 6'], 'the floor caught up first: 6 goes with the purge');
   t.notOk(remover.has(6));
+});
+
+t.test('the last round, as the consumer stops (finish): what is above the floor goes at once, not a round later', async (t) => {
+  const { remover, calls, state } = setup(t);
+  state.floor = 1;
+  remover.acked(1);
+  remover.acked(5);
+  await remover.finish();
+  t.same(calls, ['purge Q.c.> ≤ 1', 'delete 5'], 'no later round of this process would delete 5');
+  t.notOk(remover.has(5));
+  await remover.finish();
+  t.same(calls.length, 2, 'nothing left: no request');
 });
 
 t.test('a failed round keeps every acked commit for the next and reports a run of failures once', async (t) => {

@@ -225,7 +225,7 @@ export class NatsBatchQueue implements BatchQueue {
           this.#remover?.acked(seq);
           this.#onAcked?.();
         },
-        settle: async () => this.#remover?.flush(),
+        settle: async () => this.#remover?.finish(),
         onError: this.#onError,
       },
       handler,

@@ -17,7 +17,7 @@
  * A commit acked above the floor (another package before it still in a handler, or waiting
  * out a redelivery delay) is not covered by the purge; one still there a round later is
  * deleted on its own, so a session's pending messages are never held back by another's. The
- * last round, as the process stops (`flush`), deletes every one left at once: no later round
+ * last round, as the process stops (`finish`), deletes every one left at once: no later round
  * of this process will, and no other process knows they were acked.
  */
 import type { StreamMessages } from './messages.js';
@@ -65,17 +65,23 @@ export class AckedRemover {
     return this.#acked.has(seq);
   }
 
-  /**
-   * The last round, as the consumer stops (after the one in flight), unless nothing this
-   * process acked is left: the commits above the floor go now, not a round later. Never throws.
-   */
+  /** Runs a round now (after the one in flight), unless nothing this process acked is left. Never throws. */
   async flush(): Promise<void> {
     await this.#round;
     if (this.#acked.size === 0) return;
     clearTimeout(this.#timer);
     this.#timer = undefined;
-    for (const seq of this.#acked.keys()) this.#acked.set(seq, true);
     await this.#run();
+  }
+
+  /**
+   * The last round, as the consumer stops: as `flush`, but the commits still above the floor
+   * go now, not a round later (no later round of this process comes). Never throws.
+   */
+  async finish(): Promise<void> {
+    await this.#round;
+    for (const seq of this.#acked.keys()) this.#acked.set(seq, true);
+    await this.flush();
   }
 
   close(): void {
