@@ -2,9 +2,9 @@
  * The `ingest` command line as a child process against a started service: CSV edge cases
  * stored as the right typed rows, JSON output and exit codes, a re-run that stores nothing
  * twice, start --wait to DONE, 503 answers retried after their Retry-After without
- * duplicates, init, start and delete whose first answer is lost, `push --errors` (every record
- * not accepted, fixed and sent again), and a file that stops being readable (the records from
- * the unsent package on named, the fixed file pushed again storing each row once).
+ * duplicates, init, start, terminate and delete whose first answer is lost, `push --errors`
+ * (every record not accepted, fixed and sent again), and a file that stops being readable (the
+ * records from the unsent package on named, the fixed file pushed again storing each row once).
  * (The 100 MiB push is cli-large.test.ts.)
  */
 import { existsSync } from 'node:fs';
@@ -450,6 +450,29 @@ t.test('delete whose answer is lost (reset): the retry finds no session, and the
   t.equal(proxy.seen.filter((s) => s.endsWith('/delete')).length, 2);
   t.match((await cli.run(['status', uuid, '--json'])).json, { error: { status: 404 } });
   t.equal((await cli.run(['status'])).code, 2, 'no longer remembered');
+});
+
+t.test('terminate whose answer is lost (reset): the retry finds no workflow running, and the call is reported as the stop it was', async (t) => {
+  // The workflow runs until terminated (its completion a minute away).
+  const svc = await startService(t, { connector: { emulatorDelayMs: 60_000 } });
+  const proxy = await losingProxy(t, svc.url);
+  const cli = await cliRunner(t, proxy);
+  const dir = await tempDir(t, 'cli-lost-terminate-');
+  const file = join(dir, 'products.csv');
+  await writeFile(file, 'product_id,name,price\np1,Water,0.5\n');
+  t.equal((await cli.run(['push', file, '--entity', 'products', '--json', '--quiet'])).code, 0);
+  const start = await cli.run(['start', '--from', '2024-01-01', '--json']);
+  t.equal(start.code, 0, 'started', { stdout: start.stdout, stderr: start.stderr });
+
+  // The connection closes once the service asked the Connector to stop.
+  const lost = proxy.lose('/terminate', 'reset');
+  const stop = await cli.run(['terminate', '--wait', '--json']);
+  t.match(await lost, { status: 200, body: { status: 'started' } });
+  t.match(stop.stderr, /retry 1 in/);
+  t.match(stop.stderr, /terminate's answer was lost, and its retry found the workflow no longer running: it was stopped/);
+  t.equal(stop.code, 0, 'exits 0', { stdout: stop.stdout, stderr: stop.stderr });
+  t.match(stop.json, { terminate: { status: 'started', answer_lost: true }, status: { session_status: 'UPLOADING', last_workflow: { status: 'terminated' } } });
+  t.equal(proxy.seen.filter((s) => s.endsWith('/terminate')).length, 2, 'terminate twice: carried out, then refused');
 });
 
 t.test('status without a remembered session names the real cause; --watch --until ends; counts read right', async (t) => {

@@ -134,7 +134,10 @@ export async function startCommand(cli: Cli): Promise<number> {
 export async function terminateCommand(cli: Cli): Promise<number> {
   const client = await cli.client();
   const uuid = await cli.uploadUuid();
-  const result = await cli.call(() => client.terminate(uuid, callOpts(cli)));
+  const result = await cli.change<Settled>(
+    () => client.terminate(uuid, callOpts(cli)),
+    (last) => settleTerminate(cli, client, uuid, last),
+  );
   if (!cli.values.wait) {
     cli.print(result, result.message);
     return EXIT.OK;
@@ -148,7 +151,7 @@ export async function terminateCommand(cli: Cli): Promise<number> {
 export async function deleteCommand(cli: Cli): Promise<number> {
   const client = await cli.client();
   const uuid = await cli.uploadUuid();
-  const result = await cli.change<Deleted>(
+  const result = await cli.change<Settled>(
     () => client.delete(uuid, callOpts(cli)),
     (last) => settleDelete(cli, client, uuid, last),
   );
@@ -183,15 +186,29 @@ async function settleStart(cli: Cli, client: IngestClient, before: StatusView, l
   return { answer_lost: true, status };
 }
 
-/** A delete's answer; `answer_lost`: the call's was lost, and the session is gone (see `settleDelete`). */
-type Deleted = OperationResult & { answer_lost?: true };
+/** A delete's or terminate's answer; `answer_lost`: the call's was lost, and what it asked for is done (see `settleDelete`, `settleTerminate`). */
+type Settled = OperationResult & { answer_lost?: true };
+
+/**
+ * A terminate after an attempt that went unanswered: a refusal for want of a running workflow
+ * (404, 409) is what that attempt did when the session is still STARTED (its workflow
+ * stopping: the Connector no longer runs it) or back in UPLOADING from a terminated workflow.
+ */
+async function settleTerminate(cli: Cli, client: IngestClient, uuid: string, last: Answer<Settled>): Promise<Settled | undefined> {
+  if (!('error' in last) || (last.error.status !== 404 && last.error.status !== 409)) return undefined;
+  const status = await cli.call(() => client.status(uuid, callOpts(cli)));
+  const stopped = status.session_status === 'STARTED' || (status.session_status === 'UPLOADING' && status.last_workflow?.status === 'terminated');
+  if (!stopped) return undefined;
+  cli.note(`upload ${uuid}: terminate's answer was lost, and its retry found the workflow no longer running: it was stopped`);
+  return { status: 'started', message: `Workflow stop requested: upload ${uuid}'s workflow no longer runs (the answer to terminate was lost)`, answer_lost: true };
+}
 
 /**
  * A delete after an attempt that went unanswered: a refusal for want of the session (400 none
  * active, 403 another one made since, 404) is what that attempt did when the session's own
  * status is 404 too.
  */
-async function settleDelete(cli: Cli, client: IngestClient, uuid: string, last: Answer<Deleted>): Promise<Deleted | undefined> {
+async function settleDelete(cli: Cli, client: IngestClient, uuid: string, last: Answer<Settled>): Promise<Settled | undefined> {
   if (!('error' in last) || ![400, 403, 404].includes(last.error.status)) return undefined;
   try {
     await cli.call(() => client.status(uuid, callOpts(cli)));
