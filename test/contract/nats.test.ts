@@ -509,9 +509,13 @@ t.test('NatsBatchQueue: acknowledged commits leave the stream in bulk; an acked 
   t.equal((await h2.jsm.streams.info(stream)).state.messages, 0, 'the removal after its ack took the leftovers too: one purge up to the ack floor');
 });
 
-t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and leaves the stream while the floor is held', async (t) => {
+/**
+ * A queue with p1 (session u-held) and p2 (u-done) committed, p1 held in a handler until
+ * `release`: the consumer's ack floor stays below p2. `done`: what the holder finished.
+ */
+async function heldFloor(t: Test, name: string) {
   const h = await connection(t);
-  const stream = unique('ABOVE');
+  const stream = unique(name);
   t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
   const q = await openQueue(t, h, { ...queueOpts(stream), removeEveryMs: 20 });
   await commit(q, meta('u-held', 'p1'), [Buffer.from('["p1"]\n')]);
@@ -527,7 +531,12 @@ t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and l
     done.push(pkg.meta.package_id);
   });
   t.teardown(() => holder.stop());
-  await inHand; // p1: the floor stays below it
+  await inHand;
+  return { h, stream, q, holder, release, done };
+}
+
+t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and leaves the stream while the floor is held', async (t) => {
+  const { h, stream, q, holder, release, done } = await heldFloor(t, 'ABOVE');
   const other = await drain(t, q, 1); // p2, acked above the floor
   t.same(other.map((d) => d.meta.package_id), ['p2']);
   const info = await h.jsm.consumers.info(stream, 'uploader');
@@ -548,22 +557,7 @@ t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and l
 });
 
 t.test('NatsBatchQueue: a process that stops takes the commits it acked above the ack floor out of the stream on its way (no round of its own comes later)', async (t) => {
-  const h = await connection(t);
-  const stream = unique('STOPS');
-  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
-  const q = await openQueue(t, h, { ...queueOpts(stream), removeEveryMs: 20 });
-  await commit(q, meta('u-held', 'p1'), [Buffer.from('["p1"]\n')]);
-  await commit(q, meta('u-done', 'p2'), [Buffer.from('["p2"]\n')]);
-  let held!: () => void;
-  const inHand = new Promise<void>((resolve) => (held = resolve));
-  let release!: () => void;
-  const gate = new Promise<void>((resolve) => (release = resolve));
-  const holder = q.consume(async () => {
-    held();
-    await gate;
-  });
-  t.teardown(() => holder.stop());
-  await inHand; // p1: the floor stays below p2
+  const { h, stream, q, holder, release } = await heldFloor(t, 'STOPS');
   // Another process (an uploader in a rolling restart) acks p2, then stops before its next round.
   const leaving = await NatsBatchQueue.open(await connection(t), { ...queueOpts(stream), removeEveryMs: 3_600_000 });
   t.same((await drain(t, leaving, 1)).map((d) => d.meta.package_id), ['p2']);
