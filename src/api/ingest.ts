@@ -32,8 +32,15 @@ import { API_BASE, type RouteDeclaration } from './route.js';
 export const ingestEntity =
   (deps: ApiDeps): StreamingHandler =>
   async (req, body, signal) => {
-    const client = authenticate(deps, req);
-    const idempotencyKey = parseIdempotencyKey(req.headers.get('idempotency-key'));
+    let client: ReturnType<typeof authenticate>;
+    let idempotencyKey: string | null;
+    try {
+      client = authenticate(deps, req);
+      idempotencyKey = parseIdempotencyKey(req.headers.get('idempotency-key'));
+    } catch (err) {
+      // Checked before `dry_run` (docs/api.md, Check order), and still an answer to a dry run.
+      throw isDryRun(req.query) ? withHeaders(err, DRY_RUN_HEADERS) : err;
+    }
     const dryRun = dryRunParameter(req.query);
     const run = deps.ingest.run(
       {
@@ -91,6 +98,15 @@ function dryRunParameter(query: string): boolean {
     ]);
   }
   return value;
+}
+
+/** `?dry_run=` names a dry run (a true value, once); anything else, a 422 of `dryRunParameter` included, is not one. */
+function isDryRun(query: string): boolean {
+  try {
+    return dryRunParameter(query);
+  } catch {
+    return false;
+  }
 }
 
 /** The body length the client declared; null for a chunked body (the edge has checked the syntax). */

@@ -268,7 +268,16 @@ t.test('dry run: answers what the package would, with Dry-Run: true; stores and 
   const br = await post('products', products(1), '?dry_run=true', { 'content-encoding': 'br' });
   t.same([br.status, br.headers['dry-run']], [415, 'true'], 'an unsupported coding: 415, as the package would get');
   const badKey = await post('products', products(1), '?dry_run=true', { 'idempotency-key': 'not visible ascii' });
-  t.same([badKey.status, badKey.body.detail], [400, 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters'], 'the key is ignored, its syntax still checked');
+  t.same(
+    [badKey.status, badKey.body.detail, badKey.headers['dry-run']],
+    [400, 'Invalid Idempotency-Key header: expected 1 to 255 visible ASCII characters', 'true'],
+    'the key is ignored, its syntax still checked (with Dry-Run: true)',
+  );
+  // Authentication comes before `dry_run` is read: its answers to a dry run carry Dry-Run: true too, a package's not.
+  const stranger = await call(svc.url, 'POST', `${API}/${uuid}/products?dry_run=true`, { client: { id: 'demo', token: 'wrong' }, body: products(1) });
+  t.same([stranger.status, stranger.body, stranger.headers['dry-run']], [401, { detail: 'User not authenticated' }, 'true'], '401 to a dry run');
+  const strangerPkg = await call(svc.url, 'POST', `${API}/${uuid}/products`, { client: { id: 'demo', token: 'wrong' }, body: products(1) });
+  t.same([strangerPkg.status, strangerPkg.headers['dry-run']], [401, undefined], '401 to a package: no Dry-Run');
 
   // Nothing of the dry runs counts: the status shows the two packages only.
   const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
