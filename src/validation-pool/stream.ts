@@ -191,9 +191,14 @@ export class StreamingIngest implements IngestSink {
     return false;
   }
 
-  /** The cutter asks before it replaces its buffer by a larger one. */
+  /**
+   * The cutter asks before it replaces its buffer by a larger one. It doubles up to what one
+   * request may hold (`perRequest`, see the cutter's `maxCapacity`), so a row or tail up to
+   * that bound fits; a buffer past it counts whole, and is refused (413).
+   */
   #grow(capacity: number): boolean {
-    this.#grownBytes = Math.max(0, capacity - this.#engine.pieceBytes);
+    const { pieceBytes, memory } = this.#engine;
+    this.#grownBytes = capacity > memory.perRequest ? capacity : Math.max(0, capacity - pieceBytes);
     return this.#hold();
   }
 
@@ -260,6 +265,7 @@ export class StreamingIngest implements IngestSink {
       (capacity) => this.#grow(capacity),
       // Inflated bodies are larger than declared: only a plain body's length tells.
       this.#options.encoding === 'gzip' ? undefined : (this.#options.declaredBytes ?? undefined),
+      this.#engine.memory.perRequest,
     );
   }
 

@@ -42,6 +42,7 @@ export class PieceCutter {
   readonly #buffers: Buffers;
   readonly #onPiece: (buffer: ArrayBuffer, length: number) => void;
   readonly #grow: (capacity: number) => boolean;
+  readonly #maxCapacity: number;
   #bytes: Uint8Array;
   #length = 0;
   #seeking = false;
@@ -54,18 +55,24 @@ export class PieceCutter {
    * longer than the standard buffer, no place to cut yet) with its new capacity: false
    * refuses it, and the cutter stops.
    */
-  /** `expectedBytes`: what the body is declared to hold, when known: the first buffer need hold no more (it grows if the body lied). */
+  /**
+   * `expectedBytes`: what the body is declared to hold, when known: the first buffer need hold no more (it grows if the body lied).
+   * `maxCapacity`: a growing buffer doubles up to it, no further (a piece up to that many bytes
+   * never asks for twice what it needs); only a piece that needs more asks for more.
+   */
   constructor(
     target: number,
     buffers: Buffers,
     onPiece: (buffer: ArrayBuffer, length: number) => void,
     grow: (capacity: number) => boolean = () => true,
     expectedBytes?: number,
+    maxCapacity = Infinity,
   ) {
     this.#target = target;
     this.#buffers = buffers;
     this.#onPiece = onPiece;
     this.#grow = grow;
+    this.#maxCapacity = maxCapacity;
     this.#bytes = new Uint8Array(buffers.take(expectedBytes));
   }
 
@@ -154,7 +161,7 @@ export class PieceCutter {
     if (this.refused) return;
     const need = this.#length + (to - from);
     if (need > this.#bytes.length) {
-      const capacity = Math.max(need, this.#bytes.length * 2);
+      const capacity = Math.max(need, Math.min(this.#bytes.length * 2, this.#maxCapacity));
       if (!this.#grow(capacity)) {
         this.refused = true;
         return;

@@ -298,3 +298,25 @@ t.test('memory: what a request holds whole is bounded per request (413) and for 
   t.ok(pool.memory.refusals >= 1 && pool.memory.peak <= 100 * 1024, `peak ${pool.memory.peak} within the budget`);
   t.equal((await send(start(pool, 'catalogs').sink, held)).rows, 2700, 'then the same body fits');
 });
+
+t.test('a row or the bytes after data, up to the bound a request may hold: accepted, however the buffer grew', async (t) => {
+  // Piece buffers of 8 KiB double while a row waits for its cut: 16, 32, then not 64 KiB past the 48 KiB bound, but 48.
+  const pool = newPool({ pieceBytes: 4096, maxHeldBytes: 48 * 1024 });
+  const longRow = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['c', 'x'.repeat(40 * 1024)]] }));
+  const longTail = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['a', 'b']], note: 'y'.repeat(40 * 1024) }));
+  for (const [name, body] of [['one row', longRow], ['bytes after data', longTail]] as const) {
+    t.ok(body.length > 32 * 1024 && body.length < 48 * 1024, `${name}: ${body.length} bytes, under the bound`);
+    for (const encoding of ['identity', 'gzip'] as const) {
+      const { sink } = start(pool, 'catalogs', encoding);
+      const answer = await send(sink, encoding === 'gzip' ? gzipSync(body) : body, 4096).then(
+        (result) => `${result.rows} row`,
+        (err: Error) => err.message,
+      );
+      t.equal(answer, '1 row', `${name}, ${encoding}: accepted`);
+    }
+  }
+  t.equal(pool.memory.used, 0, 'every reservation given back');
+  // Past the bound it is still 413.
+  const tooLong = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['c', 'x'.repeat(50 * 1024)]] }));
+  await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, gzipSync(tooLong), 4096), { code: 'BODY_TOO_LARGE', statusCode: 413 }, 'a row past the bound: 413');
+});
