@@ -363,8 +363,11 @@ export class StreamingIngest implements IngestSink {
       this.#carryBytes = 0;
       if (result.carry) {
         const { part, offset, state } = result.carry;
-        const parts = piece.parts.slice(part);
-        parts[0] = { ...parts[0]!, start: offset };
+        const rest = piece.parts.slice(part);
+        rest[0] = { ...rest[0]!, start: offset };
+        // Held until the element ends: each part in a buffer of its own bytes, not a piece's
+        // (a long row's pieces come in grown buffers, up to twice the bytes they hold).
+        const parts = rest.map(ownBuffer);
         this.#carry = { parts, state, first: piece.first && part === 0 && offset === piece.parts[0]!.start };
         for (const p of parts) {
           keep.add(p.buffer);
@@ -620,6 +623,15 @@ function bodyError(result: Extract<BodyResult, { ok: false }>): ServiceError {
   if (result.kind === 'payload') return errors.invalidPayload(result.message);
   if (result.kind === 'rows') return errors.rowsRefused(result.errors, result.count);
   return errors.validationFailed(result.issues);
+}
+
+/** The part as is when its bytes fill its buffer, else a copy of them in a buffer of their size. */
+function ownBuffer(part: Part): Part {
+  const length = part.end - part.start;
+  if (part.start === 0 && length === part.buffer.byteLength) return part;
+  const buffer = new ArrayBuffer(length);
+  new Uint8Array(buffer).set(new Uint8Array(part.buffer, part.start, length));
+  return { buffer, start: 0, end: length };
 }
 
 /** One Buffer of exactly the bytes, not from Buffer's shared pool: it may be transferred. */

@@ -320,3 +320,20 @@ t.test('a row or the bytes after data, up to the bound a request may hold: accep
   const tooLong = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['c', 'x'.repeat(50 * 1024)]] }));
   await t.rejects(send(start(pool, 'catalogs', 'gzip').sink, gzipSync(tooLong), 4096), { code: 'BODY_TOO_LARGE', statusCode: 413 }, 'a row past the bound: 413');
 });
+
+t.test('a row cut at wrong places, up to the bound a request may hold: its carried parts count their bytes, accepted', async (t) => {
+  // A string of commas: every cut falls inside it, each piece (in a grown buffer) is carried on whole.
+  const pool = newPool({ pieceBytes: 4096, maxHeldBytes: 64 * 1024 });
+  const body = Buffer.from(JSON.stringify({ columns: ['catalog_id', 'name'], data: [['c', ','.repeat(60 * 1024)]] }));
+  t.ok(body.length < 64 * 1024, `${body.length} bytes, under the bound`);
+  for (const encoding of ['identity', 'gzip'] as const) {
+    const answer = await send(start(pool, 'catalogs', encoding).sink, encoding === 'gzip' ? gzipSync(body) : body, 4096).then(
+      (result) => `${result.rows} row`,
+      (err: Error) => err.message,
+    );
+    t.equal(answer, '1 row', `${encoding}: accepted`);
+  }
+  t.ok(pool.stats.continuations > 0, `${pool.stats.continuations} continuations`);
+  t.ok(pool.memory.peak <= 64 * 1024, `peak ${pool.memory.peak}`);
+  t.equal(pool.memory.used, 0, 'every reservation given back');
+});
