@@ -268,10 +268,14 @@ export class EmulatedConnector implements Connector {
     const restored = this.#restored.has(wf);
     const current = restored ? this.#opts.callbackUrl : undefined;
     const lastPause = this.#retryDelaysMs.at(-1) ?? 1000;
-    const payload: WebhookPayload =
-      wf.phase === 'terminating'
+    // With its workflow's id (a field the gateway ignores): two workflows of one upload, their
+    // webhooks sent within one second, would otherwise be one signed request, the second ignored as a replay.
+    const payload: WebhookPayload & { workflow_id: string } = {
+      ...(wf.phase === 'terminating'
         ? { upload_uuid: wf.upload_uuid, is_terminated: true, status: 'terminated', message: 'Workflow terminated' }
-        : wf.outcome;
+        : wf.outcome),
+      workflow_id: wf.workflow_id,
+    };
     /** True when done with (delivered or given up), false when aborted by close. */
     const run = async (): Promise<boolean> => {
       if (initialDelayMs > 0) await sleep(initialDelayMs, undefined, { signal });

@@ -127,7 +127,8 @@ function fail(issue: ValidationIssue): ParsedWebhook {
 export interface SendWebhookInput {
   url: string;
   secret: string;
-  payload: WebhookPayload;
+  /** `workflow_id`: the emulator's, which the gateway ignores (as any unknown field). */
+  payload: WebhookPayload & { workflow_id?: string };
   /** Deadline of the whole exchange. */
   timeoutMs: number;
   signal?: AbortSignal;

@@ -62,6 +62,8 @@ interface Received {
   /** What the receiver answered. */
   status: number;
   payload: WebhookPayload;
+  /** The body as sent. */
+  raw: string;
   signed: boolean;
   at: number;
 }
@@ -83,6 +85,7 @@ async function webhookReceiver(t: Test, statuses: number[] = []): Promise<{ url:
       const received = {
         status,
         payload: parsed.value,
+        raw: raw.toString(),
         at: Date.now(),
         signed: verifyWebhook({
           secret: SECRET,
@@ -197,6 +200,21 @@ t.test('terminate cancels the completion and sends is_terminated: true', async (
   t.match(await failure(c.terminate('unknown')), { code: 'WORKFLOW_STOP_FAILED', statusCode: 404 });
   await c.start(startRequest(hook.url));
   t.pass('may start again after terminate');
+});
+
+t.test('two workflows of one upload never send the same webhook body (the gateway would ignore the second as a replay)', async (t) => {
+  const hook = await webhookReceiver(t);
+  const c = await emulator(t, store(), { delayMs: 60_000 });
+  await c.start(startRequest(hook.url));
+  await c.terminate('u-1');
+  const first = await hook.next();
+  await c.start(startRequest(hook.url));
+  await c.terminate('u-1');
+  const second = await hook.next();
+  t.strictSame(second.payload, first.payload, 'the same confirmation');
+  // Sent within one second, identical bodies would share the replay id (the timestamp and body):
+  // the second confirmation ignored, the session left STARTED with no workflow.
+  t.not(second.raw, first.raw, 'each body names its workflow');
 });
 
 t.test('terminate after completion answers 404', async (t) => {
