@@ -129,7 +129,7 @@ interface UploadFinishedPayload extends WebhookPayload {
   is_terminated: boolean;
   /** How the workflow ended; `failed` and `terminated` return the session to `UPLOADING`. */
   status?: 'succeeded' | 'failed' | 'terminated';
-  /** Shown to the client as `last_workflow.message` in the status. */
+  /** Shown to the client as `last_workflow.message` in the status: its first 1,000 characters, then `…`. */
   message?: string;
 }
 

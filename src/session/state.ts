@@ -522,7 +522,7 @@ export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number
   const finished_at = new Date(now).toISOString();
   const status = event.is_terminated || event.status === 'terminated' ? 'terminated' : event.status === 'failed' ? 'failed' : 'succeeded';
   const message =
-    event.message ??
+    boundedMessage(event.message) ??
     { terminated: 'Workflow terminated', failed: 'Workflow failed', succeeded: 'Workflow finished' }[status];
   const { workflow: _ended, ...rest } = r;
   return {
@@ -533,6 +533,20 @@ export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number
       ...seen,
     }),
   };
+}
+
+/**
+ * Of the Connector's `message`, the characters the summary keeps (then `…`): every write of the
+ * session carries it, and on NATS a summary of over 1 MiB cannot be written at all.
+ */
+export const MAX_WORKFLOW_MESSAGE = 1000;
+
+function boundedMessage(message: string | undefined): string | undefined {
+  if (message === undefined || message.length <= MAX_WORKFLOW_MESSAGE) return message;
+  // Never between the two halves of a surrogate pair.
+  const code = message.charCodeAt(MAX_WORKFLOW_MESSAGE - 1);
+  const end = code >= 0xd800 && code <= 0xdbff ? MAX_WORKFLOW_MESSAGE - 1 : MAX_WORKFLOW_MESSAGE;
+  return `${message.slice(0, end)}…`;
 }
 
 export function decideDelete(r: SessionRecord, now: number): Decision {

@@ -315,6 +315,15 @@ t.test('webhook: STARTED → DONE / UPLOADING; any other state ignored', async (
   }
 });
 
+t.test("webhook: the summary keeps the Connector's message up to 1,000 characters (every write of the session carries it; NATS takes at most 1 MiB)", async (t) => {
+  const long = decideWebhook(session('STARTED'), { is_terminated: false, status: 'failed', message: 'é'.repeat(600_000) }, NOW);
+  t.equal(long.next.last_workflow?.message, `${'é'.repeat(1000)}…`, 'cut, marked');
+  const pairs = decideWebhook(session('STARTED'), { is_terminated: false, status: 'failed', message: `a${'😀'.repeat(600)}` }, NOW);
+  t.equal(pairs.next.last_workflow?.message, `a${'😀'.repeat(499)}…`, 'never between the halves of a surrogate pair');
+  const exact = 'x'.repeat(1000);
+  t.equal(decideWebhook(session('STARTED'), { is_terminated: false, message: exact }, NOW).next.last_workflow?.message, exact, 'up to the bound: as sent');
+});
+
 t.test('webhook: an ignored signed request is remembered, so its replay after the next start is ignored too', async (t) => {
   const replay = { id: 'sig-1', until: NOW + 300_000 };
   const ignored = decideWebhook(session('UPLOADING'), { is_terminated: false, replay }, NOW);
