@@ -137,7 +137,8 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
     const secret = config.connector.webhookSecret ?? randomBytes(32).toString('hex');
     // The callback URL needs the bound port; a late-bound reference keeps construction order simple.
     let boundPort = config.port;
-    const publicUrl = () => config.publicUrl ?? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${boundPort}`;
+    // Without its trailing slash: the callback URL would have an empty segment (`//api/…`), which is 404.
+    const publicUrl = () => config.publicUrl?.replace(/\/+$/, '') ?? `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${boundPort}`;
     const bareConnector: Connector = config.connector.url
       ? new HttpConnector({ url: config.connector.url, timeoutMs: config.connector.timeoutMs, connectTimeoutMs: config.connector.connectTimeoutMs })
       : await EmulatedConnector.open({

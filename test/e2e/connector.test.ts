@@ -43,6 +43,21 @@ t.test('start: 2xx JSON passes through unchanged; the request carries the sessio
   t.equal((await c.status(uuid)).body.session_status, 'DONE');
 });
 
+t.test('start: a PUBLIC_URL with a trailing slash still gives a callback_url the gateway serves (no `//`)', async (t) => {
+  const fake = await fakeConnector(t);
+  const svc = await startService(t, { publicUrl: 'http://127.0.0.1:1/', connector: { url: fake.url } });
+  svc.url = `http://127.0.0.1:${svc.app.port}`;
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  await c.ingest(uuid, 'products', products(1));
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+  t.equal((await c.start(uuid, dates)).status, 200);
+  const callback = fake.requests.at(-1)!.body.callback_url as string;
+  // `http://127.0.0.1:1//api/…` before: a path with an empty segment, which the gateway answers 404
+  // (docs/api.md, API decisions), so no completion webhook could ever reach the session.
+  t.equal(callback, 'http://127.0.0.1:1/api/v1/uploading/webhooks/upload-finished');
+});
+
 const startCases: [string, number, string, number, unknown][] = [
   ['409 with detail', 409, '{"detail":"Dates overlap a running import"}', 409, { detail: 'Dates overlap a running import' }],
   ['409 with message', 409, '{"message":"Quota exceeded"}', 409, { detail: 'Quota exceeded' }],
