@@ -88,6 +88,12 @@ export interface SessionRecord {
   };
   last_workflow?: WorkflowOutcome;
   /**
+   * `workflow.started_at` of the start whose workflow `last_workflow` ended: how that start's
+   * gateway, answered by the Connector after the webhook, knows it was its own (the two
+   * gateways' clocks need not agree). Absent in summaries of earlier versions.
+   */
+  last_workflow_started_at?: string;
+  /**
    * Signed webhooks this session took in, applied or ignored, whose signature still verifies:
    * `id` names the signed request, `until` (epoch ms) is when its timestamp leaves the replay
    * window. A replay of one of them is ignored, also after the session was started again.
@@ -462,8 +468,10 @@ export function decideStartTaken(r: SessionRecord, startedAt: string, now: numbe
     const { starting_until: _held, ...workflow } = r.workflow;
     return ok(touch(r, now, { workflow }));
   }
-  // The webhook came first: the workflow ran, nothing to mark.
-  if (r.last_workflow && r.last_workflow.finished_at >= startedAt) return ok(r);
+  // The webhook came first: the workflow ran, nothing to mark. (By its time only when an earlier
+  // version applied it: written on another gateway, whose clock may be behind this one's.)
+  if (r.last_workflow_started_at === startedAt) return ok(r);
+  if (r.last_workflow && r.last_workflow_started_at === undefined && r.last_workflow.finished_at >= startedAt) return ok(r);
   return fail(errors.storageUnavailable(new Error(`The start of ${r.upload_uuid} lapsed before the Connector's answer was recorded`)));
 }
 
@@ -524,12 +532,13 @@ export function decideWebhook(r: SessionRecord, event: WebhookEvent, now: number
   const message =
     boundedMessage(event.message) ??
     { terminated: 'Workflow terminated', failed: 'Workflow failed', succeeded: 'Workflow finished' }[status];
-  const { workflow: _ended, ...rest } = r;
+  const { workflow: ended, last_workflow_started_at: _earlier, ...rest } = r;
   return {
     applied: true,
     next: touch(rest, now, {
       status: status === 'succeeded' ? 'DONE' : 'UPLOADING',
       last_workflow: { status, message, finished_at },
+      ...(ended ? { last_workflow_started_at: ended.started_at } : {}),
       ...seen,
     }),
   };

@@ -615,3 +615,27 @@ t.test('a client error is concluded from a confirmed read of the pointer: a stal
   await t.rejects(s.requireActive(client, first), { statusCode: 403, message: 'Invalid upload UUID' }, 'a uuid the pointer does not name is still 403');
   await t.rejects(s.requireActive({ ...client, id: 'other' }, uuid), { statusCode: 400, message: 'Upload session not initialized' }, 'a client without a session is still 400');
 });
+
+t.test("a webhook that comes before the Connector's start answer, to a gateway whose clock is behind, still lets the start answer 200 (injected clocks)", async (t) => {
+  const { sessions, service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  // The gateway that takes the webhook reads 20 ms earlier than the one that starts: clocks of two hosts.
+  const behind = service(() => now - 20);
+  const starting = service(() => now, {
+    connector: {
+      ...noConnector,
+      start: async () => {
+        // A quick Connector: the workflow ends (here refused) before its start is answered.
+        t.equal(await behind.applyWebhook(uuid, { is_terminated: false, status: 'failed', message: 'bad dates' }), 'ok');
+        return { workflow_id: 'w1' };
+      },
+    },
+  });
+  const { uuid } = await recordedPackage(starting);
+  now += 5;
+  const answer = await starting.start(client, uuid, { date_from: '2024-01-01', date_to: '2024-12-31' }).catch((e: unknown) => e);
+  t.same(answer, { workflow_id: 'w1' }, 'the Connector took the start: 200 with its answer, not 503 (a retry would start it again)');
+  const summary = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(summary.status, 'UPLOADING', 'the webhook ended it');
+  t.equal(summary.last_workflow?.status, 'failed');
+});
