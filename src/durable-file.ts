@@ -17,18 +17,36 @@ export async function fsyncDir(dir: string): Promise<void> {
 }
 
 /**
- * `mkdir -p` whose new entries are durable: the parent of every directory it made is
- * fsynced, so a power cut cannot take away a directory that files were then made in.
+ * Entries (a file or directory just made) whose directory's fsync failed: not durable yet, so
+ * the next `fsyncEntry` of one syncs its directory again instead of taking it as durable.
+ */
+const unsynced = new Set<string>();
+
+/**
+ * Makes the entry of `path` in its directory durable when it was just `made`, or when an
+ * earlier attempt for it failed (the file or directory is there, its entry may not be).
+ */
+export async function fsyncEntry(path: string, made: boolean): Promise<void> {
+  if (!made && !unsynced.has(path)) return;
+  unsynced.add(path);
+  await fsyncDir(dirname(path));
+  unsynced.delete(path);
+}
+
+/**
+ * `mkdir -p` whose new entries are durable: the parent of every directory it made is fsynced,
+ * so a power cut cannot take away a directory that files were then made in. One whose
+ * parent's fsync failed is synced at the next call through it.
  */
 export async function mkdirDurable(dir: string): Promise<void> {
   const created = await mkdir(dir, { recursive: true });
-  if (created === undefined) return;
-  const top = dirname(created);
-  for (let d = dir; ; d = dirname(d)) {
-    const parent = dirname(d);
-    await fsyncDir(parent);
-    if (parent === top || parent === d) return;
+  if (created !== undefined) {
+    for (let d = dir; ; d = dirname(d)) {
+      unsynced.add(d);
+      if (d === created) break;
+    }
   }
+  for (let d = dir; d !== dirname(d); d = dirname(d)) await fsyncEntry(d, false);
 }
 
 /**

@@ -353,3 +353,31 @@ t.test('new directories are made durable: the parent of each one made is fsynced
   t.ok([dir, join(dir, 'data'), objects, join(objects, 'x'), join(objects, 'x', 'y')].every((d) => dirSyncs.includes(d)), `the store's directories and its pack's entry (${dirSyncs.join(', ')})`);
   t.equal(await readFile(join(objects, 'x', 'y', '~pack')).then((b) => b.length > 0), true);
 });
+
+t.test('a new directory or pack whose entry failed to be made durable is made durable at its next use, not taken as durable', async (t) => {
+  const { Objects, mkdirDurable } = await mocked(t);
+  const dir = await tempDir(t);
+  const exact = (p: string) => new RegExp(`^${p.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}$`);
+  faults.push({ call: 'sync', path: exact(join(dir, 'a')), code: 'EIO' });
+  await t.rejects(mkdirDurable(join(dir, 'a', 'b', 'c')), { code: 'EIO' }, "the fsync of b's parent fails");
+  dirSyncs.length = 0;
+  await mkdirDurable(join(dir, 'a', 'b', 'c'));
+  t.same(dirSyncs.sort(), [dir, join(dir, 'a')], 'the next call syncs the parents of a and of b, which it did not make');
+  dirSyncs.length = 0;
+  await mkdirDurable(join(dir, 'a', 'b', 'c'));
+  t.same(dirSyncs, [], 'then nothing more');
+
+  const store = await Objects.open(join(dir, 'data'));
+  t.teardown(() => store.close());
+  const pack = join(dir, 'data', 'objects', 'x');
+  const body = (s: string) =>
+    (async function* () {
+      yield Buffer.from(s);
+    })();
+  faults.push({ call: 'sync', path: exact(pack), code: 'EIO' });
+  await t.rejects(store.put('x/one', body('1')), { code: 'EIO' }, "the fsync of the new pack's directory fails");
+  dirSyncs.length = 0;
+  await store.put('x/two', body('2'));
+  t.ok(dirSyncs.includes(pack), `the next put makes the pack's entry durable (${dirSyncs.join(', ')})`);
+  t.same((await store.list('x/')).map((o) => o.key), ['x/two']);
+});

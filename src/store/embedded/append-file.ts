@@ -1,6 +1,5 @@
 import { open, type FileHandle } from 'node:fs/promises';
-import { dirname } from 'node:path';
-import { fsyncDir } from '../../durable-file.js';
+import { fsyncEntry } from '../../durable-file.js';
 import { StoreError } from '../ports.js';
 
 /**
@@ -44,8 +43,9 @@ export class AppendFile {
 
   /**
    * Opens (creating it, and making its name durable, if missing, unless `create` is false:
-   * then a missing file fails with ENOENT) for appending at `size` (default: the file's
-   * size); anything past `size` (a torn tail) is cut off.
+   * then a missing file fails with ENOENT; a name whose fsync failed is made durable at the
+   * next open) for appending at `size` (default: the file's size); anything past `size` (a
+   * torn tail) is cut off.
    */
   static async open(path: string, opts: { size?: number; create?: boolean } = {}): Promise<AppendFile> {
     let fh: FileHandle;
@@ -64,7 +64,7 @@ export class AppendFile {
         await fh.truncate(size);
         await fh.datasync();
       }
-      if (created) await fsyncDir(dirname(path));
+      await fsyncEntry(path, created);
       return new AppendFile(path, fh, size);
     } catch (err) {
       await fh.close();
