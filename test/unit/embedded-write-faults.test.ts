@@ -18,7 +18,7 @@ import { FileBatchQueue } from '../../src/store/embedded/batch-queue.js';
 import { FileObjectStore } from '../../src/store/embedded/object-store.js';
 import type { PackageMeta } from '../../src/store/ports.js';
 
-type Call = 'datasync' | 'write' | 'sync' | 'truncate';
+type Call = 'open' | 'datasync' | 'write' | 'sync' | 'truncate';
 
 /** Faults to inject: each fails the next call of its kind on a file whose path matches, once. */
 const faults: { call: Call; path: RegExp; code: 'EIO' | 'ENOSPC' | 'SHORT'; bytes?: number }[] = [];
@@ -35,8 +35,10 @@ function take(call: Call, path: string): Error | number | null {
 }
 
 async function faultyOpen(...args: Parameters<typeof fsp.open>): Promise<fsp.FileHandle> {
-  const fh = await fsp.open(...args);
   const path = String(args[0]);
+  const failed = take('open', path);
+  if (failed instanceof Error) throw failed;
+  const fh = await fsp.open(...args);
   return new Proxy(fh, {
     get(target, prop) {
       if (prop === 'truncate') {
@@ -193,6 +195,20 @@ t.test('queue: the transaction of a commit fails: that commit fails as storage u
   const again = await FileBatchQueue.open(dir, state, { redeliveryDelayMs: 5 });
   t.equal((await again.backlog()).packages, 0, 'after a restart: nothing (the two others were acked)');
   await again.close();
+});
+
+t.test('queue: a segment of an unacked package that fails to open at start (EIO) is opened again when read: no unhandled rejection, the package is delivered', async (t) => {
+  const { Queue } = await mocked(t);
+  const dir = await tempDir(t);
+  const before = await Queue.open(join(dir, 'queue'), join(dir, 'state.sqlite'));
+  await commit(before, 'kept');
+  await before.close();
+  const [segment] = await readdir(join(dir, 'queue', 'segments'));
+  faults.push({ call: 'open', path: new RegExp(`/${segment!.replace('.', '\\.')}$`), code: 'EIO' });
+  const q = await Queue.open(join(dir, 'queue'), join(dir, 'state.sqlite'));
+  t.teardown(() => q.close());
+  t.equal(faults.length, 0, 'the open of its segment at start failed');
+  t.same(await delivered(q), new Map([['kept', batchOf('kept').toString()]]), 'its package is read from it');
 });
 
 t.test('queue: unacked packages survive a failed write of a later one, across a restart', async (t) => {

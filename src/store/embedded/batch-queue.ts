@@ -425,7 +425,7 @@ export class FileBatchQueue implements BatchQueue {
       }
       const buf = shared ? shared.subarray(0, length) : Buffer.allocUnsafe(length);
       try {
-        await (await segment.file).read(buf, offset);
+        await (await this.#segments.readable(segment)).read(buf, offset);
       } catch (err) {
         if (e.purged) throw dropped(e);
         throw err;

@@ -75,11 +75,30 @@ export class Segments {
   async recover(used: Map<number, number>, maxUsed: number): Promise<void> {
     const onDisk = (await readdir(this.#dir)).map((n) => Number(SEGMENT.exec(n)?.[1] ?? NaN)).filter(Number.isInteger);
     for (const no of onDisk) {
-      if (used.has(no)) this.#all.set(no, { no, file: AppendFile.open(this.path(no)), refs: used.get(no)!, bytes: 0 });
+      if (used.has(no)) this.#all.set(no, { no, file: this.#openUsed(no), refs: used.get(no)!, bytes: 0 });
       else await unlink(this.path(no)).catch(() => undefined);
     }
     this.#next = Math.max(maxUsed, ...onDisk) + 1;
     this.#current = this.#open();
+  }
+
+  /**
+   * The file of a segment for a read of its packages: one taken over at open whose open failed
+   * (a disk error) is opened again, so that its packages are delivered once the disk answers.
+   */
+  readable(s: Segment): Promise<AppendFile> {
+    const file = s.file;
+    return file.catch(() => {
+      if (s.file === file && this.#all.get(s.no) === s && s !== this.#current) s.file = this.#openUsed(s.no);
+      return s.file;
+    });
+  }
+
+  /** Opens a segment that live packages use; a failure is told to the reads of its packages (`readable`), not left unhandled. */
+  #openUsed(no: number): Promise<AppendFile> {
+    const file = AppendFile.open(this.path(no), { create: false });
+    file.catch(() => undefined);
+    return file;
   }
 
   /** Appends one batch to the current segment (a new one past `segmentBytes`); the writer holds a reference to it. */
