@@ -158,6 +158,11 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       sweepIncompleteUploads = async () =>
         (await store.abortIncompleteUploads(config.storage.objectPrefix, s3.abortIncompleteAfterMs)).length;
     } else {
+      if (nats) {
+        // A pack takes one writer (object-store.ts): the directory is this process's, as the embedded default's is.
+        const lock = await DataDirLock.acquire(dataDir, { objectsOnly: true });
+        closers.push(async () => lock.release());
+      }
       await mkdir(dataDir, { recursive: true });
       objects = await FileObjectStore.open(join(dataDir, 'objects'), { onDamage });
       // The embedded stores' check covers the data directory already; with NATS it is the objects' only one.

@@ -2,12 +2,15 @@
  * One owner of DATA_DIR: a second gateway on the data directory of a running one refuses to
  * start with one line naming the directory and the holder (it used to compact the directory
  * and delete the running instance's files); a holder that crashed never blocks the restart;
- * a directory that cannot be written, or one of an earlier layout, is named in one line.
+ * a directory that cannot be written, or one of an earlier layout, is named in one line. With
+ * NATS and without S3 the directory holds the objects, whose packs take one writer: locked too.
  */
 import { execFileSync } from 'node:child_process';
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import t from 'tap';
+import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
+import { startNats } from '../../testbed/nats.js';
 import { spawnGateway } from '../../testbed/processes.js';
 import { clientOf, products, tempDir } from '../support/harness.js';
 
@@ -43,6 +46,19 @@ t.test('a second gateway on the DATA_DIR of a running one is refused; the first 
   const again = await spawnGateway(t, { dataDir });
   const after = await clientOf(again).status(uuid);
   t.equal(after.status, 200, 'the restart after a crash starts and has the session');
+});
+
+t.test('NATS without S3: a second gateway on the DATA_DIR (the objects) of a running one is refused', async (t) => {
+  const nats = await startNats(t);
+  const dataDir = join(await tempDir(t), 'data');
+  const config = { dataDir, clientsFile: DEMO_CLIENTS_PATH, nats: { url: nats.url } };
+  const first = await spawnGateway(t, config);
+  const lines = await refusal(spawnGateway(t, config));
+  t.same(lines.length, 1, `one line: ${lines.join(' | ')}`);
+  t.match(lines[0], `Cannot start: DATA_DIR ${dataDir} is in use by another process (pid ${first.child.pid} on `);
+  const c = clientOf(first);
+  const uuid = (await c.init()).body.upload_uuid as string;
+  t.equal((await c.ingest(uuid, 'products', products(3))).status, 200, 'the first keeps serving');
 });
 
 t.test('a read-only DATA_DIR is named in one line', async (t) => {

@@ -28,9 +28,10 @@ export class DataDirLock {
   /**
    * Makes `dir` if needed, checks it, and takes it for this process. Throws STORE_MISCONFIGURED,
    * with one line naming the directory and what to do, when it cannot be used or another
-   * process holds it.
+   * process holds it. `objectsOnly`: it holds only the object store (NATS without S3), so the
+   * earlier layout of the embedded stores is not looked for.
    */
-  static async acquire(dir: string): Promise<DataDirLock> {
+  static async acquire(dir: string, opts: { objectsOnly?: boolean } = {}): Promise<DataDirLock> {
     try {
       await mkdir(dir, { recursive: true }).catch(async (err: unknown) => {
         // A recursive mkdir under a read-only mount says ENOENT: the nearest existing ancestor says why.
@@ -60,7 +61,7 @@ export class DataDirLock {
     }
     try {
       await writeFile(join(dir, 'owner'), `pid ${process.pid} on ${hostname()}, since ${new Date().toISOString()}\n`);
-      for (const name of EARLIER_LAYOUT) {
+      for (const name of opts.objectsOnly ? [] : EARLIER_LAYOUT) {
         if (await stat(join(dir, name)).then((s) => s.isDirectory(), () => false)) {
           throw new StoreError(
             'STORE_MISCONFIGURED',
