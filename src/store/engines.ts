@@ -245,7 +245,11 @@ async function batchProbe(dataDir: string): Promise<void> {
   const path = join(dataDir, '.readiness-probe');
   const file = await open(path, 'w');
   try {
-    await file.write(Buffer.alloc(PROBE_BYTES));
+    // A disk that fills up mid-write answers with fewer bytes, not ENOSPC (libuv keeps the count).
+    const { bytesWritten } = await file.write(Buffer.alloc(PROBE_BYTES));
+    if (bytesWritten < PROBE_BYTES) {
+      throw new StoreError('STORE_UNAVAILABLE', `DATA_DIR ${dataDir} has no room for a batch: ${bytesWritten} of ${PROBE_BYTES} bytes written`);
+    }
     await file.datasync();
   } finally {
     await file.close();

@@ -6,13 +6,13 @@
  * NATS and without S3 the directory holds the objects, whose packs take one writer: locked too.
  */
 import { execFileSync } from 'node:child_process';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, statfs, unlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import t from 'tap';
 import { DEMO_CLIENTS_PATH } from '../../src/config/config.js';
 import { startNats } from '../../testbed/nats.js';
 import { spawnGateway } from '../../testbed/processes.js';
-import { clientOf, products, tempDir } from '../support/harness.js';
+import { call, clientOf, products, tempDir } from '../support/harness.js';
 
 /** What a refused start wrote beside its JSON log lines, from the launcher's error (`… exited with 1:\n<output>`). */
 async function refusal(start: Promise<unknown>): Promise<string[]> {
@@ -59,6 +59,21 @@ t.test('NATS without S3: a second gateway on the DATA_DIR (the objects) of a run
   const c = clientOf(first);
   const uuid = (await c.init()).body.upload_uuid as string;
   t.equal((await c.ingest(uuid, 'products', products(3))).status, 200, 'the first keeps serving');
+});
+
+t.test('a DATA_DIR with room for small writes but not for a batch is not ready; ready again once space is freed', async (t) => {
+  const dataDir = await tempDir(t);
+  execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', dataDir]);
+  t.teardown(() => execFileSync('umount', ['-l', dataDir]));
+  const gw = await spawnGateway(t, { dataDir });
+  t.equal((await call(gw.url, 'GET', '/readyz', { client: null })).status, 200, 'ready');
+  const { bavail, bsize } = await statfs(dataDir);
+  // 400 KiB left: the session store's writes fit, a batch (up to 1 MiB) does not.
+  await writeFile(join(dataDir, 'filler'), Buffer.alloc(bavail * bsize - 400 * 1024));
+  const full = await call(gw.url, 'GET', '/readyz', { client: null });
+  t.same([full.status, full.body.checks?.storage], [503, 'failed'], `not ready, naming storage (${full.text})`);
+  await unlink(join(dataDir, 'filler'));
+  t.equal((await call(gw.url, 'GET', '/readyz', { client: null })).status, 200, 'ready again');
 });
 
 t.test('a read-only DATA_DIR is named in one line', async (t) => {
