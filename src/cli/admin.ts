@@ -127,7 +127,7 @@ async function readClientsFile(file: string): Promise<ClientsFile> {
 
 const MASK = '***';
 
-/** A copy of `config` with its secrets, and any password inside a URL, replaced by `***` when set. */
+/** A copy of `config` with its secrets, and any credentials inside a URL, replaced by `***` when set. */
 export function redactConfig(config: Readonly<Config>): Config {
   const copy = structuredClone(config) as Config;
   const mask = (value: string | null): string | null => (value === null ? null : MASK);
@@ -135,25 +135,32 @@ export function redactConfig(config: Readonly<Config>): Config {
   copy.s3.accessKeyId = mask(copy.s3.accessKeyId);
   copy.s3.secretAccessKey = mask(copy.s3.secretAccessKey);
   copy.metrics.token = mask(copy.metrics.token);
-  copy.connector.url = maskUrlPasswords(copy.connector.url);
-  copy.s3.endpoint = maskUrlPasswords(copy.s3.endpoint);
-  copy.nats.url = maskUrlPasswords(copy.nats.url);
+  copy.connector.url = maskUrlCredentials(copy.connector.url);
+  copy.s3.endpoint = maskUrlCredentials(copy.s3.endpoint);
+  copy.nats.url = maskUrlCredentials(copy.nats.url);
   return copy;
 }
 
-/** `NATS_URL` may list several servers, comma-separated, any of them with `user:password@`. */
-function maskUrlPasswords(value: string | null): string | null {
+/**
+ * `NATS_URL` may list several servers, comma-separated, with or without a scheme, any of them
+ * with `user:password@` (the password masked) or `token@` (the token masked), as
+ * store/nats/connection.ts reads them.
+ */
+function maskUrlCredentials(value: string | null): string | null {
   if (value === null) return null;
   return value
     .split(',')
     .map((part) => {
+      const raw = part.trim();
       try {
-        const url = new URL(part.trim());
-        if (!url.password) return part;
-        url.password = MASK;
+        const url = new URL(/^[a-z]+:\/\//i.test(raw) ? raw : `nats://${raw}`);
+        if (url.password) url.password = MASK;
+        else if (url.username) url.username = MASK;
+        else return part;
         return url.href;
       } catch {
-        return part;
+        // Not a URL the gateway would take either: whatever precedes an `@` goes.
+        return part.replace(/^(\s*(?:[a-z]+:\/\/)?)[^@/]*@/i, `$1${MASK}@`);
       }
     })
     .join(',');

@@ -156,3 +156,13 @@ t.test('print-config masks secrets that are set', async (t) => {
   t.equal(await main(['print-config'], bad), 1);
   t.match(bad.err, /PORT/);
 });
+
+t.test('print-config masks the credentials in NATS_URL: token@ and user:password@, with or without a scheme', async (t) => {
+  const io = capture({
+    NATS_URL: 'nats://natstoken1@n1:4222,user:natspass2@n2:4222,natstoken3@n3:4222,tls://user:natspass4@n4:4222',
+    CLIENTS_FILE: '/etc/ingest/clients.json',
+  });
+  t.equal(await main(['print-config'], io), 0, io.err);
+  t.notMatch(io.out, /natstoken|natspass/);
+  t.equal(JSON.parse(io.out).nats.url, 'nats://***@n1:4222,nats://user:***@n2:4222,nats://***@n3:4222,tls://user:***@n4:4222');
+});
