@@ -212,6 +212,11 @@ const REPLACED: Record<string, string> = {
   'limits.idleProgressBytes': 'limits.minBodyBytesPerSecond (bytes per second)',
 };
 
+/** Keys whose values are secrets: an error names their length, never their value (it goes to the log). */
+const SECRET_KEYS = new Set(['connector.webhookSecret', 'metrics.token', 's3.accessKeyId', 's3.secretAccessKey']);
+/** Keys whose values are URLs that may carry credentials (`user:password@`, `token@`): masked in an error. */
+const URL_KEYS = new Set(['publicUrl', 'connector.url', 'nats.url', 's3.endpoint']);
+
 export const DEFAULT_CONFIG_PATH = fileURLToPath(new URL('../../../config/default.json', import.meta.url));
 export const DEMO_CLIENTS_PATH = fileURLToPath(new URL('../../../config/clients.demo.json', import.meta.url));
 
@@ -242,7 +247,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Deep
 
   const result = validateConfig(raw);
   if (!result.success) {
-    const lines = result.errors.map((e) => `${e.path.replace(/^\$input\.?/, '') || '(root)'}: expected ${e.expected}, got ${JSON.stringify(e.value)}`);
+    const lines = result.errors.map((e) => {
+      const key = e.path.replace(/^\$input\.?/, '') || '(root)';
+      return `${key}: expected ${e.expected}, got ${shown(key, e.value)}`;
+    });
     throw new ConfigError(`Invalid configuration:\n  ${lines.join('\n  ')}`);
   }
   const config = result.data;
@@ -298,6 +306,13 @@ function parseEnv(name: string, value: string, type: 'string' | 'int' | 'bool' |
       }
       return Number(value);
   }
+}
+
+/** A bad value as an error shows it: secrets by their length only, URLs without credentials. */
+function shown(key: string, value: unknown): string {
+  if (typeof value === 'string' && SECRET_KEYS.has(key)) return `a string of ${value.length} characters (not shown)`;
+  if (typeof value === 'string' && URL_KEYS.has(key)) return JSON.stringify(value.replace(/[^,/@]*@/g, '***@'));
+  return JSON.stringify(value);
 }
 
 function setPath(target: Record<string, unknown>, path: string[], value: unknown): void {

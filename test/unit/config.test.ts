@@ -1,0 +1,33 @@
+/** The configuration's errors name the bad key and never print a secret (they go to the log). */
+import t from 'tap';
+import { ConfigError, loadConfig } from '../../src/config/config.js';
+
+function errorOf(env: NodeJS.ProcessEnv): string {
+  try {
+    loadConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigError) return err.message;
+    throw err;
+  }
+  throw new Error('the configuration loaded');
+}
+
+t.test('a secret too short is named by its key and length, not printed', async (t) => {
+  const webhook = errorOf({ CONNECTOR_URL: 'http://connector.example', CONNECTOR_WEBHOOK_SECRET: 'my-real-secret!' });
+  t.match(webhook, 'connector.webhookSecret: expected string & MinLength<16>, got a string of 15 characters (not shown)');
+  t.notMatch(webhook, 'my-real-secret');
+  const token = errorOf({ METRICS_TOKEN: 'scrape-me-now' });
+  t.match(token, 'metrics.token: expected string & MinLength<16>, got a string of 13 characters (not shown)');
+  t.notMatch(token, 'scrape-me-now');
+});
+
+t.test('a bad URL is printed without the credentials in it', async (t) => {
+  const message = errorOf({ S3_ENDPOINT: 'http://AKIA:topsecret@minio 9000', S3_BUCKET: 'b' });
+  t.match(message, 's3.endpoint: expected string & Format<"uri">, got "http://***@minio 9000"');
+  t.notMatch(message, /topsecret|AKIA/);
+});
+
+t.test('other bad values are printed as they are', async (t) => {
+  t.match(errorOf({ LOG_LEVEL: 'loud' }), 'log.level: expected');
+  t.match(errorOf({ LOG_LEVEL: 'loud' }), '"loud"');
+});
