@@ -267,9 +267,9 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
  * and without SO_REUSEPORT, unlike this uWS build (the reverse): its bind fails on a live
  * listener, a second gateway included (whose SO_REUSEPORT would let uWS share the port with
  * it unnoticed), and not on the TIME_WAIT leftovers of a previous run, which `listen` waits out.
+ * Port 0 too: no port is taken then, but a `HOST` not of this machine fails here at once.
  */
 async function waitForAddress(host: string, port: number, retryUntil: number, log: Logger): Promise<void> {
-  if (port === 0) return;
   const address = `${host}:${port}`;
   let err = await bindError(host, port);
   if (err?.code === 'EADDRINUSE') {

@@ -67,3 +67,14 @@ t.test('a second gateway on the port of a running one is refused, not let share 
   );
   t.equal(err?.code, 'LISTEN_FAILED', 'uWS alone would bind it too (SO_REUSEPORT) and split the traffic');
 });
+
+t.test('a HOST not of this machine fails at once with the reason, on port 0 too', async (t) => {
+  for (const port of [0, 8089]) {
+    const err = await startInProcess(t, { host: '192.0.2.1', port }, { logger: capture().logger }).then(
+      () => null,
+      (e: unknown) => e as Error & { code?: string },
+    );
+    t.equal(err?.code, 'LISTEN_FAILED');
+    t.equal(err?.message, `Cannot listen on 192.0.2.1:${port}: the address is not one of this machine's; set HOST`);
+  }
+});
