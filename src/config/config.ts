@@ -4,6 +4,7 @@
  * bad key, then frozen and passed down; nothing else reads `process.env`.
  */
 import { readFileSync } from 'node:fs';
+import { isIP } from 'node:net';
 import { availableParallelism } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import typia, { tags } from 'typia';
@@ -260,6 +261,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Deep
   if (config.connector.url !== null && config.connector.webhookSecret === null) {
     throw new ConfigError('Invalid configuration:\n  connector.webhookSecret (CONNECTOR_WEBHOOK_SECRET) is required when connector.url is set');
   }
+  const badProxy = config.trustedProxies.find((entry) => parseCidr(entry) === null);
+  if (badProxy !== undefined) {
+    throw new ConfigError(`Invalid configuration:\n  trustedProxies (TRUSTED_PROXIES): not an IP address or CIDR: ${JSON.stringify(badProxy)}`);
+  }
   if (config.limits.perIpAtProxy && config.trustedProxies.length === 0) {
     throw new ConfigError(
       "Invalid configuration:\n  limits.perIpAtProxy (PER_IP_AT_PROXY) is true but trustedProxies (TRUSTED_PROXIES) is empty: name the proxy's addresses, the only peers whose X-Forwarded-For is believed",
@@ -286,6 +291,16 @@ export function loadConfigOrExit(): Readonly<Config> {
 
 export function resolvedWorkers(config: Config): number {
   return config.ingest.workers === 0 ? availableParallelism() : config.ingest.workers;
+}
+
+/** An IP address or CIDR (`203.0.113.0/24`, `::1`) as its parts; null for anything else, an IPv6 zone id (`fe80::1%eth0`) included. */
+export function parseCidr(entry: string): { address: string; prefix: number; family: 4 | 6 } | null {
+  const [address = '', bits, ...rest] = entry.split('/');
+  const family = address.includes('%') ? 0 : isIP(address);
+  if (family === 0 || rest.length) return null;
+  const prefix = bits === undefined ? (family === 6 ? 128 : 32) : Number(bits);
+  if (!Number.isInteger(prefix) || prefix < 0 || prefix > (family === 6 ? 128 : 32)) return null;
+  return { address, prefix, family: family as 4 | 6 };
 }
 
 export type DeepPartial<T> = { [K in keyof T]?: T[K] extends object ? (T[K] extends unknown[] ? T[K] : DeepPartial<T[K]>) : T[K] };

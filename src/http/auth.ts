@@ -6,6 +6,7 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { BlockList, isIP } from 'node:net';
 import typia, { tags } from 'typia';
+import { parseCidr } from '../config/config.js';
 import { errors } from '../errors.js';
 
 export interface ClientEntry {
@@ -41,13 +42,9 @@ export function hashToken(token: string): string {
 export function addressList(entries: readonly string[], what: string): BlockList {
   const list = new BlockList();
   for (const entry of entries) {
-    const [addr, bits, ...rest] = entry.split('/');
-    const family = plainIp(addr ?? '');
-    const prefix = bits === undefined ? (family === 6 ? 128 : 32) : Number(bits);
-    if (!family || rest.length || !Number.isInteger(prefix) || prefix < 0 || prefix > (family === 6 ? 128 : 32)) {
-      throw new Error(`${what}: not an IP address or CIDR: ${JSON.stringify(entry)}`);
-    }
-    list.addSubnet(addr!, prefix, family === 6 ? 'ipv6' : 'ipv4');
+    const cidr = parseCidr(entry);
+    if (!cidr) throw new Error(`${what}: not an IP address or CIDR: ${JSON.stringify(entry)}`);
+    list.addSubnet(cidr.address, cidr.prefix, cidr.family === 6 ? 'ipv6' : 'ipv4');
   }
   return list;
 }

@@ -31,3 +31,9 @@ t.test('other bad values are printed as they are', async (t) => {
   t.match(errorOf({ LOG_LEVEL: 'loud' }), 'log.level: expected');
   t.match(errorOf({ LOG_LEVEL: 'loud' }), '"loud"');
 });
+
+t.test('a trustedProxies entry that is no IP address or CIDR is a configuration error naming it', async (t) => {
+  t.equal(errorOf({ TRUSTED_PROXIES: '10.0.0.1,10.0.0.0/99' }), 'Invalid configuration:\n  trustedProxies (TRUSTED_PROXIES): not an IP address or CIDR: "10.0.0.0/99"');
+  t.match(errorOf({ TRUSTED_PROXIES: 'proxy.internal' }), 'not an IP address or CIDR: "proxy.internal"');
+  t.same(loadConfig({ TRUSTED_PROXIES: '10.0.0.1, 192.168.0.0/16,::1,fd00::/8' }).trustedProxies, ['10.0.0.1', '192.168.0.0/16', '::1', 'fd00::/8']);
+});
