@@ -14,6 +14,9 @@ import type { LogLevel } from '../log.js';
 type Port = number & tags.Type<'uint32'> & tags.Maximum<65535>;
 type PositiveInt = number & tags.Type<'uint32'> & tags.Minimum<1>;
 type Count = number & tags.Type<'uint32'>;
+/** A delay a timer waits: Node's timers take at most 2^31 − 1 ms (about 24.8 days); a longer one fires after 1 ms. */
+type TimerMs = Count & tags.Maximum<2147483647>;
+type PositiveTimerMs = PositiveInt & tags.Maximum<2147483647>;
 type IsoDateOrNull = null | (string & tags.Pattern<'^\\d{4}-\\d{2}-\\d{2}$'>);
 
 export interface Config {
@@ -33,9 +36,9 @@ export interface Config {
   limits: {
     ingestBodyBytes: PositiveInt;
     otherBodyBytes: PositiveInt;
-    requestTimeoutMs: PositiveInt;
+    requestTimeoutMs: PositiveTimerMs;
     /** The window of the minimum body rate: a body that brings less than `minBodyBytesPerSecond` × this in one window: 408. */
-    bodyRateWindowMs: PositiveInt;
+    bodyRateWindowMs: PositiveTimerMs;
     /** The minimum body rate while the edge waits for body bytes (a trickle is cut after one window). */
     minBodyBytesPerSecond: PositiveInt;
     /** Per client IP, average rate of `/api/v1/` requests (fractions allowed); 0 = no rate limit. */
@@ -53,7 +56,7 @@ export interface Config {
      */
     perIpAtProxy: boolean;
     /** SIGTERM/SIGINT: how long in-flight requests may take to finish before their connections are closed. */
-    shutdownGraceMs: Count;
+    shutdownGraceMs: TimerMs;
     /** Safety bound of the packages one session may hold (recording costs the same at any count); past it, ingest answers 409. */
     packagesPerSession: PositiveInt;
   };
@@ -86,7 +89,7 @@ export interface Config {
      * The lease of an ingest in flight, renewed every third of it while the ingest runs: how long
      * a dead instance's ingest still counts against `upload_tasks_finished`.
      */
-    inFlightLeaseMs: PositiveInt & tags.Minimum<300>;
+    inFlightLeaseMs: PositiveTimerMs & tags.Minimum<300>;
   };
   storage: {
     objectPrefix: string;
@@ -94,15 +97,15 @@ export interface Config {
     /** Packages one uploader stores at the same time. */
     uploaderConcurrency: PositiveInt & tags.Maximum<256>;
     /** Every gateway's housekeeping round (expired idempotency records, clean-ups of deleted sessions a stopped instance left): at start and then this often. */
-    housekeepingMs: PositiveInt & tags.Minimum<1000>;
+    housekeepingMs: PositiveTimerMs & tags.Minimum<1000>;
   };
   connector: {
     url: null | (string & tags.Format<'uri'>);
-    timeoutMs: PositiveInt;
-    connectTimeoutMs: PositiveInt;
+    timeoutMs: PositiveTimerMs;
+    connectTimeoutMs: PositiveTimerMs;
     webhookSecret: null | (string & tags.MinLength<16>);
     webhookToleranceSeconds: PositiveInt;
-    emulatorDelayMs: Count;
+    emulatorDelayMs: TimerMs;
   };
   nats: {
     /** Comma-separated server URLs; set: session state and the batch queue live on JetStream. */
@@ -115,7 +118,7 @@ export interface Config {
     durable: string & tags.Pattern<'^[A-Za-z0-9_-]+$'>;
     /** Replicas of the KV bucket and the stream (3 on a 3-node cluster). */
     replicas: number & tags.Type<'uint32'> & tags.Minimum<1> & tags.Maximum<5>;
-    requestTimeoutMs: PositiveInt;
+    requestTimeoutMs: PositiveTimerMs;
     /** How long an uploader may hold a package without a heartbeat. */
     ackWaitMs: PositiveInt;
   };
@@ -129,7 +132,7 @@ export interface Config {
     partSizeBytes: number & tags.Type<'uint32'> & tags.Minimum<5242880>;
     /** Parts uploaded in parallel per object. */
     queueSize: PositiveInt;
-    requestTimeoutMs: PositiveInt;
+    requestTimeoutMs: PositiveTimerMs;
     /** Create the bucket at start if it is missing (development servers). */
     createBucket: boolean;
     /** Multipart uploads older than this are a crashed uploader's: the uploader aborts them at start. */
@@ -149,7 +152,7 @@ export interface Config {
   };
   health: {
     /** Deadline of each readiness check (NATS, S3, storage) behind `GET /readyz`. */
-    readyTimeoutMs: PositiveInt;
+    readyTimeoutMs: PositiveTimerMs;
   };
   /** `Idempotency-Key` on ingest (docs/api.md, Idempotent retries). */
   idempotency: {
@@ -158,9 +161,9 @@ export interface Config {
     /** Records one client may hold; at it, its oldest finished ones are removed (down to nine tenths). */
     keysPerClient: PositiveInt & tags.Minimum<10>;
     /** How long a claim outlives a crashed instance (renewed every third of it while its request runs). */
-    leaseMs: PositiveInt & tags.Minimum<30>;
+    leaseMs: PositiveTimerMs & tags.Minimum<30>;
     /** How long a repeat waits for the request in progress before answering 409. */
-    waitMs: Count;
+    waitMs: TimerMs;
   };
 }
 

@@ -37,3 +37,11 @@ t.test('a trustedProxies entry that is no IP address or CIDR is a configuration 
   t.match(errorOf({ TRUSTED_PROXIES: 'proxy.internal' }), 'not an IP address or CIDR: "proxy.internal"');
   t.same(loadConfig({ TRUSTED_PROXIES: '10.0.0.1, 192.168.0.0/16,::1,fd00::/8' }).trustedProxies, ['10.0.0.1', '192.168.0.0/16', '::1', 'fd00::/8']);
 });
+
+t.test('a timer delay past 2^31 - 1 ms (where a Node timer fires after 1 ms) is a configuration error naming the key', async (t) => {
+  t.match(errorOf({ READY_TIMEOUT_MS: '3000000000' }), /health\.readyTimeoutMs: expected .*Maximum<2147483647>.*, got 3000000000/);
+  t.match(errorOf({ SHUTDOWN_GRACE_MS: '2147483648' }), /limits\.shutdownGraceMs: expected/);
+  t.throws(() => loadConfig({}, { limits: { requestTimeoutMs: 2 ** 31 } }), /limits\.requestTimeoutMs: expected/);
+  t.equal(loadConfig({ READY_TIMEOUT_MS: '2147483647' }).health.readyTimeoutMs, 2147483647, 'the largest a timer takes');
+  t.equal(loadConfig({}, { idempotency: { ttlMs: 30 * 86_400_000 } }).idempotency.ttlMs, 30 * 86_400_000, 'an age, not a timer: a month is fine');
+});
