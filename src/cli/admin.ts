@@ -8,7 +8,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { realpathSync } from 'node:fs';
-import { mkdir, open, readFile, rename, unlink } from 'node:fs/promises';
+import { chmod, mkdir, open, readFile, rename, stat, unlink } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -53,7 +53,8 @@ export interface IssuedClient {
 /**
  * Adds (or, with `rotate`, re-keys) a client in `file`, creating the file if absent. The
  * result is validated as the server would load it before it replaces the file, atomically
- * (temp file, fsync, rename) with mode 0600. Read-modify-write without a lock: run one
+ * (temp file, fsync, rename) with mode 0600 when new, else the file's own mode (a clients file
+ * made readable to the service's user stays so). Read-modify-write without a lock: run one
  * issue at a time per file.
  */
 export async function issueClient(file: string, opts: IssueClientOptions): Promise<IssuedClient> {
@@ -101,7 +102,13 @@ export async function issueClient(file: string, opts: IssueClientOptions): Promi
     throw new AdminError('CLIENTS_FILE_INVALID', (err as Error).message, { cause: err });
   }
   await mkdir(dirname(file), { recursive: true });
-  await writeFileAtomic(file, `${JSON.stringify(next, null, 2)}\n`, { mode: 0o600 });
+  const mode = await stat(file).then(
+    (s) => s.mode & 0o7777,
+    () => null,
+  );
+  await writeFileAtomic(file, `${JSON.stringify(next, null, 2)}\n`, { mode: mode ?? 0o600 });
+  // The umask may have taken bits of the file's own mode off the new copy.
+  if (mode !== null) await chmod(file, mode);
   return { client_id: opts.clientId, token, entry, rotated: existing !== undefined };
 }
 

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
@@ -128,6 +128,17 @@ t.test('usage errors exit 2 with the usage on stderr', async (t) => {
   const io = capture();
   t.equal(await main(['--help'], io), 0);
   t.match(io.out, /issue-client/);
+});
+
+t.test('rotate and a second client keep the mode the operator gave the file (compose: 0644, read by uid 1000)', async (t) => {
+  const file = join(tempDir(t), 'clients.json');
+  t.equal(await main(['issue-client', '--id', 'acme', '--ip', '0.0.0.0/0', '--file', file, '--json'], capture()), 0);
+  t.equal(statSync(file).mode & 0o777, 0o600, 'a new file: 0600');
+  chmodSync(file, 0o644);
+  t.equal(await main(['issue-client', '--id', 'acme', '--rotate', '--file', file, '--json'], capture()), 0);
+  t.equal(statSync(file).mode & 0o777, 0o644, 'after --rotate');
+  t.equal(await main(['issue-client', '--id', 'beta', '--ip', '0.0.0.0/0', '--file', file, '--json'], capture()), 0);
+  t.equal(statSync(file).mode & 0o777, 0o644, 'after another client');
 });
 
 t.test('print-config masks secrets that are set', async (t) => {
