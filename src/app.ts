@@ -10,7 +10,7 @@ import { routes } from './api/routes.js';
 import type { ApiDeps } from './api/context.js';
 import { healthRoutes } from './api/health.js';
 import { metricsRoute } from './api/metrics.js';
-import { type Config, DEMO_CLIENTS_PATH, resolvedWorkers } from './config/config.js';
+import { checkGatewayConfig, type Config, DEMO_CLIENTS_PATH, resolvedWorkers } from './config/config.js';
 import { EmulatedConnector } from './connector/emulator.js';
 import type { InternalErrorCode } from './errors.js';
 import { HttpConnector } from './connector/http-connector.js';
@@ -78,6 +78,7 @@ export interface AppOptions {
 }
 
 export async function startApp(config: Config, opts: AppOptions = {}): Promise<App> {
+  checkGatewayConfig(config);
   const log = opts.logger ?? jsonLogger(undefined, {}, { level: config.log.level });
   const clock = opts.clock ?? Date.now;
   const edge = await loadEdge(config.http.engine);

@@ -20,9 +20,13 @@ const app = await startApp(config, { logger: log, onStateChange: parentNotifier(
   // (an unsupported nats-server, an invalid name) is the operator's to fix: its message says
   // how, in one line. Anything else is logged whole (one JSON line, with its cause), then
   // named in one line.
-  if (code !== 'HTTP_ENGINE_UNAVAILABLE' && code !== 'LISTEN_FAILED' && code !== 'STORE_MISCONFIGURED') log.error('start failed', { err });
-  process.stderr.write(`${code === 'HTTP_ENGINE_UNAVAILABLE' || code === 'LISTEN_FAILED' ? message : `Cannot start: ${message}`}\n`);
-  process.exit(code === 'HTTP_ENGINE_UNAVAILABLE' ? 2 : 1);
+  // A configuration the gateway cannot serve on (config.ts, `checkGatewayConfig`) is printed as
+  // `loadConfigOrExit` prints one, exit 2.
+  const quiet = ['HTTP_ENGINE_UNAVAILABLE', 'LISTEN_FAILED', 'STORE_MISCONFIGURED', 'CONFIG_INVALID'];
+  if (!quiet.includes(code as string)) log.error('start failed', { err });
+  const asIs = code === 'HTTP_ENGINE_UNAVAILABLE' || code === 'LISTEN_FAILED' || code === 'CONFIG_INVALID';
+  process.stderr.write(`${asIs ? message : `Cannot start: ${message}`}\n`);
+  process.exit(code === 'HTTP_ENGINE_UNAVAILABLE' || code === 'CONFIG_INVALID' ? 2 : 1);
 });
 process.stdout.write(`Batch ingest gateway listening on ${app.url}\n`);
 process.stdout.write(`OpenAPI: ${app.url}/openapi.json\n`);

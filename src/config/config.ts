@@ -279,6 +279,25 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env, overrides: Deep
   return deepFreeze(config);
 }
 
+/**
+ * The gateway's own check beyond `loadConfig` (the uploader and the admin CLI load the same
+ * configuration and call no one back): a real Connector (`connector.url`) calls back on
+ * `publicUrl`, whose default is `http://<host>:<port>`; on a wildcard `host` (`0.0.0.0`, `::`,
+ * the image's) that is no address the Connector can reach, and no webhook would ever land.
+ */
+export function checkGatewayConfig(config: Readonly<Config>): void {
+  if (config.connector.url !== null && config.publicUrl === null && isWildcardHost(config.host)) {
+    throw new ConfigError(
+      `Invalid configuration:\n  publicUrl (PUBLIC_URL) is required when connector.url is set and host is ${config.host}: the Connector calls back on it, and http://${config.host.includes(':') ? `[${config.host}]` : config.host}:<port> is no address it can reach`,
+    );
+  }
+}
+
+/** An address that means "every interface" when bound, and no host when called. */
+function isWildcardHost(host: string): boolean {
+  return host === '0.0.0.0' || host === '::' || host === '[::]' || host === '::0' || host === '';
+}
+
 /** For the commands' entry points: a bad configuration is printed (naming the key) and exits 2. */
 export function loadConfigOrExit(): Readonly<Config> {
   try {

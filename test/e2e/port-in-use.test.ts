@@ -78,3 +78,24 @@ t.test('a HOST not of this machine fails at once with the reason, on port 0 too'
     t.equal(err?.message, `Cannot listen on 192.0.2.1:${port}: the address is not one of this machine's; set HOST`);
   }
 });
+
+t.test('a real Connector without PUBLIC_URL on a wildcard HOST: one line naming PUBLIC_URL, exit code 2', async (t) => {
+  const { spawnSync } = await import('node:child_process');
+  const { mkdtemp, rm } = await import('node:fs/promises');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const dataDir = await mkdtemp(join(tmpdir(), 'ingest-public-url-'));
+  t.teardown(() => rm(dataDir, { recursive: true, force: true }));
+  const main = new URL('../../src/main.js', import.meta.url).pathname;
+  const run = spawnSync(process.execPath, [main], {
+    env: { PATH: process.env.PATH, DATA_DIR: dataDir, PORT: '0', HOST: '0.0.0.0', CONNECTOR_URL: 'http://127.0.0.1:9/', CONNECTOR_WEBHOOK_SECRET: 'a-webhook-secret-of-32-characters' },
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
+  t.equal(run.status, 2);
+  t.same(
+    run.stderr.trim().split('\n').filter((line) => !line.startsWith('{')),
+    ['Invalid configuration:', '  publicUrl (PUBLIC_URL) is required when connector.url is set and host is 0.0.0.0: the Connector calls back on it, and http://0.0.0.0:<port> is no address it can reach'],
+  );
+  t.equal(run.stdout, '', 'it never listened');
+});

@@ -1,6 +1,6 @@
 /** The configuration's errors name the bad key and never print a secret (they go to the log). */
 import t from 'tap';
-import { ConfigError, loadConfig } from '../../src/config/config.js';
+import { checkGatewayConfig, ConfigError, loadConfig } from '../../src/config/config.js';
 
 function errorOf(env: NodeJS.ProcessEnv): string {
   try {
@@ -44,4 +44,15 @@ t.test('a timer delay past 2^31 - 1 ms (where a Node timer fires after 1 ms) is 
   t.throws(() => loadConfig({}, { limits: { requestTimeoutMs: 2 ** 31 } }), /limits\.requestTimeoutMs: expected/);
   t.equal(loadConfig({ READY_TIMEOUT_MS: '2147483647' }).health.readyTimeoutMs, 2147483647, 'the largest a timer takes');
   t.equal(loadConfig({}, { idempotency: { ttlMs: 30 * 86_400_000 } }).idempotency.ttlMs, 30 * 86_400_000, 'an age, not a timer: a month is fine');
+});
+
+t.test('the gateway refuses a real Connector without PUBLIC_URL on a wildcard HOST (its callback could never land)', async (t) => {
+  const env = { CONNECTOR_URL: 'http://connector.example', CONNECTOR_WEBHOOK_SECRET: 'a-webhook-secret-of-32-characters' };
+  for (const host of ['0.0.0.0', '::']) {
+    const config = loadConfig({ ...env, HOST: host });
+    t.throws(() => checkGatewayConfig(config), { code: 'CONFIG_INVALID', message: /publicUrl \(PUBLIC_URL\) is required when connector\.url is set and host is/ }, host);
+  }
+  t.doesNotThrow(() => checkGatewayConfig(loadConfig({ ...env, HOST: '0.0.0.0', PUBLIC_URL: 'https://gw.example' })), 'with PUBLIC_URL');
+  t.doesNotThrow(() => checkGatewayConfig(loadConfig({ ...env, HOST: '10.1.2.3' })), 'a host of its own');
+  t.doesNotThrow(() => checkGatewayConfig(loadConfig({ HOST: '0.0.0.0' })), 'the emulator calls its own gateway');
 });
