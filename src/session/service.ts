@@ -122,7 +122,9 @@ export class SessionService {
     this.stored = storedCounter({ sessions, ledger });
     this.summaries = new Summaries({
       sessions,
-      // Every write of a session puts a start that lapsed back to UPLOADING first: the decision sees it so.
+      // Every write of a session puts a start that lapsed back to UPLOADING first: the decision
+      // sees it so. Not the webhook's (`applyWebhook` writes as it reads): a lapsed start not yet
+      // written back still ends with its workflow's webhook (docs/api.md).
       settle: (r) => {
         const settled = decideStartLapsed(r, this.now());
         return settled.ok ? settled.next : r;
