@@ -478,6 +478,29 @@ t.test('a start that lapsed is put back by whatever writes the session next, and
   t.ok(more, 'an ingest is taken again');
 });
 
+t.test("a lapsed start not yet written back still ends with its workflow's webhook; once back to UPLOADING a late one is ignored (injected clock)", async (t) => {
+  const { sessions, service } = await rig(t);
+  let now = Date.UTC(2026, 0, 10);
+  const s = service(() => now);
+  const lapsedStart = async (uuid: string) => {
+    const stored = (await sessions.get<SessionRecord>(sessionKey(uuid)))!;
+    const workflow = { date_from: '2024-01-01', date_to: '2024-12-31', started_at: new Date(now).toISOString(), starting_until: now + 1000 };
+    await sessions.update(sessionKey(uuid), { ...stored.value, status: 'STARTED' as const, workflow }, stored.revision);
+  };
+  const first = await recordedPackage(s);
+  await lapsedStart(first.uuid);
+  now += 1000;
+  t.equal(await s.applyWebhook(first.uuid, { is_terminated: false, status: 'succeeded' }), 'ok', 'the workflow ran: its webhook ends the start');
+  t.equal((await sessions.get<SessionRecord>(sessionKey(first.uuid)))!.value.status, 'DONE');
+
+  const second = await recordedPackage(s);
+  await lapsedStart(second.uuid);
+  now += 1000;
+  t.equal(await s.settleLapsedStarts([client.id]), 1, 'housekeeping writes the lapse');
+  t.equal(await s.applyWebhook(second.uuid, { is_terminated: false, status: 'succeeded' }), 'ignored', 'then a late webhook is ignored');
+  t.equal((await sessions.get<SessionRecord>(sessionKey(second.uuid)))!.value.status, 'UPLOADING');
+});
+
 t.test('spare leases: an ingest after a record here begins without a write; unused ones hold back neither status nor start-upload, and a beat ends them (injected clock)', async (t) => {
   const { sessions, service } = await rig(t);
   let now = Date.UTC(2026, 0, 10);
