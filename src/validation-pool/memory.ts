@@ -92,3 +92,83 @@ export class MemoryAccount {
     this.#held = 0;
   }
 }
+
+/**
+ * The memory one-shot tasks (`validation/body.ts`) may build at once: `JSON.parse` of a whole
+ * body builds some 10 to 30 times its bytes (`parseCost`), which no byte count of held bodies
+ * bounds. A one-shot enters with its cost before its task runs and leaves when the task is
+ * done; it waits while the costs of the ones running and its own pass `limit`, in arrival
+ * order. One whose cost alone passes it runs when no other does, so every body gets its
+ * answer (waiting, not refusing: a parse always ends, and frees its share).
+ */
+export class ParseGate {
+  readonly limit: number;
+  #used = 0;
+  #running = 0;
+  #peak = 0;
+  readonly #waiting: { cost: number; enter: () => void }[] = [];
+
+  constructor(limit: number) {
+    this.limit = limit;
+  }
+
+  /** The costs entered now, all one-shots together. */
+  get used(): number {
+    return this.#used;
+  }
+
+  /** The most ever entered at once. */
+  get peak(): number {
+    return this.#peak;
+  }
+
+  /** One-shots waiting for their turn. */
+  get waiting(): number {
+    return this.#waiting.length;
+  }
+
+  /** Resolves with the function that leaves (call it once the task settled); rejects with the signal's reason if aborted while waiting. */
+  enter(cost: number, signal: AbortSignal): Promise<() => void> {
+    if (signal.aborted) return Promise.reject(signal.reason as Error);
+    return new Promise((resolve, reject) => {
+      const waiter = {
+        cost,
+        enter: () => {
+          signal.removeEventListener('abort', onAbort);
+          this.#take(cost);
+          let left = false;
+          resolve(() => {
+            if (left) return;
+            left = true;
+            this.#used -= cost;
+            this.#running--;
+            this.#admit();
+          });
+        },
+      };
+      const onAbort = () => {
+        this.#waiting.splice(this.#waiting.indexOf(waiter), 1);
+        reject(signal.reason);
+        this.#admit();
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      this.#waiting.push(waiter);
+      this.#admit();
+    });
+  }
+
+  #take(cost: number): void {
+    this.#used += cost;
+    this.#running++;
+    if (this.#used > this.#peak) this.#peak = this.#used;
+  }
+
+  #admit(): void {
+    while (this.#waiting.length > 0) {
+      const next = this.#waiting[0]!;
+      if (this.#running > 0 && this.#used + next.cost > this.limit) return;
+      this.#waiting.shift();
+      next.enter();
+    }
+  }
+}

@@ -16,7 +16,7 @@ import { defaultConfig } from '../config/config.js';
 import { Admission } from './admission.js';
 import { BufferPool } from './buffers.js';
 import { GunzipIngest } from './gzip.js';
-import { MemoryBudget } from './memory.js';
+import { MemoryBudget, ParseGate } from './memory.js';
 import { CountedIngest, type IngestTotals } from './totals.js';
 import { Scheduler } from './scheduler.js';
 import { StreamingIngest } from './stream.js';
@@ -57,7 +57,8 @@ export interface ValidationPoolOptions {
   /**
    * Bytes all sinks together may hold whole (see `memory.ts`: bodies of a layout that is not
    * streamed, bytes after `data`, rows longer than a piece), inflated bytes counted; a request
-   * that needs more answers 503. Default `ingest.memoryBudgetBytes` (256 MiB).
+   * that needs more answers 503. Default `ingest.memoryBudgetBytes` (256 MiB). Also what the
+   * parses of one-shot bodies may build at once (`ParseGate`): past it they wait their turn.
    */
   memoryBudgetBytes?: number;
   /** Bytes one request may hold whole (413 past it): the plain body limit, so gzip gets no more. Default `limits.ingestBodyBytes` (32 MiB). */
@@ -120,6 +121,7 @@ export class ValidationPool {
   readonly #scheduler: Scheduler;
   readonly #buffers: BufferPool;
   readonly #memory: MemoryBudget;
+  readonly #parses: ParseGate;
   readonly #tids: Int32Array;
 
   constructor(options: ValidationPoolOptions) {
@@ -166,6 +168,7 @@ export class ValidationPool {
     this.#piecesPerRequest = piecesPerRequest;
     this.#maxDecompressedBytes = maxDecompressedBytes;
     this.#memory = new MemoryBudget(memoryBudgetBytes, maxHeldBytes);
+    this.#parses = new ParseGate(memoryBudgetBytes);
     this.#headBytes = headBytes;
     this.#cancelAfterMs = cancelAfterMs;
     this.#admission = new Admission(threads + maxQueue, clientShare);
@@ -190,6 +193,7 @@ export class ValidationPool {
       run: (task, transfer, signal, priority) => this.#run(task, transfer, signal, priority),
       buffers: this.#buffers,
       memory,
+      parses: this.#parses,
       stats: this.#stats,
       pieceBytes: this.#pieceBytes,
       piecesPerRequest: this.#piecesPerRequest,
@@ -232,6 +236,12 @@ export class ValidationPool {
   get memory(): { limit: number; perRequest: number; used: number; peak: number; refusals: number } {
     const m = this.#memory;
     return { limit: m.limit, perRequest: m.perRequest, used: m.used, peak: m.peak, refusals: m.refusals };
+  }
+
+  /** What one-shot tasks may build parsing their bodies (see `memory.ts`): limit, entered now, the most ever entered, waiting (a fresh snapshot). */
+  get parses(): { limit: number; used: number; peak: number; waiting: number } {
+    const g = this.#parses;
+    return { limit: g.limit, used: g.used, peak: g.peak, waiting: g.waiting };
   }
 
   /** Counters since the pool started (a live object: read, do not keep). */

@@ -26,7 +26,8 @@
  * - Memory: what the sink must hold whole (the body of a layout it does not stream, the
  *   bytes after `data`, an element longer than a piece, in its cutter buffer or in the
  *   parts of a carry) is reserved from the process's budget as it grows (`memory.ts`):
- *   past the request's bound the answer is 413, past the process's 503.
+ *   past the request's bound the answer is 413, past the process's 503. The one-shot task's
+ *   parse of a whole body, many times its bytes, waits for room in the pool's `ParseGate`.
  * - Batches are appended to the writer in row order as pieces are taken, as views of the
  *   buffer the worker wrote the lines to, which goes back to the pool once they are stored;
  *   the writer is opened with the first batch and aborted on any failure; the caller commits.
@@ -39,6 +40,7 @@ import {
   HeadScanner,
   Mode,
   PieceCutter,
+  parseCost,
   SENTINEL,
   SENTINEL_JSON,
   checkSkeleton,
@@ -100,6 +102,8 @@ export class StreamingIngest implements IngestSink {
   readonly #head: HeadScanner;
   /** The whole body, for the one-shot task. */
   #whole: Uint8Array[] = [];
+  /** What parsing it will take (`parseCost`). */
+  #wholeCost = 0;
 
   #cutter: PieceCutter | null = null;
   /** By piece number; taken pieces are dropped. */
@@ -205,7 +209,9 @@ export class StreamingIngest implements IngestSink {
   /** Keeps a copy of `chunk` for the one-shot task, if the memory budget allows. */
   #keepWhole(chunk: Uint8Array): void {
     this.#wholeBytes += chunk.byteLength;
-    if (this.#hold()) this.#whole.push(chunk.slice());
+    if (!this.#hold()) return;
+    this.#whole.push(chunk.slice());
+    this.#wholeCost += parseCost(chunk);
   }
 
   /** Cut pieces wait for a dispatch slot. */
@@ -522,6 +528,7 @@ export class StreamingIngest implements IngestSink {
       // The body ended before `data`'s elements: it is all head.
       this.#phase = 'whole';
       this.#whole = [this.#head.bytes.slice()];
+      this.#wholeCost = parseCost(this.#head.bytes);
     }
     if (this.#phase === 'rows' && this.#cutter && !this.#closed) {
       const { buffer, length } = this.#cutter.flush();
@@ -603,7 +610,14 @@ export class StreamingIngest implements IngestSink {
 
   async #oneShot(body: Buffer): Promise<IngestResult> {
     this.#whole = [];
-    const result = await this.#runBody(body);
+    // Its parse waits until the memory of the ones running leaves room for it.
+    const leave = await this.#engine.parses.enter(this.#wholeCost, this.#abort.signal);
+    let result: BodyResult;
+    try {
+      result = await this.#runBody(body);
+    } finally {
+      leave();
+    }
     if (!result.ok) throw bodyError(result);
     const { signal } = this.#abort;
     signal.throwIfAborted();

@@ -7,7 +7,7 @@
 import type { EntitySpec } from '../entities/catalog.js';
 import type { PackageWriter } from '../store/ports.js';
 import type { Buffers, Task } from '../validation/index.js';
-import type { MemoryAccount } from './memory.js';
+import type { MemoryAccount, ParseGate } from './memory.js';
 
 export interface IngestResult {
   rows: number;
@@ -89,6 +89,8 @@ export interface Engine {
   readonly buffers: Buffers;
   /** What the sink holds whole (see `memory.ts`); released by `release()`. */
   readonly memory: MemoryAccount;
+  /** Where a one-shot task waits for room to parse its body (see `memory.ts`). */
+  readonly parses: ParseGate;
   readonly stats: IngestStats;
   readonly pieceBytes: number;
   readonly piecesPerRequest: number;

@@ -51,6 +51,26 @@ export function validateBody(body: ArrayBuffer, name: string, batchBytes: number
   return { ok: true, rows: data.length, bytes, columns, buffer, ends };
 }
 
+/**
+ * An upper bound of the memory `validateBody` takes to parse a body, from its bytes alone:
+ * `JSON.parse` builds far more than its text (each list or object costs some 40 to 100 bytes,
+ * its transient frames included, for its 2 bytes of `[]`; each byte of scalars up to 8, the
+ * text itself 1 or 2). Brackets inside strings are counted too: only ever more. The sink adds
+ * `parseCost` of each chunk it holds for the one-shot task, and waits for its turn to parse
+ * with it (`ParseGate` in `validation-pool/memory.ts`).
+ */
+export function parseCost(bytes: Uint8Array): number {
+  let containers = 0;
+  for (let i = 0; i < bytes.length; i++) {
+    const b = bytes[i]!;
+    if (b === 0x5b || b === 0x7b) containers++;
+  }
+  return COST_PER_BYTE * bytes.length + COST_PER_CONTAINER * containers;
+}
+
+const COST_PER_BYTE = 12;
+const COST_PER_CONTAINER = 96;
+
 const NOT_JSON = Symbol('not JSON');
 
 const hasBom = (bytes: Uint8Array) => bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;

@@ -10,6 +10,7 @@
  * (`body.ts`), the skeleton, and the scan for a repeated key (`repeated-key.ts`). `tasks.ts`:
  * the messages between the two sides.
  */
+export { parseCost } from './body.js';
 export { PieceCutter, type Buffers } from './cutter.js';
 export { HeadScanner } from './head.js';
 export { processRows } from './rows.js';

@@ -5,6 +5,8 @@
  */
 import { readlinkSync } from 'node:fs';
 import { getPriority, setPriority } from 'node:os';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
 import { validateBody } from './body.js';
 import { checkSkeleton, type SkeletonFacts } from './skeleton.js';
@@ -41,10 +43,21 @@ export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts
       return checkSkeleton(new Uint8Array(task.text), task.sentinel, task.headColumns);
     default: {
       const result = validateBody(task.body, task.entity, task.batchBytes);
+      // What the parse built is garbage now, but a thread's heap keeps its pages until its
+      // next full collection, which a worker that only gets pieces may not need for long:
+      // given back now, or every worker would keep the most its one-shots ever built.
+      if (task.body.byteLength >= COLLECT_AFTER_BYTES) collect();
       return result.ok ? transfer(result, [result.buffer]) : result;
     }
   }
 }
+
+/** One-shot bodies from this size on are followed by a full collection (a few ms; their parse took more). */
+const COLLECT_AFTER_BYTES = 1 << 20;
+
+setFlagsFromString('--expose-gc');
+/** V8's full collection, from a context created after the flag (this thread's own `gc` is not defined). */
+const collect = runInNewContext('gc') as () => void;
 
 /** piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`. */
 function transfer<T>(value: T, buffers: ArrayBuffer[]): T {
