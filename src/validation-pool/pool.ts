@@ -190,10 +190,9 @@ export class ValidationPool {
     const leave = this.#admission.admit(options.client);
     const memory = this.#memory.account();
     const engine: Engine = {
-      run: (task, transfer, signal, priority) => this.#run(task, transfer, signal, priority),
+      run: (task, transfer, signal, priority, cost) => this.#run(task, transfer, signal, priority, cost),
       buffers: this.#buffers,
       memory,
-      parses: this.#parses,
       stats: this.#stats,
       pieceBytes: this.#pieceBytes,
       piecesPerRequest: this.#piecesPerRequest,
@@ -267,7 +266,7 @@ export class ValidationPool {
     return this.#pool.destroy();
   }
 
-  async #run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R> {
+  async #run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean, cost = 0): Promise<R> {
     signal.throwIfAborted();
     if (task.kind === 'rows' && rowsBytes(task) <= this.#inlineBytes) {
       // The short way: a small package's rows cost less to scan here than a worker's round
@@ -275,6 +274,17 @@ export class ValidationPool {
       this.#stats.inline++;
       return processRows(task, this.#rowScanner) as R;
     }
+    if (cost === 0) return this.#runTask(task, transfer, signal, priority);
+    // Its parse waits until the memory of the ones running leaves room for it.
+    const leave = await this.#parses.enter(cost, signal);
+    try {
+      return await this.#runTask<R>(task, transfer, signal, priority);
+    } finally {
+      leave();
+    }
+  }
+
+  async #runTask<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R> {
     if (!this.#scheduler.tryAcquire()) await this.#scheduler.acquire(signal, priority);
     // A task handed to piscina is not cancelled the moment its request goes away: piscina
     // cancels a running task by terminating its worker thread, and starting a new one costs

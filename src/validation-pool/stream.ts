@@ -58,6 +58,8 @@ interface Part {
   buffer: ArrayBuffer;
   start: number;
   end: number;
+  /** A carry's part: `parseCost` of its bytes. */
+  cost?: number;
 }
 
 interface Piece {
@@ -323,9 +325,15 @@ export class StreamingIngest implements IngestSink {
       last: piece.last,
       batchBytes: this.#engine.batchBytes,
     };
+    // A long row (a grown piece, a carry) may be up to `perRequest` long and is parsed whole:
+    // its task waits its turn to parse. A piece of the usual size never waits.
+    let cost = 0;
+    if (piece.parts.reduce((n, p) => n + p.end - p.start, 0) > 2 * this.#engine.pieceBytes) {
+      for (const p of piece.parts) cost += p.cost ?? parseCost(new Uint8Array(p.buffer, p.start, p.end - p.start));
+    }
     const transfer = [...new Set(task.parts)];
     if (task.out) transfer.push(task.out);
-    this.#engine.run<RowsResult>(task, transfer, this.#abort.signal, priority).then(
+    this.#engine.run<RowsResult>(task, transfer, this.#abort.signal, priority, cost).then(
       (result) => {
         if (result.scanned) this.#engine.stats.scanned++;
         piece.parts = piece.parts.map((p, k) => ({ ...p, buffer: result.parts[k]! }));
@@ -373,7 +381,7 @@ export class StreamingIngest implements IngestSink {
         rest[0] = { ...rest[0]!, start: offset };
         // Held until the element ends: each part in a buffer of its own bytes, not a piece's
         // (a long row's pieces come in grown buffers, up to twice the bytes they hold).
-        const parts = rest.map(ownBuffer);
+        const parts = rest.map(carried);
         this.#carry = { parts, state, first: piece.first && part === 0 && offset === piece.parts[0]!.start };
         for (const p of parts) {
           keep.add(p.buffer);
@@ -589,7 +597,9 @@ export class StreamingIngest implements IngestSink {
     if (text.length <= this.#engine.inlineSkeletonBytes) return checkSkeleton(text, SENTINEL, headColumns);
     this.#engine.stats.skeletonTasks++;
     const buffer = text.buffer as ArrayBuffer;
-    return this.#engine.run<SkeletonFacts>({ kind: 'skeleton', text: buffer, sentinel: SENTINEL, headColumns }, [buffer], this.#abort.signal, true);
+    // The bytes after `data` may be up to `perRequest` long, and are parsed whole.
+    const task: Task = { kind: 'skeleton', text: buffer, sentinel: SENTINEL, headColumns };
+    return this.#engine.run<SkeletonFacts>(task, [buffer], this.#abort.signal, true, parseCost(text));
   }
 
   async #success(columns: string[]): Promise<IngestResult> {
@@ -605,19 +615,12 @@ export class StreamingIngest implements IngestSink {
     this.#engine.stats.oneShots++;
     const buffer = body.buffer as ArrayBuffer;
     const task: Task = { kind: 'body', body: buffer, entity: this.#options.entity.name, batchBytes: this.#engine.batchBytes };
-    return this.#engine.run<BodyResult>(task, [buffer], this.#abort.signal, true);
+    return this.#engine.run<BodyResult>(task, [buffer], this.#abort.signal, true, this.#wholeCost);
   }
 
   async #oneShot(body: Buffer): Promise<IngestResult> {
     this.#whole = [];
-    // Its parse waits until the memory of the ones running leaves room for it.
-    const leave = await this.#engine.parses.enter(this.#wholeCost, this.#abort.signal);
-    let result: BodyResult;
-    try {
-      result = await this.#runBody(body);
-    } finally {
-      leave();
-    }
+    const result = await this.#runBody(body);
     if (!result.ok) throw bodyError(result);
     const { signal } = this.#abort;
     signal.throwIfAborted();
@@ -639,13 +642,19 @@ function bodyError(result: Extract<BodyResult, { ok: false }>): ServiceError {
   return errors.validationFailed(result.issues);
 }
 
-/** The part as is when its bytes fill its buffer, else a copy of them in a buffer of their size. */
-function ownBuffer(part: Part): Part {
+/**
+ * A part as a carry holds it: as is when its bytes fill its buffer, else a copy of them in a
+ * buffer of their size; with the cost of parsing them (each carried byte is costed once).
+ */
+function carried(part: Part): Part {
   const length = part.end - part.start;
-  if (part.start === 0 && length === part.buffer.byteLength) return part;
+  if (part.start === 0 && length === part.buffer.byteLength) {
+    return part.cost === undefined ? { ...part, cost: parseCost(new Uint8Array(part.buffer, 0, length)) } : part;
+  }
   const buffer = new ArrayBuffer(length);
-  new Uint8Array(buffer).set(new Uint8Array(part.buffer, part.start, length));
-  return { buffer, start: 0, end: length };
+  const bytes = new Uint8Array(buffer);
+  bytes.set(new Uint8Array(part.buffer, part.start, length));
+  return { buffer, start: 0, end: length, cost: parseCost(bytes) };
 }
 
 /** One Buffer of exactly the bytes, not from Buffer's shared pool: it may be transferred. */

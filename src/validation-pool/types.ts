@@ -7,7 +7,7 @@
 import type { EntitySpec } from '../entities/catalog.js';
 import type { PackageWriter } from '../store/ports.js';
 import type { Buffers, Task } from '../validation/index.js';
-import type { MemoryAccount, ParseGate } from './memory.js';
+import type { MemoryAccount } from './memory.js';
 
 export interface IngestResult {
   rows: number;
@@ -84,13 +84,15 @@ export interface IngestStats {
 
 /** What the pool lends one sink. */
 export interface Engine {
-  /** Runs a task when the pool has room for it (priority: before waiting pieces), transferring `transfer`. */
-  run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean): Promise<R>;
+  /**
+   * Runs a task when the pool has room for it (priority: before waiting pieces), transferring
+   * `transfer`. With a `cost` (`parseCost` of what the task parses whole: a body, a long row,
+   * a skeleton), it first waits its turn in the pool's `ParseGate` (see `memory.ts`).
+   */
+  run<R>(task: Task, transfer: ArrayBuffer[], signal: AbortSignal, priority: boolean, cost?: number): Promise<R>;
   readonly buffers: Buffers;
   /** What the sink holds whole (see `memory.ts`); released by `release()`. */
   readonly memory: MemoryAccount;
-  /** Where a one-shot task waits for room to parse its body (see `memory.ts`). */
-  readonly parses: ParseGate;
   readonly stats: IngestStats;
   readonly pieceBytes: number;
   readonly piecesPerRequest: number;

@@ -37,22 +37,38 @@ export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts
   switch (task.kind) {
     case 'rows': {
       const result = processRows(task, rowScanner);
+      // Rows of 1 MiB or more on average, parsed (a piece of many rows is not collected after).
+      if (!result.scanned && result.rows > 0) {
+        let bytes = 0;
+        for (let k = 0; k < task.ranges.length; k += 2) bytes += task.ranges[k + 1]! - task.ranges[k]!;
+        collectAfter(bytes / result.rows);
+      }
       return transfer(result, result.out ? [...new Set([...result.parts, result.out])] : [...new Set(result.parts)]);
     }
-    case 'skeleton':
-      return checkSkeleton(new Uint8Array(task.text), task.sentinel, task.headColumns);
+    case 'skeleton': {
+      const facts = checkSkeleton(new Uint8Array(task.text), task.sentinel, task.headColumns);
+      collectAfter(task.text.byteLength);
+      return facts;
+    }
     default: {
       const result = validateBody(task.body, task.entity, task.batchBytes);
-      // What the parse built is garbage now, but a thread's heap keeps its pages until its
-      // next full collection, which a worker that only gets pieces may not need for long:
-      // given back now, or every worker would keep the most its one-shots ever built.
-      if (task.body.byteLength >= COLLECT_AFTER_BYTES) collect();
+      collectAfter(task.body.byteLength);
       return result.ok ? transfer(result, [result.buffer]) : result;
     }
   }
 }
 
-/** One-shot bodies from this size on are followed by a full collection (a few ms; their parse took more). */
+/**
+ * After a task that parsed `bytes` whole (a body, a long row, a skeleton): what the parse
+ * built is garbage now, but a thread's heap keeps its pages until its next full collection,
+ * which a worker that then only gets pieces may not need for long. From 1 MiB on they are
+ * given back now (a few ms; the parse took more), or every worker would keep the most its
+ * parses ever built.
+ */
+function collectAfter(bytes: number): void {
+  if (bytes >= COLLECT_AFTER_BYTES) collect();
+}
+
 const COLLECT_AFTER_BYTES = 1 << 20;
 
 setFlagsFromString('--expose-gc');

@@ -82,8 +82,9 @@ t.test('the gate: in arrival order, within the limit, one past it alone, a waite
 });
 
 /**
- * Two workers whose `body` tasks announce themselves on a BroadcastChannel and wait for a
- * `go` on another before they run the real worker's, then tell how much their heap grew in the task.
+ * Two workers whose tasks that parse 1 MiB or more whole (a body, a long row, a skeleton) announce
+ * themselves on a BroadcastChannel and wait for a `go` on another before they run the real
+ * worker's, then tell how much their heap grew in the task.
  */
 const held = (() => {
   const real = new URL('../../src/validation/worker.js', import.meta.url).href;
@@ -91,8 +92,10 @@ const held = (() => {
   const dir = t.testdir({
     'worker.mjs': `
       import validate from ${JSON.stringify(real)};
+      const bytes = (task) => task.kind === 'body' ? task.body.byteLength : task.kind === 'rows' ? task.ranges.reduce((n, r, k) => n + (k % 2 ? r : -r), 0) : task.text.byteLength;
       export default async function (task) {
-        if (task.kind === 'body') {
+        const long = bytes(task) >= 1 << 20;
+        if (long) {
           const go = new BroadcastChannel(${JSON.stringify(`${channel}-go`)});
           const released = new Promise((resolve) => (go.onmessage = resolve));
           const started = new BroadcastChannel(${JSON.stringify(channel)});
@@ -103,7 +106,7 @@ const held = (() => {
         }
         const before = process.memoryUsage().heapUsed;
         const result = validate(task);
-        if (task.kind === 'body') {
+        if (long) {
           const heap = new BroadcastChannel(${JSON.stringify(`${channel}-heap`)});
           heap.postMessage(process.memoryUsage().heapUsed - before);
           heap.close();
@@ -112,59 +115,79 @@ const held = (() => {
       }
     `,
   });
-  // The parses of two of the bodies below do not fit in 64 MiB at once.
-  const pool = new ValidationPool({ workers: 2, maxQueue: 8, memoryBudgetBytes: 64 << 20, filename: pathToFileURL(join(dir, 'worker.mjs')).href });
+  // The parses of two of the bodies below do not fit in 64 MiB at once; their long row is over two pieces.
+  const pool = new ValidationPool({
+    workers: 2,
+    maxQueue: 8,
+    memoryBudgetBytes: 64 << 20,
+    pieceBytes: 256 << 10,
+    filename: pathToFileURL(join(dir, 'worker.mjs')).href,
+  });
   t.teardown(() => pool.destroy());
   return { pool, channel };
 })();
 
-t.test('one-shot bodies whose parses do not fit together run one after the other, answers unchanged', async (t) => {
-  const { pool, channel } = held;
-  // `data` before `columns`: the one-shot path. 400,000 empty rows: 1.2 MB, some 17 MB parsed (a cost of 53 MB).
-  const body = Buffer.from(`{"data":[${'[],'.repeat(399_999)}[]],"columns":["store_id","name"]}`);
-  t.ok(parseCost(body) > pool.parses.limit / 2 && parseCost(body) < pool.parses.limit);
-  const starts = new BroadcastChannel(channel);
-  const go = new BroadcastChannel(`${channel}-go`);
-  const heaps = new BroadcastChannel(`${channel}-heap`);
-  const heapUsed: number[] = [];
-  const bothDone = new Promise<void>((resolve) => {
-    heaps.onmessage = (event) => {
-      if (heapUsed.push((event as MessageEvent).data as number) === 2) resolve();
+// 400,000 empty lists: 1.2 MB, some 17 MB parsed (a cost of 53 MB).
+const LISTS = `${'[],'.repeat(399_999)}[]`;
+const layouts = {
+  // `data` before `columns`: the one-shot path.
+  'a body held whole': { body: `{"data":[${LISTS}],"columns":["store_id","name"]}`, answer: /row 0: expected 2 values, got 0/ },
+  // `columns` first, one row of 1.2 MB: a grown piece, parsed whole.
+  'a long row': { body: `{"columns":["store_id","name"],"data":[[${LISTS}]]}`, answer: /row 0: expected 2 values, got 400000/ },
+  // 1.2 MB after `data`: the skeleton, parsed whole in a worker.
+  'a long tail': { body: `{"columns":["store_id","name"],"data":[[]],"more":[${LISTS}]}`, answer: /row 0: expected 2 values, got 0/ },
+};
+
+for (const [layout, { body: text, answer }] of Object.entries(layouts)) {
+  t.test(`${layout}: parses that do not fit together run one after the other, answers unchanged`, async (t) => {
+    const { pool, channel } = held;
+    const body = Buffer.from(text);
+    t.ok(parseCost(body) > pool.parses.limit / 2 && parseCost(body) < pool.parses.limit);
+    const starts = new BroadcastChannel(channel);
+    const go = new BroadcastChannel(`${channel}-go`);
+    const heaps = new BroadcastChannel(`${channel}-heap`);
+    const grown: number[] = [];
+    const bothDone = new Promise<void>((resolve) => {
+      heaps.onmessage = (event) => {
+        if (grown.push((event as MessageEvent).data as number) === 2) resolve();
+      };
+    });
+    t.teardown(() => {
+      starts.close();
+      go.close();
+      heaps.close();
+    });
+    let started = 0;
+    let first: () => void = () => {};
+    const firstStarted = new Promise<void>((resolve) => (first = resolve));
+    starts.onmessage = () => {
+      // The first task is held until the second one is seen waiting; any later runs at once.
+      if (++started === 1) first();
+      else go.postMessage('go');
     };
+    const ends = [0, 1].map(() => {
+      const sink = pool.createIngest({ entity: findEntity('stores')!, dryRun: true, open: () => Promise.reject(new Error('no writer')) });
+      sink.write(body);
+      return sink.end().then(
+        () => t.fail('accepted'),
+        (err: unknown) => err as ServiceError,
+      );
+    });
+    await firstStarted;
+    // The second sink gets to its parse when its body is checked (a skeleton: after its pieces
+    // came back): then its task either starts too, or is seen waiting.
+    while (started < 2 && pool.parses.waiting === 0) await new Promise(setImmediate);
+    t.equal(started, 1, 'the second parse does not start while the first runs');
+    t.equal(pool.parses.waiting, 1, 'it waits for the first one');
+    go.postMessage('go');
+    const [a, b] = await Promise.all(ends);
+    t.ok(started >= 2, `${started} long tasks`);
+    for (const err of [a, b]) t.match(err, { statusCode: 422, code: 'INVALID_PAYLOAD', message: answer });
+    t.same(a, b, 'the same answer for both');
+    t.equal(pool.parses.used, 0);
+    t.ok(pool.parses.peak <= pool.parses.limit, 'never more than the limit at once');
+    // What each parse built is given back before the task ends: no worker keeps it.
+    await bothDone;
+    for (const bytes of grown) t.ok(bytes < 4_000_000, `a worker's heap grew by ${bytes} bytes in the task`);
   });
-  t.teardown(() => {
-    starts.close();
-    go.close();
-    heaps.close();
-  });
-  let started = 0;
-  let first: () => void = () => {};
-  const firstStarted = new Promise<void>((resolve) => (first = resolve));
-  starts.onmessage = () => {
-    // The first body is held until the second one is seen waiting; any later runs at once.
-    if (++started === 1) first();
-    else go.postMessage('go');
-  };
-  const ends = [0, 1].map(() => {
-    const sink = pool.createIngest({ entity: findEntity('stores')!, dryRun: true, open: () => Promise.reject(new Error('no writer')) });
-    sink.write(body);
-    return sink.end().then(
-      () => t.fail('accepted'),
-      (err: unknown) => err as ServiceError,
-    );
-  });
-  await firstStarted;
-  t.equal(pool.stats.oneShots, 1, 'the second body waits for the first one to be parsed');
-  t.equal(pool.parses.waiting, 1);
-  go.postMessage('go');
-  const [a, b] = await Promise.all(ends);
-  t.equal(started, 2);
-  for (const err of [a, b]) t.match(err, { statusCode: 422, code: 'INVALID_PAYLOAD', message: /expected 2 values, got 0/ });
-  t.same(a, b, 'the same answer for both');
-  t.equal(pool.stats.oneShots, 2);
-  t.equal(pool.parses.used, 0);
-  t.ok(pool.parses.peak <= pool.parses.limit, 'never more than the limit at once');
-  // What each parse built is given back before the task ends: no worker keeps it.
-  await bothDone;
-  for (const grown of heapUsed) t.ok(grown < 4_000_000, `a worker's heap grew by ${grown} bytes in a one-shot`);
-});
+}
