@@ -123,7 +123,9 @@ function parserProblem(err: NodeJS.ErrnoException & { reason?: string }): Servic
     case 'HPE_UNEXPECTED_CONTENT_LENGTH':
       return errors.invalidContentLength();
     case 'HPE_INVALID_VERSION':
-      return errors.httpVersionNotSupported();
+      // llhttp files a request line not ended by CRLF (a bare LF, a space after `HTTP/1.1`)
+      // under this code too: its version may be 1.1, and the request is malformed.
+      return err.reason?.startsWith('Expected CRLF') ? errors.malformedRequest() : errors.httpVersionNotSupported();
     default:
       return errors.malformedRequest();
   }

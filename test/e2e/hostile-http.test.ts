@@ -90,6 +90,13 @@ t.test('header count, Host, version', async (t) => {
   t.match(old.raw, /^HTTP\/1\.1 200 /, 'answered as HTTP/1.1 (RFC 9110 §2.5)');
   const oldChunked = await exchange(t, svc.url, `POST ${API}/webhooks/upload-finished HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n`);
   t.same(oldChunked.answers.map((a) => a.status), [400], 'HTTP/1.0 with Transfer-Encoding: 400');
+  for (const [name, line] of [
+    ['a bare LF', 'GET /healthz HTTP/1.1\nHost: test\n\n'],
+    ['a space after the version', 'GET /healthz HTTP/1.1 \r\nHost: test\r\n\r\n'],
+  ]) {
+    const malformed = await exchange(t, svc.url, line!);
+    t.same(malformed.answers, [{ status: 400, body: { detail: 'Malformed HTTP request' } }], `an HTTP/1.1 request line ended by ${name}: 400, not 505`);
+  }
   const future = await exchange(t, svc.url, 'GET /healthz HTTP/1.7\r\nHost: test\r\n\r\n');
   t.equal(future.answers.length, 1, 'an unknown version is answered');
   t.ok([400, 505].includes(future.answers[0]?.status ?? 0), `an unknown version: ${future.answers[0]?.status}`);
