@@ -43,7 +43,7 @@ export const nodeEdge: EdgeAdapter = {
     const closed = new WeakSet<Duplex>();
     let closing = false;
 
-    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
       const socket = req.socket;
       pending.set(socket, (pending.get(socket) ?? 0) + 1);
       const exchange = new NodeExchange(
@@ -71,7 +71,11 @@ export const nodeEdge: EdgeAdapter = {
         },
         exchange,
       );
-    });
+    };
+    server.on('request', onRequest);
+    // An `Expect` other than `100-continue` is served like any request, as on uWS (RFC 9110
+    // §10.1.1 allows it), instead of node:http's bodiless 417 without an X-Request-Id.
+    server.on('checkExpectation', onRequest);
 
     server.on('clientError', (err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex) => {
       // Bytes after a request answered with `Connection: close` (llhttp read on, as in a

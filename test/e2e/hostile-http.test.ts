@@ -139,6 +139,13 @@ t.test('an answer to HEAD has no body: the next answer on the connection starts 
   );
 });
 
+t.test('an expectation other than 100-continue is served like any request, in the contract\'s shape', async (t) => {
+  const svc = await startService(t);
+  const { answers, raw } = await exchange(t, svc.url, head('POST', `${API}/webhooks/upload-finished`, 'Expect: something-else\r\nContent-Length: 2\r\nConnection: close\r\n') + '{}');
+  t.same(answers, [{ status: 401, body: { detail: 'Invalid webhook signature' } }], 'the webhook answers (401 unsigned), not a bare 417');
+  t.match(raw, /\r\nX-Request-Id: /i, 'with an X-Request-Id');
+});
+
 t.test('credentials: the Bearer scheme in any case; a header sent twice is refused', async (t) => {
   const svc = await startService(t);
   for (const scheme of ['Bearer', 'bearer', 'BEARER', 'bEaReR']) {
