@@ -244,7 +244,21 @@ t.test("hostile input through the proxy: every probe the uWS edge leaves unanswe
   t.same(twoAuth.answers, [malformed], 'Authorization twice: 400');
   const te = await exchange(t, proxy.url, webhook('Transfer-Encoding: gzip, chunked\r\n', chunked('{}')));
   t.same(te.answers, [{ status: 400, body: { detail: 'Invalid Transfer-Encoding header: only chunked is accepted' } }], 'Transfer-Encoding: gzip, chunked: 400, as the gateway would say it');
-  for (const r of [...twoAuth.responses, ...te.responses]) t.equal(r.headers['content-type'], 'application/json');
+  // Refusals of the request line itself, which has no URI yet to redirect to a named location.
+  const lineRefusals: [string, string, unknown][] = [
+    ['a bad percent-encoding', `GET ${API}/%zz/status HTTP/1.1\r\nHost: test\r\n\r\n`, malformed],
+    ['a URI over 8 KiB (414)', `GET /${'a'.repeat(9000)} HTTP/1.1\r\nHost: test\r\n\r\n`, malformed],
+    ['HTTP/2.0 in the request line', 'GET /healthz HTTP/2.0\r\nHost: test\r\n\r\n', { status: 505, body: { detail: 'HTTP version not supported' } }],
+  ];
+  const lines: { headers: Record<string, string> }[] = [];
+  for (const [name, bytes, want] of lineRefusals) {
+    const refused = await exchange(t, proxy.url, bytes);
+    t.same(refused.answers, [want], `${name}: ${JSON.stringify(want)}, not nginx's 500 page`);
+    lines.push(...refused.responses);
+  }
+  const page = await exchange(t, proxy.url, head('GET', '/.proxy-error/malformed', 'Connection: close\r\n'));
+  t.same(page.answers, [{ status: 404, body: { detail: 'Not Found' } }], 'an error page asked for from outside: 404');
+  for (const r of [...twoAuth.responses, ...te.responses, ...lines, ...page.responses]) t.equal(r.headers['content-type'], 'application/json');
   // Asked through the proxy, told by the gateway behind it.
   const st = await waitForStatus({ url: proxy.url, changes: gw.changes }, uuid, (s) => s.upload_tasks_finished);
   t.same(st.entities, ['products'], 'the pipelined ingest was stored');
