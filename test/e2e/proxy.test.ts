@@ -256,6 +256,14 @@ t.test("hostile input through the proxy: every probe the uWS edge leaves unanswe
     t.same(refused.answers, [want], `${name}: ${JSON.stringify(want)}, not nginx's 500 page`);
     lines.push(...refused.responses);
   }
+  // Methods no route takes: nginx's own 405s (CONNECT, TRACE) and the methods the uWS edge
+  // cannot parse (it drops the connection: a 503 `Service temporarily unavailable` here, and a
+  // failed gateway to nginx) are answered by the proxy, in JSON.
+  for (const method of ['FOO', 'PROPFIND', 'TRACE', 'CONNECT']) {
+    const refused = await exchange(t, proxy.url, head(method, '/healthz', 'Connection: close\r\n'));
+    t.same(refused.answers, [{ status: 405, body: { detail: 'Method Not Allowed' } }], `${method}: 405`);
+    lines.push(...refused.responses);
+  }
   const page = await exchange(t, proxy.url, head('GET', '/.proxy-error/malformed', 'Connection: close\r\n'));
   t.same(page.answers, [{ status: 404, body: { detail: 'Not Found' } }], 'an error page asked for from outside: 404');
   for (const r of [...twoAuth.responses, ...te.responses, ...lines, ...page.responses]) t.equal(r.headers['content-type'], 'application/json');
