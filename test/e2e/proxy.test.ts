@@ -264,6 +264,16 @@ t.test("hostile input through the proxy: every probe the uWS edge leaves unanswe
     t.same(refused.answers, [{ status: 405, body: { detail: 'Method Not Allowed' } }], `${method}: 405`);
     lines.push(...refused.responses);
   }
+  // A control character in a header sent on: the uWS edge would hold the head ~10 s unanswered
+  // (a 503 here, and a failed gateway to nginx); the proxy refuses it, as the node edge does.
+  for (const [name, line] of [
+    ['Authorization', 'Authorization: a\x01b\r\n'],
+    ['Client-Id', 'Client-Id: a\x1fb\r\n'],
+  ]) {
+    const refused = await exchange(t, proxy.url, head('GET', `${API}/${uuid}/status`, `${line}Connection: close\r\n`));
+    t.same(refused.answers, [malformed], `a control character in ${name}: 400, not a 503`);
+    lines.push(...refused.responses);
+  }
   const page = await exchange(t, proxy.url, head('GET', '/.proxy-error/malformed', 'Connection: close\r\n'));
   t.same(page.answers, [{ status: 404, body: { detail: 'Not Found' } }], 'an error page asked for from outside: 404');
   for (const r of [...twoAuth.responses, ...te.responses, ...lines, ...page.responses]) t.equal(r.headers['content-type'], 'application/json');
