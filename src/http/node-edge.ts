@@ -12,7 +12,7 @@ import { createServer, STATUS_CODES, type IncomingMessage, type ServerResponse }
 import type { Duplex } from 'node:stream';
 import { errors, type ServiceError } from '../errors.js';
 import { normaliseAddress } from './auth.js';
-import type { EdgeAdapter, WireExchange, WireHandlers, WireListener, WireReply } from './types.js';
+import type { EdgeAdapter, WireExchange, WireHandlers, WireHead, WireListener, WireReply } from './types.js';
 
 /**
  * How long a client may take to send a complete head (408 after), and how long an idle
@@ -55,27 +55,16 @@ export const nodeEdge: EdgeAdapter = {
         },
         () => closing,
       );
-      const raw = req.rawHeaders;
-      const fields: [string, string][] = [];
-      for (let i = 0; i + 1 < raw.length; i += 2) fields.push([raw[i]!.toLowerCase(), raw[i + 1]!]);
-      const target = req.url ?? '';
-      const q = target.indexOf('?');
-      handlers.request(
-        {
-          method: req.method ?? '',
-          path: q < 0 ? target : target.slice(0, q),
-          query: q < 0 ? '' : target.slice(q + 1),
-          httpVersion: req.httpVersion,
-          fields,
-          remoteAddress: normaliseAddress(socket.remoteAddress ?? ''),
-        },
-        exchange,
-      );
+      handlers.request(wireHead(req), exchange);
     };
     server.on('request', onRequest);
     // An `Expect` other than `100-continue` is served like any request, as on uWS (RFC 9110
     // §10.1.1 allows it), instead of node:http's bodiless 417 without an X-Request-Id.
     server.on('checkExpectation', onRequest);
+    // node:http hands a CONNECT over as a tunnel, and without this listener closes it
+    // unanswered. No route takes CONNECT: the core answers it like any request (405 or 404,
+    // as on uWS), and the connection is closed after.
+    server.on('connect', (req: IncomingMessage, socket: Duplex) => handlers.request(wireHead(req), new TunnelExchange(socket)));
 
     server.on('clientError', (err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex) => {
       // Bytes after a request answered with `Connection: close` (llhttp read on, as in a
@@ -110,6 +99,23 @@ export const nodeEdge: EdgeAdapter = {
     });
   },
 };
+
+/** The head of a request as llhttp delivered it. */
+function wireHead(req: IncomingMessage): WireHead {
+  const raw = req.rawHeaders;
+  const fields: [string, string][] = [];
+  for (let i = 0; i + 1 < raw.length; i += 2) fields.push([raw[i]!.toLowerCase(), raw[i + 1]!]);
+  const target = req.url ?? '';
+  const q = target.indexOf('?');
+  return {
+    method: req.method ?? '',
+    path: q < 0 ? target : target.slice(0, q),
+    query: q < 0 ? '' : target.slice(q + 1),
+    httpVersion: req.httpVersion,
+    fields,
+    remoteAddress: normaliseAddress(req.socket.remoteAddress ?? ''),
+  };
+}
 
 /** What llhttp's refusal means in the contract's terms. */
 function parserProblem(err: NodeJS.ErrnoException & { reason?: string }): ServiceError {
@@ -198,5 +204,45 @@ class NodeExchange implements WireExchange {
 
   destroy(): void {
     if (!this.#done) this.req.socket.destroy();
+  }
+}
+
+/**
+ * A CONNECT's exchange on the socket node:http gave up (no `ServerResponse`): the head has
+ * no body after it (what follows would be the tunnel's), and any answer closes the socket.
+ */
+class TunnelExchange implements WireExchange {
+  #done = false;
+  #aborted: (() => void) | undefined;
+
+  constructor(private readonly socket: Duplex) {
+    socket.on('error', () => {});
+    socket.once('close', () => {
+      if (this.#done) return;
+      this.#done = true;
+      this.#aborted?.();
+    });
+  }
+
+  onAborted(cb: () => void): void {
+    this.#aborted = cb;
+  }
+
+  onData(cb: (chunk: Uint8Array, last: boolean) => void): void {
+    cb(EMPTY, true);
+  }
+
+  pause(): void {}
+
+  resume(): void {}
+
+  respond(reply: WireReply): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.socket.end(serialise(reply, true));
+  }
+
+  destroy(): void {
+    if (!this.#done) this.socket.destroy();
   }
 }

@@ -146,6 +146,13 @@ t.test('an expectation other than 100-continue is served like any request, in th
   t.match(raw, /\r\nX-Request-Id: /i, 'with an X-Request-Id');
 });
 
+t.test('CONNECT is answered like any method no route takes, not dropped', async (t) => {
+  const svc = await startService(t);
+  const { answers, raw } = await exchange(t, svc.url, head('CONNECT', '/healthz', 'Connection: close\r\n'));
+  t.same(answers, [{ status: 405, body: { detail: 'Method Not Allowed' } }], 'CONNECT /healthz: 405, then closed');
+  t.match(raw, /\r\nX-Request-Id: /i, 'with an X-Request-Id');
+});
+
 t.test('credentials: the Bearer scheme in any case; a header sent twice is refused', async (t) => {
   const svc = await startService(t);
   for (const scheme of ['Bearer', 'bearer', 'BEARER', 'bEaReR']) {
