@@ -69,7 +69,9 @@ export const nodeEdge: EdgeAdapter = {
     server.on('clientError', (err: NodeJS.ErrnoException & { reason?: string }, socket: Duplex) => {
       // Bytes after a request answered with `Connection: close` (llhttp read on, as in a
       // request whose Transfer-Encoding the core refused): the close is already on its way.
-      if (closed.has(socket)) return;
+      // Or after a request that asked for it (HPE_CLOSED_CONNECTION): never served (RFC 9112
+      // §9.6), and that request's answer, still to come, closes the connection.
+      if (closed.has(socket) || err.code === 'HPE_CLOSED_CONNECTION') return;
       // The connection is gone, or an answer now would be read as an earlier request's.
       if (err.code === 'ECONNRESET' || !socket.writable || (pending.get(socket) ?? 0) > 0) {
         socket.destroy();
