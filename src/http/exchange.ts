@@ -92,6 +92,7 @@ export class Exchange {
       if (!answered) this.observed('aborted');
       this.release();
     });
+    wire.onMalformedBody?.(() => this.fail(errors.malformedRequest(), true));
     this.slot = slot;
     this.timer = setTimeout(() => this.timedOut(), opts.limits.requestTimeoutMs);
     this.timer.unref();

@@ -41,6 +41,8 @@ export const nodeEdge: EdgeAdapter = {
     const pending = new WeakMap<Duplex, number>();
     /** Connections answered with `Connection: close`: what their parser reads after is never answered. */
     const closed = new WeakSet<Duplex>();
+    /** Each connection's latest exchange: the one whose body llhttp is reading, until it is complete. */
+    const latest = new WeakMap<Duplex, NodeExchange>();
     let closing = false;
 
     const onRequest = (req: IncomingMessage, res: ServerResponse): void => {
@@ -55,6 +57,7 @@ export const nodeEdge: EdgeAdapter = {
         },
         () => closing,
       );
+      latest.set(socket, exchange);
       handlers.request(wireHead(req), exchange);
     };
     server.on('request', onRequest);
@@ -72,8 +75,17 @@ export const nodeEdge: EdgeAdapter = {
       // Or after a request that asked for it (HPE_CLOSED_CONNECTION): never served (RFC 9112
       // §9.6), and that request's answer, still to come, closes the connection.
       if (closed.has(socket) || err.code === 'HPE_CLOSED_CONNECTION') return;
-      // The connection is gone, or an answer now would be read as an earlier request's.
-      if (err.code === 'ECONNRESET' || !socket.writable || (pending.get(socket) ?? 0) > 0) {
+      // The connection is gone.
+      if (err.code === 'ECONNRESET' || !socket.writable) {
+        socket.destroy();
+        return;
+      }
+      // A body whose framing broke (a bad chunk size; llhttp's refusal, not the client leaving
+      // mid-body, HPE_INVALID_EOF_STATE): its request is answered 400, then closed.
+      const framing = err.code?.startsWith('HPE_') && err.code !== 'HPE_INVALID_EOF_STATE';
+      if (framing && latest.get(socket)?.malformedBody()) return;
+      // An answer now would be read as an earlier request's.
+      if ((pending.get(socket) ?? 0) > 0) {
         socket.destroy();
         return;
       }
@@ -155,6 +167,7 @@ function serialise(reply: WireReply, close: boolean): Buffer {
 class NodeExchange implements WireExchange {
   #done = false;
   #aborted: (() => void) | undefined;
+  #malformed: (() => void) | undefined;
 
   constructor(
     private readonly req: IncomingMessage,
@@ -175,6 +188,17 @@ class NodeExchange implements WireExchange {
 
   onAborted(cb: () => void): void {
     this.#aborted = cb;
+  }
+
+  onMalformedBody(cb: () => void): void {
+    this.#malformed = cb;
+  }
+
+  /** llhttp refused bytes while this request's body was incomplete: true once it is answered. */
+  malformedBody(): boolean {
+    if (this.#done || this.req.complete || !this.#malformed) return false;
+    this.#malformed();
+    return this.#done;
   }
 
   onData(cb: (chunk: Uint8Array, last: boolean) => void): void {

@@ -184,6 +184,12 @@ export interface WireExchange {
   onData(cb: (chunk: Uint8Array, last: boolean) => void): void;
   /** The connection closed before a response was sent. Not called after `respond`. */
   onAborted(cb: () => void): void;
+  /**
+   * The body's framing broke mid-way (a bad chunk size): the exchange is answered with `cb`'s
+   * `respond`, then the connection closes. Adapters whose parser drops such a connection
+   * itself (uWS) never call it.
+   */
+  onMalformedBody?(cb: () => void): void;
   /** Stops reading the body from the socket (back-pressure, or the core is not ready for it). */
   pause(): void;
   resume(): void;

@@ -154,6 +154,22 @@ t.test('a request that asks for Connection: close is answered, whatever the clie
   t.same(answers, [{ status: 200, body: { status: 'ok' } }], 'the request with close: answered; the one behind it never served (RFC 9112 §9.6)');
 });
 
+t.test('a chunked body whose framing breaks mid-way: 400, closed, nothing stored', async (t) => {
+  const svc = await startService(t);
+  // uWS's parser drops such a connection itself, unanswered.
+  if (svc.app.edge !== 'node') return;
+  const uuid = (await clientOf(svc).init()).body.upload_uuid as string;
+  for (const [name, path, lines] of [
+    ['the webhook', `${API}/webhooks/upload-finished`, ''],
+    ['an ingest', `${API}/${uuid}/products`, auth],
+  ] as const) {
+    const { answers } = await exchange(t, svc.url, head('POST', path, `${lines}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n`) + '2\r\n{"\r\nzz\r\n');
+    t.same(answers, [{ status: 400, body: { detail: 'Malformed HTTP request' } }], `${name}, a bad chunk size: 400`);
+  }
+  const st = await waitForStatus(svc, uuid, (b) => b.upload_tasks_finished);
+  t.same(st.entities, [], 'nothing stored');
+});
+
 t.test('CONNECT is answered like any method no route takes, not dropped', async (t) => {
   const svc = await startService(t);
   const { answers, raw } = await exchange(t, svc.url, head('CONNECT', '/healthz', 'Connection: close\r\n'));
