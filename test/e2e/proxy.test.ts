@@ -177,6 +177,12 @@ t.test('30 requests at a time per client: the 31st answers 503 at the proxy', as
   await untilOpenIngests(gw.url, 30);
   const res = await call(proxy.url, 'GET', `${API}/entities`);
   t.same([res.status, res.body, res.headers['retry-after'], res.headers['x-request-id']], [503, { detail: 'Rate limit exceeded' }, '1', undefined], 'the 31st: 503 from the proxy');
+  // Every path counts, as at the gateway: else one client's stalled bodies (buffered here, up to
+  // 1 MiB each) to /healthz or /docs would hold as many connections and as much memory as it likes.
+  for (const path of ['/healthz', '/docs']) {
+    const elsewhere = await call(proxy.url, 'POST', path, { client: null, raw: Buffer.from('{}'), headers: { 'content-type': 'application/json' } });
+    t.same([elsewhere.status, elsewhere.body], [503, { detail: 'Rate limit exceeded' }], `the 31st, on ${path}: 503 from the proxy`);
+  }
   const other = await from(proxy.url, '127.0.0.9', `${API}/entities`, { authorization: 'demo-token', 'client-id': 'demo' });
   t.equal(other.status, 200, 'another address is not held by it');
 });
