@@ -68,7 +68,12 @@ process.stdout.write(`uploader ready${operator ? ` (metrics on port ${operator.p
 let stopping = false;
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.on(signal, () => {
-    if (stopping) return;
+    // A second signal exits at once, as the gateway's does: the package in hand, unacked, is
+    // redelivered (after `nats.ackWaitMs`), its incomplete upload aborted by the next sweep.
+    if (stopping) {
+      log.warn('second signal: exiting without waiting for the package in hand', { signal });
+      process.exit(1);
+    }
     stopping = true;
     log.info('uploader stopping', { signal });
     consumer
