@@ -249,6 +249,7 @@ async function issueClientCommand(args: string[], io: AdminIo): Promise<number> 
     },
   });
   if (values.id === undefined) throw new AdminError('USAGE', 'issue-client: --id is required');
+  if (values.file === '') throw new AdminError('USAGE', 'issue-client: --file names no file');
   const file = values.file ?? (io.env.CLIENTS_FILE || DEFAULT_CLIENTS_FILE);
   const issued = await issueClient(file, {
     clientId: values.id,

@@ -177,3 +177,9 @@ t.test('print-config masks the credentials in NATS_URL: token@ and user:password
   t.notMatch(io.out, /natstoken|natspass/);
   t.equal(JSON.parse(io.out).nats.url, 'nats://***@n1:4222,nats://user:***@n2:4222,nats://***@n3:4222,tls://user:***@n4:4222');
 });
+
+t.test('issue-client --file with an empty name is a usage error (exit 2), not a rename failure', async (t) => {
+  const io = capture();
+  t.equal(await main(['issue-client', '--id', 'acme', '--file', ''], io), 2);
+  t.match(io.err, /^ingest-admin: issue-client: --file names no file\n/);
+});
