@@ -1,12 +1,16 @@
 /** `kill -9` of an uploader in the middle of a multipart upload: stored once, nothing incomplete left. */
-import t from 'tap';
+import t, { type Test } from 'tap';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { clientOf, products, waitForStatus } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway, spawnUploader } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
 
-t.test('an uploader killed mid-multipart: after restart the package is stored exactly once', async (t) => {
+/**
+ * A gateway and NATS and S3, one 30 MB package stored (200) and queued, and an uploader that
+ * has begun its multipart upload (a part PUT seen).
+ */
+async function midMultipart(t: Test) {
   const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
   const base = distributed(nats.url, s3);
   const config = {
@@ -29,10 +33,15 @@ t.test('an uploader killed mid-multipart: after restart the package is stored ex
     s3.seen((r) => r.method === 'PUT' && r.query.partNumber !== undefined),
     new Promise((_, reject) => (noPart = setTimeout(() => reject(new Error(`no part upload within 60 s:\n${first.output()}`)), 60_000))),
   ]).finally(() => clearTimeout(noPart));
-  await first.kill();
-
   const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
   t.teardown(() => store.close());
+  return { gw, config, uuid, first, store };
+}
+
+t.test('an uploader killed mid-multipart: after restart the package is stored exactly once', async (t) => {
+  const { gw, config, uuid, first, store } = await midMultipart(t);
+  await first.kill();
+
   t.same(await store.list(''), [], 'nothing stored by the killed uploader');
   t.ok((await store.listIncompleteUploads('')).length >= 1, 'it left an incomplete multipart upload');
 
@@ -47,27 +56,7 @@ t.test('an uploader killed mid-multipart: after restart the package is stored ex
 });
 
 t.test('a second SIGTERM while the package in hand uploads: the uploader exits at once (code 1); restarted, it stores the package once', async (t) => {
-  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
-  const base = distributed(nats.url, s3);
-  const config = {
-    ...base,
-    storage: { inProcessUploader: false },
-    nats: { ...base.nats, ackWaitMs: 3000 },
-    s3: { ...base.s3, partSizeBytes: 5 * 1024 * 1024, queueSize: 1 },
-  };
-  const gw = await spawnGateway(t, config);
-  const c = clientOf(gw);
-  const uuid = (await c.init()).body.upload_uuid;
-  const big = products(300_000);
-  big.data.forEach((row) => (row[1] = `${row[1]} ${'y'.repeat(60)}`));
-  t.equal((await c.ingest(uuid, 'products', big)).status, 200);
-
-  const first = await spawnUploader(t, config);
-  let noPart: NodeJS.Timeout | undefined;
-  await Promise.race([
-    s3.seen((r) => r.method === 'PUT' && r.query.partNumber !== undefined),
-    new Promise((_, reject) => (noPart = setTimeout(() => reject(new Error(`no part upload within 60 s:\n${first.output()}`)), 60_000))),
-  ]).finally(() => clearTimeout(noPart));
+  const { gw, config, uuid, first, store } = await midMultipart(t);
   const exited = new Promise<number | null>((resolve) => first.child.once('exit', (code) => resolve(code)));
   const stopping = new Promise<void>((resolve) => {
     const onData = (chunk: Buffer) => {
@@ -85,7 +74,5 @@ t.test('a second SIGTERM while the package in hand uploads: the uploader exits a
 
   await spawnUploader(t, { ...config, s3: { ...config.s3, abortIncompleteAfterMs: 1 } });
   await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished, undefined, 60_000);
-  const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
-  t.teardown(() => store.close());
   t.equal((await store.list('')).length, 1, 'stored exactly once');
 });
