@@ -36,6 +36,8 @@ export interface Config {
   limits: {
     ingestBodyBytes: PositiveInt;
     otherBodyBytes: PositiveInt;
+    /** Bytes of buffered (non-ingest) bodies held at once, all requests together: past it, 503 (one body alone always fits). */
+    bufferedBodyBytes: PositiveInt;
     requestTimeoutMs: PositiveTimerMs;
     /** The window of the minimum body rate: a body that brings less than `minBodyBytesPerSecond` × this in one window: 408. */
     bodyRateWindowMs: PositiveTimerMs;

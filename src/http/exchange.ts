@@ -10,11 +10,41 @@ import type { BodyStream, BufferedHandler, Reply, Request, ServerOptions, Stream
 /** How long a request timeout waits for a handler past its point of no return (`BodyStream.hold`): a recording's store write, retries included. */
 export const HOLD_MS = 30_000;
 
+/**
+ * The bytes of buffered bodies all exchanges hold (`ServerLimits.bufferedBodyBytes`): they are
+ * read before authentication, so without a bound any number of connections from enough
+ * addresses could each hold a body of `otherBodyBytes`. A request that holds all there is may
+ * always go on (its own limit is `otherBodyBytes`); else one past the bound is refused.
+ */
+export class HeldBodies {
+  #used = 0;
+
+  constructor(readonly limit: number) {}
+
+  /** Bytes held now, all exchanges together. */
+  get used(): number {
+    return this.#used;
+  }
+
+  /** Holds `bytes` more for an exchange that holds `own` already: false (nothing held) past the bound. */
+  take(bytes: number, own: number): boolean {
+    if (this.#used + bytes > this.limit && this.#used > own) return false;
+    this.#used += bytes;
+    return true;
+  }
+
+  give(bytes: number): void {
+    this.#used -= bytes;
+  }
+}
+
 /** The exchanges not yet done (answered or aborted, and their handler settled), for `drain`. */
 export class Inflight {
   readonly #live = new Set<Exchange>();
   draining = false;
   #idle: (() => void) | undefined;
+
+  constructor(readonly bodies: HeldBodies = new HeldBodies(Number.POSITIVE_INFINITY)) {}
 
   add(e: Exchange): void {
     this.#live.add(e);
@@ -68,6 +98,8 @@ export class Exchange {
   private piped: ((ended: boolean) => void) | undefined;
   private early: Uint8Array[] = [];
   private received = 0;
+  /** Bytes of a buffered body held (`HeldBodies`), given back once answered and the handler settled. */
+  private heldBody = 0;
   private bodyDone = false;
   private discarding = false;
   private paused = false;
@@ -110,6 +142,11 @@ export class Exchange {
         return;
       }
       if (chunk.byteLength > 0) {
+        if (!this.inflight.bodies.take(chunk.byteLength, this.heldBody)) {
+          this.fail(errors.rateLimited(1), true);
+          return;
+        }
+        this.heldBody += chunk.byteLength;
         chunks.push(copy(chunk));
         this.progress(chunk.byteLength);
       }
@@ -265,6 +302,8 @@ export class Exchange {
   private release(): void {
     if (this.released || !this.finished || this.handlerRunning) return;
     this.released = true;
+    this.inflight.bodies.give(this.heldBody);
+    this.heldBody = 0;
     this.inflight.done(this);
   }
 

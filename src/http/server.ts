@@ -11,7 +11,7 @@ import { performance } from 'node:perf_hooks';
 import { errors, isServiceError, ServiceError } from '../errors.js';
 import { addressAllowed, clientAddress } from './auth.js';
 import { ClientLimiter, UNLIMITED } from './client-limiter.js';
-import { Exchange, Inflight, replyFor, wireReply } from './exchange.js';
+import { Exchange, HeldBodies, Inflight, replyFor, wireReply } from './exchange.js';
 import { checkHead } from './request-head.js';
 import { isRatedPath, Router } from './router.js';
 import type { Request, Server, ServerOptions, WireExchange, WireHandlers, WireHead, WireReply } from './types.js';
@@ -32,6 +32,9 @@ export type {
   StreamingHandler,
 } from './types.js';
 
+/** `limits.bufferedBodyBytes` when the options name none (tests). */
+const DEFAULT_BUFFERED_BODY_BYTES = 64 * 1024 * 1024;
+
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:/+=-]{1,128}$/;
 const noResponseObserver = (): void => {};
 
@@ -42,7 +45,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
   // limits.perIpAtProxy: what the proxy forwards it has counted per client already.
   const limitedHere = (peer: string): boolean => !(opts.limits.perIpAtProxy && trusted !== null && addressAllowed(trusted, peer));
   const observe = opts.onResponse ?? noResponseObserver;
-  const inflight = new Inflight();
+  const inflight = new Inflight(new HeldBodies(opts.limits.bufferedBodyBytes ?? DEFAULT_BUFFERED_BODY_BYTES));
 
   const onRequest = (head: WireHead, wire: WireExchange): void => {
     const startedAt = performance.now();

@@ -95,6 +95,12 @@ export interface ServerLimits extends ClientLimits {
   ingestBodyBytes: number;
   /** Body limit of every other request (413). */
   otherBodyBytes: number;
+  /**
+   * Bytes of buffered bodies (every route but ingest) held at once, all requests together,
+   * read before authentication: a chunk past it answers 503 `Rate limit exceeded`, connection
+   * closed, unless its request holds all there is (default `limits.bufferedBodyBytes`).
+   */
+  bufferedBodyBytes?: number;
   /** A request not answered by then: 408, connection closed. */
   requestTimeoutMs: number;
   /**

@@ -241,3 +241,36 @@ t.test("one client's slow bodies hold at most its share of the pool: another cli
   }
 });
 
+
+t.test('buffered bodies: all requests together hold at most limits.bufferedBodyBytes; one past it answers 503, and the bytes come back', async (t) => {
+  // A start-upload whose Connector call the test holds keeps its 4,000-byte body until answered.
+  const fake = await fakeConnector(t);
+  let reached: () => void = () => {};
+  const atConnector = new Promise<void>((r) => (reached = r));
+  let answer: () => void = () => {};
+  fake.script((_req, _body, res) => {
+    answer = () => res.writeHead(200, { 'content-type': 'application/json' }).end('{"workflow_id":"wf-held"}');
+    reached();
+  });
+  const svc = await startService(t, { connector: { url: fake.url }, limits: { otherBodyBytes: 8192, bufferedBodyBytes: 6000 } });
+  t.equal(svc.config.limits.bufferedBodyBytes, 6000);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  t.equal((await c.ingest(uuid, 'products', products(2))).status, 200);
+  await waitForStatus(svc, uuid, (b) => b.can_start_upload);
+
+  const padded = (text: string) => text.padEnd(4000, ' ');
+  const start = call(svc.url, 'POST', `${API}/${uuid}/start-upload`, { raw: padded(JSON.stringify({ date_from: '2024-01-01', date_to: yesterday() })) });
+  await atConnector;
+  // The webhook's body is read before its signature is checked: with the start's body held, it is one too many.
+  const webhook = padded(JSON.stringify({ upload_uuid: uuid, is_terminated: false }));
+  const over = await call(svc.url, 'POST', `${API}/webhooks/upload-finished`, { client: null, raw: webhook });
+  t.same([over.status, over.body, over.headers['retry-after']], [503, { detail: 'Rate limit exceeded' }, '1'], 'turned away, not read whole');
+  const small = await call(svc.url, 'POST', `${API}/webhooks/upload-finished`, { client: null, raw: '{}' });
+  t.equal(small.status, 401, 'a body within what is left is read and answered');
+
+  answer();
+  t.equal((await start).status, 200, 'the held request completes');
+  const again = await call(svc.url, 'POST', `${API}/webhooks/upload-finished`, { client: null, raw: webhook });
+  t.equal(again.status, 401, 'once answered, its bytes are given back: the same body is read and answered');
+});
