@@ -36,11 +36,19 @@ export interface PushOptions {
   /** Check every package (`?dry_run=true`): the answers are real, nothing is stored. */
   dryRun?: boolean;
   /**
-   * Part of every package's `Idempotency-Key` (e.g. the input's place in a push of several):
-   * packages of two inputs that happen to be equal are two packages. Without it, keys are
-   * those of earlier versions, so a re-run of a one-file push still finds its stored packages.
+   * Part of every package's `Idempotency-Key`: packages of two pushes with different scopes
+   * are two packages even when equal. Without it, keys are those of earlier versions, so a
+   * re-run of a one-file push still finds its stored packages (`ingest push` sets none).
    */
   keyScope?: string;
+  /**
+   * The keys sent by the earlier pushes of one run of several inputs, added to as packages
+   * are sent: a package whose key is there (an equal package of an earlier input) takes the
+   * key of its repeat instead, so that the two are two packages. Nothing else of the run enters
+   * a key: an input pushed again alone, from another folder or in another place among other
+   * inputs repeats its keys, and the packages it had stored are answered, not stored again.
+   */
+  sentKeys?: Set<string>;
   keepGoing?: boolean;
   retry?: RetryPolicy;
   signal?: AbortSignal;
@@ -150,7 +158,11 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
     summary.packages_sent++;
     summary.rows_sent += pkg.rows;
     emit({ type: 'sent', index: pkg.index, rows: pkg.rows, bytes: pkg.body.length });
-    const key = packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body, opts.keyScope);
+    let key = packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body, opts.keyScope);
+    if (opts.sentKeys) {
+      for (let repeat = 1; opts.sentKeys.has(key); repeat++) key = packageKey(opts.uploadUuid, opts.entity, pkg.index, pkg.body, `${opts.keyScope ?? ''}#repeat ${repeat}`);
+      opts.sentKeys.add(key);
+    }
     const ingest = (gzip: boolean) =>
       opts.client.ingestWithRetry(
         opts.uploadUuid,

@@ -123,3 +123,48 @@ t.test('a push of many files reads one at a time: each header checked and its re
   t.equal(opened, 2 * files, 'each input read twice: its header checked, then its rows sent');
   t.equal(open, 0, 'every reader ended');
 });
+
+t.test('a package keeps its key whatever else a push holds: an input pushed again alone, or elsewhere among others, stores nothing twice; equal packages of two inputs are two', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'cli-push-keys-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const csv = (from: number) => `product_id,name,price\n${Array.from({ length: 2000 }, (_, i) => `p${from + i},Name ${from + i},${i % 100}`).join('\n')}\n`;
+  const [a, b, copy, c] = ['a.csv', 'b.csv', 'copy-of-a.csv', 'c.csv'].map((f) => join(dir, f)) as [string, string, string, string];
+  await writeFile(a, csv(0));
+  await writeFile(b, csv(10_000));
+  await writeFile(copy, csv(0));
+  await writeFile(c, csv(20_000));
+
+  // A service that stores a package once per Idempotency-Key and answers a repeat from it.
+  const stored = new Map<string, number>();
+  const client = {
+    async entities() {
+      return { entities: [PRODUCTS] };
+    },
+    async initialize() {
+      return { status: 'already_exists', upload_uuid: '00000000-0000-4000-8000-000000000002' };
+    },
+    async ingestWithRetry(_uuid: string, _entity: string, body: Uint8Array, opts: { idempotencyKey: string }) {
+      const rows = (JSON.parse(Buffer.from(body).toString('utf8')) as { data: unknown[] }).data.length;
+      const replayed = stored.has(opts.idempotencyKey);
+      stored.set(opts.idempotencyKey, rows);
+      return { status: 'success', message: '', rows_processed: rows, replayed };
+    },
+  } as unknown as IngestClient;
+  const push = async (paths: string[]) => {
+    const out: string[] = [];
+    const code = await pushCommand(new TestCli(client, paths, out), openSource);
+    t.equal(code, EXIT.OK, `push ${paths.map((p) => p.slice(dir.length + 1)).join(' ')} exits 0`, { out });
+    const result = JSON.parse(out.join('')) as { files?: { packages_accepted: number; packages_replayed: number }[]; packages_accepted: number; packages_replayed: number };
+    return result.files ?? [result];
+  };
+  const storedRows = () => [...stored.values()].reduce((n, r) => n + r, 0);
+
+  const first = await push([a, b, copy]);
+  t.same(first.map((f) => f.packages_replayed), [0, 0, 0], 'the first push stores every package');
+  t.equal(storedRows(), 6000, 'the copy of a.csv stored too: equal packages of two inputs are two');
+  const alone = await push([b]);
+  t.same(alone.map((f) => f.packages_replayed === f.packages_accepted), [true], 'b.csv pushed again alone: every package answered from its key (before: stored again)');
+  const moved = await push([c, b, a, copy]);
+  t.same(moved.map((f) => f.packages_replayed === f.packages_accepted), [false, true, true, true], 'b.csv, a.csv and the copy in other places among other inputs: answered from their keys');
+  t.equal(storedRows(), 8000, 'only c.csv stored anew');
+});

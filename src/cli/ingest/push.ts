@@ -66,6 +66,7 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
     const summaries: (PushSummary & { error_records?: number })[] = [];
     const lines: string[] = [];
     const checks = { max: ERROR_CHECKS_MAX, used: 0 };
+    const sentKeys = new Set<string>();
     let errorsFailed: string | null = null;
     for (const [i, source] of sources.entries()) {
       const name = inputs[i]!.name;
@@ -83,8 +84,8 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
           gzip: v.gzip === true,
           dryRun,
           keepGoing,
-          // A push of several inputs keys each package by its input too: two inputs may hold the same package.
-          ...(sources.length > 1 ? { keyScope: `${i}:${name}` } : {}),
+          // Two inputs may hold the same package: the later one's is keyed as a repeat.
+          ...(sources.length > 1 ? { sentKeys } : {}),
           retry: { retries },
           ...(cli.signal ? { signal: cli.signal } : {}),
           onEvent: progress.onEvent,
