@@ -8,7 +8,7 @@ import { realpathSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { CLIENT_VERSION } from '../client/client.js';
-import { UsageError, type Credentials } from '../client/cli-config.js';
+import { credentialSource, UsageError, type Credentials } from '../client/cli-config.js';
 import { ApiError, ClientError, describeDetail, isApiError, isClientError } from '../client/errors.js';
 import { deleteCommand, entitiesCommand, initCommand, startCommand, statusCommand, terminateCommand, WaitTimeout } from './ingest/commands.js';
 import { Cli, EXIT, type CliIo, type Values } from './ingest/context.js';
@@ -92,11 +92,6 @@ function failure(cli: Cli, err: unknown): number {
     return EXIT.WAIT_TIMEOUT;
   }
   throw err;
-}
-
-/** Where a credential came from, as the user would change it. */
-function credentialSource(source: string, flag: string): string {
-  return source === 'flag' ? flag : source.startsWith('INGEST_') ? `$${source}` : source;
 }
 
 /**

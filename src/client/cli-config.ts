@@ -90,6 +90,10 @@ export async function resolveCredentials(flags: CredentialFlags, env: NodeJS.Pro
   const url = pick(flags.url, 'INGEST_URL', 'url', 'service URL');
   const clientId = pick(flags.clientId, 'INGEST_CLIENT_ID', 'client_id', 'client id');
   const token = pick(flags.token, 'INGEST_TOKEN', 'token', 'token');
+  // Sent as headers: a line end (a token file's CRLF) would fail every request, as if the service were unreachable.
+  for (const [what, got, flag] of [['client id', clientId, '--client-id'], ['token', token, '--token']] as const) {
+    if (!isHeaderValue(got.value)) throw new UsageError(`${what} (from ${credentialSource(got.source, flag)}): has a character a header cannot carry (a line end, a control character, or one past U+00FF)`);
+  }
   try {
     const u = new URL(url.value);
     if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http(s)');
@@ -103,6 +107,16 @@ export async function resolveCredentials(flags: CredentialFlags, env: NodeJS.Pro
     sources: { url: url.source, clientId: clientId.source, token: token.source },
     warning,
   };
+}
+
+/** Where a credential came from, as the user would change it. */
+export function credentialSource(source: string, flag: string): string {
+  return source === 'flag' ? flag : source.startsWith('INGEST_') ? `$${source}` : source;
+}
+
+/** What an HTTP header value may hold: tab, visible ASCII and space, and the bytes 0x80–0xFF (undici's rule). */
+export function isHeaderValue(value: string): boolean {
+  return !/[^\t\x20-\x7e\x80-\xff]/.test(value);
 }
 
 /** The remembered upload sessions, keyed by service URL and client id. */

@@ -9,6 +9,7 @@ import { promisify } from 'node:util';
 import { gzip as gzipCallback } from 'node:zlib';
 import { Pool } from 'undici';
 import { readBounded } from '../bounded-body.js';
+import { isHeaderValue } from './cli-config.js';
 import { CLIENT_DEFAULTS } from './defaults.js';
 import { ApiError, ClientError, isRecord } from './errors.js';
 import { Pacer } from './pacer.js';
@@ -70,6 +71,8 @@ export class IngestClient {
     if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`baseUrl: expected an http(s) URL, got ${JSON.stringify(opts.baseUrl)}`);
     if (!opts.clientId) throw new TypeError('clientId: required');
     if (!opts.token) throw new TypeError('token: required');
+    if (!isHeaderValue(opts.clientId)) throw new TypeError('clientId: has a character a header cannot carry');
+    if (!isHeaderValue(opts.token)) throw new TypeError('token: has a character a header cannot carry');
     for (const key of ['timeoutMs', 'ingestTimeoutMs', 'connectTimeoutMs', 'connections', 'requestsPerSecond'] as const) {
       const v = opts[key];
       if (v !== undefined && !(Number.isFinite(v) && v >= 0)) throw new TypeError(`${key}: expected a number >= 0, got ${String(v)}`);
