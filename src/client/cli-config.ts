@@ -94,11 +94,17 @@ export async function resolveCredentials(flags: CredentialFlags, env: NodeJS.Pro
   for (const [what, got, flag] of [['client id', clientId, '--client-id'], ['token', token, '--token']] as const) {
     if (!isHeaderValue(got.value)) throw new UsageError(`${what} (from ${credentialSource(got.source, flag)}): has a character a header cannot carry (a line end, a control character, or one past U+00FF)`);
   }
+  let parsed: URL;
   try {
-    const u = new URL(url.value);
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') throw new Error('not http(s)');
+    parsed = new URL(url.value);
+    if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new Error('not http(s)');
   } catch {
-    throw new UsageError(`service URL (${url.source}): expected an http(s) URL, got ${JSON.stringify(url.value)}`);
+    throw new UsageError(`service URL (${url.source}): expected an http(s) URL, got ${JSON.stringify(maskUserinfo(url.value))}`);
+  }
+  // Never sent (requests go to the URL's origin, the credentials are the headers), and a
+  // password there would be printed with every message that names the URL.
+  if (parsed.username || parsed.password) {
+    throw new UsageError(`service URL (${url.source}): a user or password in the URL is not sent (the service takes the client id and token): remove it from ${maskUserinfo(url.value)}`);
   }
   return {
     url: url.value,
@@ -112,6 +118,11 @@ export async function resolveCredentials(flags: CredentialFlags, env: NodeJS.Pro
 /** Where a credential came from, as the user would change it. */
 export function credentialSource(source: string, flag: string): string {
   return source === 'flag' ? flag : source.startsWith('INGEST_') ? `$${source}` : source;
+}
+
+/** A URL as text with what is between `//` and `@` masked. */
+function maskUserinfo(url: string): string {
+  return url.replace(/\/\/[^/?#]*@/, '//***@');
 }
 
 /** What an HTTP header value may hold: tab, visible ASCII and space, and the bytes 0x80–0xFF (undici's rule). */

@@ -34,3 +34,13 @@ t.test('a token or client id with a line end is a usage error naming its source,
   t.throws(() => new IngestClient({ baseUrl: 'http://x', clientId: 'a\r', token: 'b' }), /clientId/);
   t.doesNotThrow(() => new IngestClient({ baseUrl: 'http://x', clientId: 'dé mo', token: 'tab\tand latin-1 ÿ' }).close(), 'tab, space and latin-1 are header values');
 });
+
+t.test('a service URL with a user or password in it is a usage error that does not print them (they were never sent, and printed in every message naming the URL)', async (t) => {
+  for (const url of ['http://user:pa55word@127.0.0.1:9', 'https://pa55word@gw.example/', 'htp://user:pa55word@127.0.0.1:9']) {
+    const r = await run({ INGEST_URL: url });
+    t.equal(r.code, EXIT.USAGE, `${url}: exit 2 (before: 1, "cannot reach the service at ${url}")`);
+    t.match(r.stderr, /^ingest: service URL \(INGEST_URL\): /);
+    t.match(r.stderr, /\/\/\*\*\*@/, 'the user and password masked');
+    t.notMatch(r.stderr, /pa55word/);
+  }
+});
