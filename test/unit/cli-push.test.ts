@@ -3,11 +3,12 @@
  * (each header checked and its reader ended before the next is opened, each read again in
  * its turn), so memory holds one input's rows however many inputs there are.
  */
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import type { IngestClient } from '../../src/client/client.js';
+import { ApiError } from '../../src/client/errors.js';
 import { openSource, type RowSource, type SourceFormat } from '../../src/client/sources.js';
 import type { CatalogEntity } from '../../src/client/types.js';
 import { pushCommand } from '../../src/cli/ingest/push.js';
@@ -49,8 +50,9 @@ class TestCli extends Cli {
     private readonly fake: IngestClient,
     positionals: string[],
     readonly out: string[],
+    values: Record<string, string | boolean> = {},
   ) {
-    super({ stdout: { write: (s: string) => out.push(s) }, stderr: { write: () => true }, env: {} }, { entity: 'products', 'package-size': '32KiB', json: true, quiet: true }, positionals);
+    super({ stdout: { write: (s: string) => out.push(s) }, stderr: { write: () => true }, env: {} }, { entity: 'products', 'package-size': '32KiB', json: true, quiet: true, ...values }, positionals);
   }
 
   override async client(): Promise<IngestClient> {
@@ -167,4 +169,64 @@ t.test('a package keeps its key whatever else a push holds: an input pushed agai
   const moved = await push([c, b, a, copy]);
   t.same(moved.map((f) => f.packages_replayed === f.packages_accepted), [false, true, true, true], 'b.csv, a.csv and the copy in other places among other inputs: answered from their keys');
   t.equal(storedRows(), 8000, 'only c.csv stored anew');
+});
+
+t.test('packages stored after a refused one: the summary does not say to fix the file and push it again (its packages would be cut anew and stored twice), and what it says stores every row once', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'cli-push-refused-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const file = join(dir, 'fix.csv');
+  const errorsFile = join(dir, 'refused.csv');
+  const junk = 'abcdefghijklmnopqrstuvwxyz0123456789abcdefghij';
+  const lines = Array.from({ length: 300 }, (_, i) => `p${i + 1},Name ${i + 1},${i === 38 ? junk : (i + 1) % 50}`);
+  await writeFile(file, `product_id,name,price\n${lines.join('\n')}\n`);
+
+  // A service that refuses a package holding a price that is not a number (422, as the real one),
+  // stores the others once per Idempotency-Key, and stores nothing of a dry run.
+  const stored = new Map<string, string[]>();
+  const client = {
+    async entities() {
+      return { entities: [PRODUCTS] };
+    },
+    async initialize() {
+      return { status: 'already_exists', upload_uuid: '00000000-0000-4000-8000-000000000003' };
+    },
+    async ingestWithRetry(_uuid: string, _entity: string, body: Uint8Array | string, opts: { idempotencyKey?: string; dryRun?: boolean }) {
+      const { data } = JSON.parse(Buffer.from(body).toString('utf8')) as { data: unknown[][] };
+      const bad = data.flatMap((row, i) => (typeof row[2] === 'string' ? [{ row: i, column: 'price', message: `expected number >= 0, got ${JSON.stringify(row[2])}` }] : []));
+      if (bad.length) throw new ApiError(422, { detail: `Invalid data types in payload: row ${bad[0]!.row}, column "price": ${bad[0]!.message}`, errors: bad, error_count: bad.length }, null);
+      const replayed = opts.idempotencyKey !== undefined && stored.has(opts.idempotencyKey);
+      if (!opts.dryRun) stored.set(opts.idempotencyKey ?? `k${stored.size}`, data.map((row) => String(row[0])));
+      return { status: 'success', message: '', rows_processed: data.length, replayed };
+    },
+  } as unknown as IngestClient;
+  const push = async (paths: string[], values: Record<string, string | boolean> = {}) => {
+    const out: string[] = [];
+    const code = await pushCommand(new TestCli(client, paths, out, { json: false, 'package-size': '4KiB', ...values }), openSource);
+    return { code, text: out.join('') };
+  };
+  const storedIds = () => [...stored.values()].flat();
+
+  const first = await push([file], { 'keep-going': true });
+  t.equal(first.code, EXIT.PARTIAL, 'one package refused, the others stored');
+  t.ok(storedIds().includes('p300'), 'a package after the refused one was stored');
+  t.notMatch(first.text, /fix the file and push it again/, 'not told to fix the file and push it again (before: told so)');
+  t.match(first.text, /push it again unchanged with --errors FILE .*, then fix the values of FILE and push it/, { text: first.text });
+  const afterFirst = new Map(stored);
+
+  // As it says: the same file again with --errors, then the fixed errors file.
+  const again = await push([file], { errors: errorsFile });
+  t.equal(again.code, EXIT.PARTIAL);
+  await writeFile(errorsFile, (await readFile(errorsFile, 'utf8')).replace(junk, '5'));
+  const rest = await push([errorsFile]);
+  t.equal(rest.code, EXIT.OK, 'the fixed errors file is accepted', { text: rest.text });
+  const ids = storedIds();
+  t.equal(ids.length, 300, 'every row stored');
+  t.equal(new Set(ids).size, 300, 'none twice');
+
+  // What the summary said before stores rows twice: the fixed file is cut anew from the refused package on.
+  stored.clear();
+  for (const [k, v] of afterFirst) stored.set(k, v);
+  await writeFile(file, (await readFile(file, 'utf8')).replace(junk, '5'));
+  await push([file]);
+  t.ok(storedIds().length > 300, `instead, the fixed file pushed again: ${storedIds().length - 300} rows stored twice`);
 });

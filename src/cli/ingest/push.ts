@@ -67,12 +67,16 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
     const lines: string[] = [];
     const checks = { max: ERROR_CHECKS_MAX, used: 0 };
     const sentKeys = new Set<string>();
+    // A package stored after a refused one: the refused rows fixed in the input, its packages from
+    // there on are cut anew (other bodies, other keys), and those stored would be stored again.
+    let storedAfterRefused = false;
     let errorsFailed: string | null = null;
     for (const [i, source] of sources.entries()) {
       const name = inputs[i]!.name;
       const progress = new PushProgress(cli.io.stderr, mode, basename(name), source.totalBytes);
       if (mode !== 'none') cli.io.stderr.write(`${dryRun ? 'checking (dry run)' : 'pushing'} ${name} (${entity.name}, ${source.format}) ${dryRun ? 'against' : 'into'} upload ${uploadUuid}\n`);
       let summary: PushSummary;
+      const order = { refused: Infinity, accepted: -1 };
       try {
         summary = await push({
           client,
@@ -88,11 +92,16 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
           ...(sources.length > 1 ? { sentKeys } : {}),
           retry: { retries },
           ...(cli.signal ? { signal: cli.signal } : {}),
-          onEvent: progress.onEvent,
+          onEvent: (event) => {
+            if (event.type === 'failed' && event.failure.status === 422) order.refused = Math.min(order.refused, event.index);
+            if (event.type === 'accepted') order.accepted = Math.max(order.accepted, event.index);
+            progress.onEvent(event);
+          },
         });
       } finally {
         progress.finish();
       }
+      if (!dryRun && order.accepted > order.refused) storedAfterRefused = true;
       let errorRecords = 0;
       if (errors && errorsFailed === null && summary.failures.length > 0 && !summary.aborted) {
         if (mode !== 'none') cli.io.stderr.write(`writing the records of ${name} not accepted to ${errorsPath}\n`);
@@ -137,12 +146,21 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
     const them = sources.length > 1 ? ['the files', 'them'] : ['the file', 'it'];
     if (summaries.some((s) => s.input_error !== null) && !dryRun) {
       // What was not sent goes with the fixed file: it cuts the packages before the same, with the same keys.
-      const refused = written ? ` (fix the records of ${errorsPath} in ${them[0]} too, rather than push ${errorsPath})` : '';
+      const refused = storedAfterRefused
+        ? ` (the unreadable records only: packages after a refused one were stored, and a refused record changed would cut new packages that store those again${written ? `; then fix the values of ${errorsPath} and push it` : ''})`
+        : written
+          ? ` (fix the records of ${errorsPath} in ${them[0]} too, rather than push ${errorsPath})`
+          : '';
       lines.push(`  fix ${them[0]} and push ${them[1]} again: packages already stored are answered, not stored again${refused}`);
     } else if (written) {
       // errorsFileLine said what to do next.
     } else if (exit === EXIT.PARTIAL && dryRun) lines.push(`  nothing was stored; fix the refused records and check ${them[0]} again, or push ${them[1]}`);
-    else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
+    else if (exit === EXIT.PARTIAL && storedAfterRefused) {
+      lines.push(
+        `  the accepted packages stay in the session, some after a refused one: fixed, ${them[0]} would be cut anew from the refused package on, and those would be stored again;` +
+          ` push ${them[1]} again unchanged with --errors FILE (packages already stored are answered, not stored again), then fix the values of FILE and push it, or delete the session`,
+      );
+    } else if (exit === EXIT.PARTIAL) lines.push('  the accepted packages stay in the session; fix the file and push it again (packages already stored are answered, not stored again), or delete the session');
     if (summaries.length < sources.length) lines.push(`  stopped after ${inputs[summaries.length - 1]!.name}: ${sources.length - summaries.length} more not sent (--keep-going sends them)`);
     cli.print(result, lines.join('\n'));
     return exit;
