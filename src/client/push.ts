@@ -18,9 +18,10 @@
  */
 import { createHash } from 'node:crypto';
 import type { IngestClient } from './client.js';
+import { RETRY_DEFAULTS } from './defaults.js';
 import { describeDetail, isApiError, isClientError, isRecord, type ClientError } from './errors.js';
 import { Packer, type Package } from './packer.js';
-import type { RetryPolicy } from './retry.js';
+import { isRetryable, type RetryPolicy } from './retry.js';
 import type { RowSource } from './sources.js';
 
 export interface PushOptions {
@@ -195,7 +196,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
       emit({ type: 'accepted', index: pkg.index, rows: res.rows_processed, bytes: pkg.body.length, sourceBytes, replayed: res.replayed });
     } catch (err) {
       summary.packages_failed++;
-      const failure = describeFailure(pkg, err);
+      const failure = describeFailure(pkg, err, opts.retry?.maxRetryAfterMs ?? RETRY_DEFAULTS.maxRetryAfterMs);
       summary.failures.push(failure);
       emit({ type: 'failed', index: pkg.index, failure });
       if (!opts.keepGoing) stop = true;
@@ -241,7 +242,7 @@ export async function push(opts: PushOptions): Promise<PushSummary> {
 
 const ROW_IN_DETAIL = /^Invalid data types in payload: row (\d+)\b/;
 
-function describeFailure(pkg: Package, err: unknown): PackageFailure {
+function describeFailure(pkg: Package, err: unknown, maxRetryAfterMs: number): PackageFailure {
   const failure: PackageFailure = {
     package: pkg.index,
     first_record: pkg.firstRecord,
@@ -251,6 +252,10 @@ function describeFailure(pkg: Package, err: unknown): PackageFailure {
     detail: isApiError(err) ? err.detail : null,
     message: isApiError(err) ? describeDetail(err.body) : (err as Error).message,
   };
+  // A wait the retries do not make: else the answer reads as retried and failed again, or as never retried for no reason.
+  if (isRetryable(err) && err.retryAfter !== null && err.retryAfter * 1000 > maxRetryAfterMs) {
+    failure.message += ` (the service asked to wait ${err.retryAfter} s, longer than the ${maxRetryAfterMs / 1000} s a retry waits at most)`;
+  }
   const row = typeof failure.detail === 'string' ? ROW_IN_DETAIL.exec(failure.detail) : null;
   if (row) failure.record = pkg.firstRecord + Number(row[1]);
   const body = isApiError(err) && isRecord(err.body) ? err.body : null;

@@ -4,10 +4,12 @@
  * its turn), so memory holds one input's rows however many inputs there are.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import type { IngestClient } from '../../src/client/client.js';
+import { IngestClient } from '../../src/client/client.js';
 import { ApiError } from '../../src/client/errors.js';
 import { openSource, type RowSource, type SourceFormat } from '../../src/client/sources.js';
 import type { CatalogEntity } from '../../src/client/types.js';
@@ -229,4 +231,32 @@ t.test('packages stored after a refused one: the summary does not say to fix the
   await writeFile(file, (await readFile(file, 'utf8')).replace(junk, '5'));
   await push([file]);
   t.ok(storedIds().length > 300, `instead, the fixed file pushed again: ${storedIds().length - 300} rows stored twice`);
+});
+
+t.test('a package whose 503 asks for a wait longer than a retry makes says so, instead of a bare 503 that reads as never retried', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'cli-push-wait-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const file = join(dir, 'products.csv');
+  await writeFile(file, 'product_id,name,price\np1,Water,1\n');
+  let ingests = 0;
+  const server = createServer((req, res) => {
+    req.resume();
+    req.on('end', () => {
+      if (req.url!.endsWith('/entities')) return res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ entities: [PRODUCTS] }));
+      if (req.url!.endsWith('/initialize-session')) {
+        return res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ status: 'created', upload_uuid: '00000000-0000-4000-8000-000000000004' }));
+      }
+      ingests++;
+      res.writeHead(503, { 'content-type': 'application/json', 'retry-after': '300' }).end(JSON.stringify({ detail: 'Storage temporarily unavailable' }));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => new Promise<void>((r) => server.close(() => r())));
+  const client = new IngestClient({ baseUrl: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, clientId: 'demo', token: 'tok', requestsPerSecond: 0 });
+  t.teardown(() => client.close());
+  const out: string[] = [];
+  const code = await pushCommand(new TestCli(client, [file], out, { json: false }), openSource);
+  t.equal(code, EXIT.FAILED);
+  t.equal(ingests, 1, 'not retried: the service asked for 300 s');
+  t.match(out.join(''), /failed: 503 Storage temporarily unavailable \(the service asked to wait 300 s, longer than the 120 s a retry waits at most\)/, { out });
 });

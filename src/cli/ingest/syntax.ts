@@ -17,7 +17,8 @@ Commands:
       [--package-size ${CLI_DEFAULTS.packageSize}]  largest package body (B, KiB, MiB, KB, MB; at most 32 MiB)
       [--parallel ${CLI_DEFAULTS.parallel}]       packages in flight at once (1-${MAX_PARALLEL})
       [--rate ${CLI_DEFAULTS.rate}]          requests started per second at most (the service allows 30)
-      [--retries ${CLI_DEFAULTS.retries}]        retries of a package on 408/502/503/504, timeouts, network errors
+      [--retries ${CLI_DEFAULTS.retries}]        retries of a package on 408/429/502/503/504, a 409 with
+                           Retry-After, timeouts, network errors
       [--gzip]             compress packages on the wire
       [--keep-going]       send the remaining packages after one failed
       [--dry-run]          check every package without storing it: the service answers
