@@ -321,7 +321,8 @@ export function resolvedWorkers(config: Config): number {
 export function parseCidr(entry: string): { address: string; prefix: number; family: 4 | 6 } | null {
   const [address = '', bits, ...rest] = entry.split('/');
   const family = address.includes('%') ? 0 : isIP(address);
-  if (family === 0 || rest.length) return null;
+  // A prefix is decimal digits: `Number` reads '' and ' ' as 0 (any address), '0x8' as 8.
+  if (family === 0 || rest.length || (bits !== undefined && !/^\d{1,3}$/.test(bits))) return null;
   const prefix = bits === undefined ? (family === 6 ? 128 : 32) : Number(bits);
   if (!Number.isInteger(prefix) || prefix < 0 || prefix > (family === 6 ? 128 : 32)) return null;
   return { address, prefix, family: family as 4 | 6 };

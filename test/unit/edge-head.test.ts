@@ -83,6 +83,16 @@ t.test('clientAddress: merged lines, trusted hops skipped, a malformed entry ref
   }
 });
 
+t.test('addresses: a CIDR prefix is decimal digits; an empty one is refused, not read as /0 (any address)', async (t) => {
+  for (const entry of ['203.0.113.7/', '203.0.113.0/ ', '::1/', '10.0.0.0/0x8', '10.0.0.0/1e1', '10.0.0.0/+8', '10.0.0.0/8.0']) {
+    t.throws(() => addressList([entry], 'allowed_ips'), /not an IP address or CIDR/, JSON.stringify(entry));
+  }
+  const registry = new ClientRegistry({ clients: [{ client_id: 'c', token_sha256: hashToken('tok'), allowed_ips: ['203.0.113.0/24'], min_date: '2020-01-01' }] });
+  t.match(registry.authenticate('tok', 'c', '203.0.113.9'), { id: 'c' });
+  t.throws(() => registry.authenticate('tok', 'c', '198.51.100.1'), { code: 'IP_NOT_ALLOWED' });
+  t.throws(() => loadConfig({ TRUSTED_PROXIES: '10.0.0.1/' }), /trustedProxies \(TRUSTED_PROXIES\): not an IP address or CIDR: "10\.0\.0\.1\/"/);
+});
+
 t.test('addresses: IPv6 zone ids are no address; mapped IPv4 is plain IPv4', async (t) => {
   t.throws(() => addressList(['fe80::1%eth0'], 'allowed_ips'), /not an IP address or CIDR/);
   t.throws(() => addressList(['fe80::%eth0/64'], 'allowed_ips'), /not an IP address or CIDR/);
