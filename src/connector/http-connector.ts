@@ -4,7 +4,7 @@ import { errors, MESSAGES } from '../errors.js';
 import { ConnectorJson, type Connector, type WorkflowStart } from './types.js';
 
 export interface HttpConnectorOptions {
-  /** Base URL (`CONNECTOR_URL`); its origin and path are used, a trailing slash is ignored. */
+  /** Base URL (`CONNECTOR_URL`); its origin and path are used, a trailing slash is ignored; `user:password@` is sent as HTTP Basic auth. */
   url: string;
   /** Deadline of one call, from sending the request to the end of the answer's body. */
   timeoutMs: number;
@@ -29,10 +29,14 @@ export class HttpConnector implements Connector {
   readonly #basePath: string;
   readonly #timeoutMs: number;
   readonly #maxBodyBytes: number;
+  /** `Authorization` of every call: the URL's credentials, which `origin` leaves out. */
+  readonly #auth: Record<string, string>;
 
   constructor(opts: HttpConnectorOptions) {
     const base = new URL(opts.url);
     this.#basePath = base.pathname.replace(/\/+$/, '');
+    const credentials = `${decoded(base.username)}:${decoded(base.password)}`;
+    this.#auth = base.username || base.password ? { authorization: `Basic ${Buffer.from(credentials, 'utf8').toString('base64')}` } : {};
     this.#timeoutMs = opts.timeoutMs;
     this.#maxBodyBytes = opts.maxBodyBytes ?? 1024 * 1024;
     this.#pool = new Pool(base.origin, {
@@ -75,7 +79,7 @@ export class HttpConnector implements Connector {
       const res = await this.#pool.request({
         method: 'POST',
         path: this.#basePath + path,
-        headers: body === null ? { accept: 'application/json' } : { accept: 'application/json', 'content-type': 'application/json' },
+        headers: body === null ? { accept: 'application/json', ...this.#auth } : { accept: 'application/json', 'content-type': 'application/json', ...this.#auth },
         body,
         headersTimeout: this.#timeoutMs,
         bodyTimeout: this.#timeoutMs,
@@ -93,6 +97,14 @@ export class HttpConnector implements Connector {
   }
 }
 
+/** A URL's percent-encoded credential as written (`new URL` keeps a stray `%` as it is). */
+function decoded(part: string): string {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
+  }
+}
 
 /** The Connector's own words: JSON `detail` or `message` when a non-blank string, else the body text. */
 function answerText(text: string | undefined): string | undefined {

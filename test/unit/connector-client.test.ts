@@ -199,6 +199,20 @@ t.test('terminate: Connector errors map to Failed to stop workflow', async (t) =
   }
 });
 
+t.test("the URL's credentials (`user:password@`) go with every call as HTTP Basic auth, not dropped", async (t) => {
+  const fake = await fakeConnector(t, () => json(200, { workflow_id: 'w' }));
+  const c = connector(t, fake.url.replace('http://', 'http://svc%40ingest:p%3Ass@'));
+  await c.start(START);
+  await c.terminate(START.upload_uuid);
+  t.same(
+    fake.seen.map((s) => s.headers.authorization),
+    Array(2).fill(`Basic ${Buffer.from('svc@ingest:p:ss').toString('base64')}`),
+  );
+  const plain = await fakeConnector(t, () => json(200, {}));
+  await connector(t, plain.url).start(START);
+  t.equal(plain.seen[0]!.headers.authorization, undefined, 'none without credentials');
+});
+
 t.test('connections are kept alive and reused', async (t) => {
   const fake = await fakeConnector(t, () => json(200, {}));
   const c = connector(t, fake.url);
