@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { parseWebhookPayload, verifyWebhook } from '../connector/webhook.js';
+import { parseWebhookPayload, replayRememberedUntilMs, verifyWebhook } from '../connector/webhook.js';
 import { errors } from '../errors.js';
 import type { BufferedHandler } from '../http/server.js';
 import { json, type ApiDeps } from './context.js';
@@ -28,7 +28,7 @@ export const uploadFinished =
     if (!parsed.ok) throw errors.validationFailed(parsed.issues);
     // What the signature covers, so a re-encoded signature header is the same request.
     const id = createHash('sha256').update(`${timestamp}.`).update(body).digest('hex');
-    const until = (Number(timestamp) + deps.webhook.toleranceSeconds) * 1000;
+    const until = replayRememberedUntilMs(timestamp ?? '', deps.webhook.toleranceSeconds);
     const outcome = await deps.service.applyWebhook(parsed.value.upload_uuid, { ...parsed.value, replay: { id, until } });
     return json({ status: outcome });
   };

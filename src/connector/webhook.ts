@@ -52,6 +52,17 @@ export function verifyWebhook(input: VerifyWebhookInput): boolean {
   return timingSafeEqual(Buffer.from(hex, 'hex'), hmac(secret, timestampHeader, rawBody));
 }
 
+/**
+ * Until when (ms since the epoch) a webhook signed at `timestampHeader` must be remembered as
+ * applied, so that a replay of it is told apart: `verifyWebhook` compares whole seconds, so it
+ * accepts the request until a second past `toleranceSeconds`; and another gateway whose clock
+ * is behind accepts it later still, by up to its lag. Kept twice the window and a second,
+ * a replay verifies nowhere after that on clocks within `toleranceSeconds` of each other.
+ */
+export function replayRememberedUntilMs(timestampHeader: string, toleranceSeconds: number = DEFAULT_TOLERANCE_SECONDS): number {
+  return (Number(timestampHeader) + 2 * toleranceSeconds + 1) * 1000;
+}
+
 export type ParsedWebhook = { ok: true; value: WebhookPayload } | { ok: false; issues: ValidationIssue[] };
 
 const STATUSES = ['succeeded', 'failed', 'terminated'] as const;

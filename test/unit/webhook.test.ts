@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net';
 import t from 'tap';
 import {
   parseWebhookPayload,
+  replayRememberedUntilMs,
   sendWebhook,
   SIGNATURE_HEADER,
   signWebhook,
@@ -30,6 +31,24 @@ const verify = (over: Partial<Parameters<typeof verifyWebhook>[0]> = {}): boolea
 t.test('signWebhook matches an independent HMAC and takes bytes or text', async (t) => {
   t.equal(signWebhook(SECRET, TS, BODY), KNOWN);
   t.equal(signWebhook(SECRET, TS, enc(BODY)), KNOWN);
+});
+
+t.test('a webhook is remembered as applied for as long as any gateway would verify it again', async (t) => {
+  const tolerance = 300;
+  const until = replayRememberedUntilMs(String(TS), tolerance);
+  // Every millisecond at which a gateway verifies the request, its clock up to the window behind
+  // the one that applied it (whose clock the remembered entry is dropped by), in 250 ms steps.
+  let checked = 0;
+  for (let lagS = 0; lagS <= tolerance; lagS += 30) {
+    for (let nowMs = (TS + tolerance - 5) * 1000; nowMs <= (TS + tolerance + 5) * 1000; nowMs += 250) {
+      if (!verify({ nowSeconds: Math.floor(nowMs / 1000), toleranceSeconds: tolerance })) continue;
+      checked++;
+      const appliedClockMs = nowMs + lagS * 1000;
+      if (appliedClockMs > until) t.fail(`verified again at ${nowMs} ms (the applying gateway's clock ${lagS} s ahead) after the memory ends at ${until}`);
+    }
+  }
+  t.ok(checked > 0, "verifications near the window's end were checked");
+  t.notOk(verify({ nowSeconds: TS + tolerance + 1, toleranceSeconds: tolerance }), 'past the window: not verified');
 });
 
 t.test('verifyWebhook round trip and rejections', async (t) => {
