@@ -248,7 +248,8 @@ export const errors = {
   requestTimeout: () => fixed('REQUEST_TIMEOUT'),
   rateLimited: (retryAfterSeconds: number) => fixed('RATE_LIMITED', { headers: { 'Retry-After': String(retryAfterSeconds) } }),
   routeNotFound: () => fixed('ROUTE_NOT_FOUND'),
-  methodNotAllowed: () => fixed('METHOD_NOT_ALLOWED'),
+  /** 405 with `Allow`, the methods the path takes (RFC 9110 §15.5.6). */
+  methodNotAllowed: (allowed: readonly string[]) => fixed('METHOD_NOT_ALLOWED', { headers: { Allow: allowed.join(', ') } }),
   unsupportedMediaType: () => fixed('UNSUPPORTED_MEDIA_TYPE'),
   idempotencyKeyInvalid: () => fixed('IDEMPOTENCY_KEY_INVALID'),
   idempotencyKeyInProgress: () => fixed('IDEMPOTENCY_KEY_IN_PROGRESS', { headers: { 'Retry-After': '1' } }),

@@ -38,7 +38,7 @@ const document = {
       'Limits: body 32 MiB on ingest, 1 MiB otherwise (413); per client IP 30 requests/s, burst 50, 30 concurrent ' +
       '(503, `Retry-After`); 600 s per request (408). Within `/api/v1` changes are additive.\n\n' +
       `Any path: an unknown one answers 404 \`${JSON.stringify(errors.routeNotFound().body)}\`, a known one with another method 405 ` +
-      `\`${JSON.stringify(errors.methodNotAllowed().body)}\`, a malformed \`Content-Length\` 400.`,
+      `\`${JSON.stringify(errors.methodNotAllowed([]).body)}\` with \`Allow\` naming its methods, a malformed \`Content-Length\` 400.`,
   },
   tags: [
     { name: 'uploading', description: 'Client operations on upload sessions.' },

@@ -8,8 +8,8 @@ import type { Route } from './types.js';
 export interface RouteMatch {
   route?: CompiledRoute;
   params: Record<string, string>;
-  /** The path matches a route of another method (405). */
-  methodMismatch: boolean;
+  /** The methods of the routes the path matches when none is of the request's (405 and its `Allow`); empty when none matches. */
+  allowed: string[];
 }
 
 export interface CompiledRoute {
@@ -36,15 +36,15 @@ export class Router {
 
   match(method: string, path: string): RouteMatch {
     const parts = pathSegments(path);
-    let methodMismatch = false;
-    if (parts === null) return { params: {}, methodMismatch };
+    const allowed: string[] = [];
+    if (parts === null) return { params: {}, allowed };
     for (const candidate of this.#routes) {
       const params = matchSegments(candidate.segments, parts);
       if (!params) continue;
-      if (candidate.method === method) return { route: candidate, params, methodMismatch: false };
-      methodMismatch = true;
+      if (candidate.method === method) return { route: candidate, params, allowed: [] };
+      if (!allowed.includes(candidate.method)) allowed.push(candidate.method);
     }
-    return { params: {}, methodMismatch };
+    return { params: {}, allowed };
   }
 }
 

@@ -101,7 +101,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
     }
     if (!match.route) {
       limiter.release(slot);
-      answerNow(match.methodMismatch ? errors.methodNotAllowed() : errors.routeNotFound(), hasBody);
+      answerNow(match.allowed.length ? errors.methodNotAllowed(match.allowed) : errors.routeNotFound(), hasBody);
       return;
     }
     const exchange = new Exchange(

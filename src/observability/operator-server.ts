@@ -25,14 +25,14 @@ export interface OperatorServer {
 
 export async function serveOperatorEndpoints(opts: OperatorServerOptions): Promise<OperatorServer> {
   const allowed = metricsAccess(opts.token);
-  const send = (res: ServerResponse, status: number, body: string, type = 'application/json') => {
-    res.writeHead(status, { 'content-type': type, 'content-length': Buffer.byteLength(body) }).end(body);
+  const send = (res: ServerResponse, status: number, body: string, type = 'application/json', headers: Readonly<Record<string, string>> = {}) => {
+    res.writeHead(status, { ...headers, 'content-type': type, 'content-length': Buffer.byteLength(body) }).end(body);
   };
-  /** The gateway's body and status of `err` (errors.ts). */
-  const fail = (res: ServerResponse, err: ServiceError) => send(res, err.statusCode, JSON.stringify(err.body));
+  /** The gateway's status, body and headers of `err` (errors.ts). */
+  const fail = (res: ServerResponse, err: ServiceError) => send(res, err.statusCode, JSON.stringify(err.body), 'application/json', err.headers);
   const handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     const path = (req.url ?? '/').split('?')[0];
-    if (req.method !== 'GET') return fail(res, errors.methodNotAllowed());
+    if (req.method !== 'GET') return fail(res, errors.methodNotAllowed(['GET']));
     if (path === '/healthz') return send(res, 200, JSON.stringify(HEALTHY_BODY));
     if (path === '/readyz') {
       const { ready, checks } = await opts.readiness.run();

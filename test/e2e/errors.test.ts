@@ -285,6 +285,9 @@ t.test('limits: 413 on Content-Length and while streaming; 404 and 405 for unkno
   t.same([nowhere.status, nowhere.body], [404, { detail: 'Not Found' }]);
   const wrongMethod = await call(svc.url, 'GET', `${API}/initialize-session`);
   t.same([wrongMethod.status, wrongMethod.body], [405, { detail: 'Method Not Allowed' }]);
+  t.equal(wrongMethod.headers.allow, 'POST', 'a 405 names the methods the path takes (RFC 9110)');
+  const entity = await call(svc.url, 'GET', `${API}/${uuid}/products`);
+  t.same([entity.status, entity.headers.allow], [405, 'POST'], 'also on a path with parameters');
 });
 
 t.test('GET /entities lists the catalog; GET /openapi.json serves version 0.1.0', async (t) => {

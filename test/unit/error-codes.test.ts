@@ -51,7 +51,7 @@ const FACTORY_ARGS: { [K in keyof typeof errors]: Parameters<(typeof errors)[K]>
   requestTimeout: [],
   rateLimited: [1],
   routeNotFound: [],
-  methodNotAllowed: [],
+  methodNotAllowed: [['GET']],
   unsupportedMediaType: [],
   idempotencyKeyInvalid: [],
   idempotencyKeyInProgress: [],
