@@ -28,6 +28,8 @@ export function parseStartBody(raw: Buffer, today: string): StartDates {
   const jsonInvalid = (error: string): StartDates => ({
     issues: [{ type: 'json_invalid', loc: ['body', 0], msg: 'JSON decode error', input: {}, ctx: { error } }],
   });
+  // FastAPI validates no body at all as a missing one, not as JSON that failed to decode
+  if (raw.byteLength === 0) return { issues: [{ type: 'missing', loc: ['body'], msg: 'Field required', input: null }] };
   if (nestedDeeper(raw, MAX_DEPTH)) return jsonInvalid(`Nesting deeper than ${MAX_DEPTH} levels`);
   let body: unknown;
   try {

@@ -205,6 +205,8 @@ t.test('start-upload: check order and every message', async (t) => {
     ['missing', ['body', 'date_from'], 'Field required'],
     ['missing', ['body', 'date_to'], 'Field required'],
   ]);
+  const noBody = await call(svc.url, 'POST', `${API}/${uuid}/start-upload`);
+  t.same([noBody.status, noBody.body], [422, { detail: [{ type: 'missing', loc: ['body'], msg: 'Field required', input: null }] }], 'no body: missing, as Pydantic says it');
   const badDate = await c.start(uuid, { date_from: '2024-02-30', date_to: '2024-03-01' });
   t.equal(badDate.status, 422);
   t.match(badDate.body.detail[0], { loc: ['body', 'date_from'], input: '2024-02-30' });
