@@ -12,6 +12,7 @@ import {
   jsonResponse,
   LIMITS,
   MAX_INFLATED,
+  MAX_PACKAGES,
   NOT_UPLOADING,
   parameter,
   q,
@@ -150,7 +151,7 @@ function catalogTable(): string {
 
 const INGEST_DESCRIPTION = `Validates one package of rows of \`entity_name\` as the body arrives and queues it for object storage
 (\`upload_tasks_finished\` in the status turns \`true\` once stored). All-or-nothing; needs the session in \`UPLOADING\`;
-an entity may take many packages. Checks, first failing one answers: unknown entity 400; state 409; \`Content-Encoding\` 415;
+an entity may take many packages. Checks, first failing one answers: unknown entity 400; state 409; session full 409; \`Content-Encoding\` 415;
 payload 422. A gzip body's 32 MiB counts the wire bytes; inflated, at most 256 MiB (413).
 \`?dry_run=true\`: every check and the answer, with \`Dry-Run: true\`, nothing stored, any state
 (docs/api.md#dry-runs). Rules: docs/api.md#ingest-payload.
@@ -207,6 +208,7 @@ export const ingestRoute: RouteDeclaration<ApiDeps> = {
         ...jsonResponse(
           [
             `- ${NOT_UPLOADING}: structured \`detail\``,
+            `- ${qe(errors.sessionFull(MAX_PACKAGES))}: \`limits.packagesPerSession\` reached (not for a dry run)`,
             `- ${q('IDEMPOTENCY_KEY_IN_PROGRESS')}: after a 10 s wait`,
           ].join('\n'),
           { anyOf: [schema('InvalidSessionStatusError'), schema('ErrorDetail')] },

@@ -22,6 +22,7 @@ export const error = (messages: string[], name = 'ErrorDetail', extra: Json = {}
 /** The default body limits, as the 413 messages name them (the served document shows the defaults). */
 export const LIMITS: { ingestBodyBytes: number; otherBodyBytes: number } = defaultConfig().limits;
 export const MAX_INFLATED: number = defaultConfig().ingest.maxDecompressedBytes;
+export const MAX_PACKAGES: number = defaultConfig().limits.packagesPerSession;
 /** A message of errors.ts as the descriptions quote it: in backticks. */
 export const q = (code: keyof typeof MESSAGES): string => `\`${MESSAGES[code]}\``;
 /** The message of a factory with a variable part, that part named by a placeholder. */

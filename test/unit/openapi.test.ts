@@ -197,6 +197,11 @@ t.test('the three 409 shapes', async (t) => {
     '#/components/schemas/ErrorDetail',
     '#/components/schemas/InvalidSessionStatusError',
   ]);
+  t.match(
+    deref(op('post', '/{upload_uuid}/{entity_name}').responses['409']).description,
+    'Upload session is full: it holds 10000000 packages',
+    'ingest: a full session is one of its 409s',
+  );
   const detail = resolve(schemas.InvalidSessionStatusError.properties.detail.$ref)!;
   t.same(detail.required, ['message', 'expected', 'actual']);
   t.equal(detail.properties.message.default, 'Invalid upload session status');
