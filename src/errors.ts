@@ -229,8 +229,12 @@ export const errors = {
   noEntities: () => fixed('NO_ENTITIES'),
   workflowNotRunning: () => fixed('WORKFLOW_NOT_RUNNING'),
   workflowStopFailed: (statusCode: 404 | 409 | 500) => fixed('WORKFLOW_STOP_FAILED', { statusCode }),
-  connectorError: (statusCode: number, text: string) =>
-    new ServiceError('CONNECTOR_ERROR', text, { statusCode }),
+  /** The Connector's error status forwarded, with its `Retry-After` when there is one. */
+  connectorError: (statusCode: number, text: string, retryAfterSeconds: number | null = null) =>
+    new ServiceError('CONNECTOR_ERROR', text, {
+      statusCode,
+      headers: retryAfterSeconds === null ? {} : { 'Retry-After': String(retryAfterSeconds) },
+    }),
   connectorUnreachable: (cause?: unknown) => fixed('CONNECTOR_UNREACHABLE', { cause }),
   webhookUnauthorized: () => fixed('WEBHOOK_UNAUTHORIZED'),
   invalidContentLength: () => fixed('INVALID_CONTENT_LENGTH'),

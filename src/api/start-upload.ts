@@ -1,9 +1,9 @@
 import { ConnectorJson } from '../connector/types.js';
-import { errors } from '../errors.js';
+import { errors, STORAGE_RETRY_AFTER_SECONDS } from '../errors.js';
 import type { BufferedHandler } from '../http/server.js';
 import { authenticate, json, type ApiDeps } from './context.js';
 import { parseStartBody, utcToday } from './start-body.js';
-import { clientResponses, error, jsonResponse, NOT_UPLOADING, parameter, q, qe, schema, sessionAccess, UNREACHABLE } from './openapi-shared.js';
+import { clientResponses, error, jsonResponse, NOT_UPLOADING, parameter, q, qe, RETRY_AFTER, schema, sessionAccess, UNREACHABLE } from './openapi-shared.js';
 import { API_BASE, type RouteDeclaration } from './route.js';
 
 /** `POST /{upload_uuid}/start-upload`: the Connector's 2xx JSON goes back unchanged. */
@@ -50,7 +50,20 @@ export const startUploadRoute: RouteDeclaration<ApiDeps> = {
       '422': error(['Invalid `date_from` or `date_to`'], 'ValidationError'),
       '500': error(['The Connector\'s 500 (its text), or an internal error']),
       '502': error([UNREACHABLE, q('CONNECTOR_ERROR')]),
-      default: error(['Any other Connector error status (400–599), forwarded']),
+      '503': {
+        ...error([
+          `${q('RATE_LIMITED')}: over the client IP's rate or connection limit`,
+          `${q('STORAGE_UNAVAILABLE')}: state or queue unreadable or unwritable for now; nothing started (docs/api.md#storage-unavailable)`,
+          'The Connector\'s 503, forwarded with its text',
+        ]),
+        headers: {
+          'Retry-After': {
+            ...RETRY_AFTER,
+            description: `${RETRY_AFTER.description} ${STORAGE_RETRY_AFTER_SECONDS} with ${q('STORAGE_UNAVAILABLE')}; the Connector's own, else 5, with its 503.`,
+          },
+        },
+      },
+      default: error(['Any other Connector error status (400–599), forwarded (with the Connector\'s `Retry-After` when it sends one)']),
     }),
   },
 };

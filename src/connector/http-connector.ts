@@ -16,11 +16,15 @@ export interface HttpConnectorOptions {
 const REJECTED_FALLBACK = MESSAGES.CONNECTOR_REJECTED;
 const ERROR_FALLBACK = 'Connector error';
 const INVALID_RESPONSE = MESSAGES.CONNECTOR_ERROR;
+/** `Retry-After` of a forwarded 503 whose Connector sent none usable: every 503 of the service says when to come back. */
+const UNAVAILABLE_RETRY_AFTER_SECONDS = 5;
 
 interface Answer {
   status: number;
   /** Undefined when the body exceeded the read limit. */
   text: string | undefined;
+  /** The Connector's `Retry-After` in whole seconds, when it sent one as a number of seconds. */
+  retryAfter: number | null;
 }
 
 /** The real Connector over HTTP: one keep-alive pool for its origin. Mapping in `types.ts`. */
@@ -47,7 +51,7 @@ export class HttpConnector implements Connector {
   }
 
   async start(req: WorkflowStart): Promise<ConnectorJson> {
-    const { status, text } = await this.#post('/workflows', JSON.stringify(req), true);
+    const { status, text, retryAfter } = await this.#post('/workflows', JSON.stringify(req), true);
     if (status >= 200 && status < 300) {
       if (text !== undefined) {
         try {
@@ -60,7 +64,10 @@ export class HttpConnector implements Connector {
       throw errors.connectorError(502, INVALID_RESPONSE);
     }
     if (status === 409) throw errors.connectorRejected(answerText(text) ?? REJECTED_FALLBACK);
-    if (status >= 400 && status <= 599) throw errors.connectorError(status, answerText(text) ?? ERROR_FALLBACK);
+    if (status >= 400 && status <= 599) {
+      const wait = status === 503 ? (retryAfter ?? UNAVAILABLE_RETRY_AFTER_SECONDS) : retryAfter;
+      throw errors.connectorError(status, answerText(text) ?? ERROR_FALLBACK, wait);
+    }
     throw errors.connectorError(502, INVALID_RESPONSE);
   }
 
@@ -86,11 +93,12 @@ export class HttpConnector implements Connector {
         // undici checks its own timeouts on a coarse clock (about ±0.5 s, at least 1 s); this keeps the deadline exact
         signal: AbortSignal.timeout(this.#timeoutMs),
       });
+      const retryAfter = secondsOf(res.headers['retry-after']);
       if (!readBody) {
         await res.body.dump();
-        return { status: res.statusCode, text: undefined };
+        return { status: res.statusCode, text: undefined, retryAfter };
       }
-      return { status: res.statusCode, text: await readBounded(res.body, this.#maxBodyBytes) };
+      return { status: res.statusCode, text: await readBounded(res.body, this.#maxBodyBytes), retryAfter };
     } catch (err) {
       throw errors.connectorUnreachable(err);
     }
@@ -122,4 +130,10 @@ function answerText(text: string | undefined): string | undefined {
     // plain text body
   }
   return trimmed;
+}
+
+/** A `Retry-After` given as delta-seconds (RFC 9110 §10.2.3), at least 1; null for none, a date or anything else. */
+function secondsOf(header: string | string[] | undefined): number | null {
+  if (typeof header !== 'string' || !/^\s*\d{1,9}\s*$/.test(header)) return null;
+  return Math.max(1, Number(header));
 }

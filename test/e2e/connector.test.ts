@@ -74,6 +74,7 @@ for (const [name, code, text, status, body] of startCases) {
     const { c, uuid } = await readySession(t, fake.url);
     const res = await c.start(uuid, dates);
     t.same([res.status, res.body], [status, body]);
+    if (status === 503) t.equal(res.headers['retry-after'], '5', 'a 503 says when to come back, as every 503 of the service');
     const st = (await c.status(uuid)).body;
     t.equal(st.session_status, 'UPLOADING');
     t.equal(st.can_start_upload, true);

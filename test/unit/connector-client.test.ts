@@ -16,7 +16,7 @@ interface Seen {
 }
 
 /** What the fake Connector answers; `null` never answers. */
-type Answer = { status: number; body?: string; type?: string } | null;
+type Answer = { status: number; body?: string; type?: string; headers?: Record<string, string> } | null;
 
 /** A scripted fake Connector: a real HTTP server on port 0 answering each request from `answer`. */
 async function fakeConnector(t: Test, answer: (seen: Seen) => Answer): Promise<{ url: string; seen: Seen[] }> {
@@ -29,7 +29,7 @@ async function fakeConnector(t: Test, answer: (seen: Seen) => Answer): Promise<{
       seen.push(s);
       const a = answer(s);
       if (a === null) return;
-      res.writeHead(a.status, a.type === undefined ? {} : { 'content-type': a.type }).end(a.body ?? '');
+      res.writeHead(a.status, { ...a.headers, ...(a.type === undefined ? {} : { 'content-type': a.type }) }).end(a.body ?? '');
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -115,6 +115,21 @@ t.test('start: other statuses >= 400 are forwarded with a string detail', async 
     const err = await failure(connector(t, fake.url).start(START));
     t.match(err, { code: 'CONNECTOR_ERROR', statusCode: status, message: text }, `status ${status}`);
     t.strictSame(err.body, { detail: text });
+  }
+});
+
+t.test('start: a forwarded 503 says when to come back (the Connector\'s Retry-After, else 5 s); others only pass its own on', async (t) => {
+  const cases: [Answer, Record<string, string>][] = [
+    [{ status: 503, body: 'busy' }, { 'Retry-After': '5' }],
+    [{ status: 503, body: 'busy', headers: { 'retry-after': '30' } }, { 'Retry-After': '30' }],
+    [{ status: 503, body: 'busy', headers: { 'retry-after': 'Wed, 21 Oct 2015 07:28:00 GMT' } }, { 'Retry-After': '5' }],
+    [{ status: 429, body: 'slow down', headers: { 'retry-after': '2' } }, { 'Retry-After': '2' }],
+    [{ status: 500, body: 'boom' }, {}],
+  ];
+  for (const [answer, headers] of cases) {
+    const fake = await fakeConnector(t, () => answer);
+    const err = await failure(connector(t, fake.url).start(START));
+    t.strictSame([err.statusCode, err.headers], [answer!.status, headers], `${answer!.status} ${JSON.stringify(answer!.headers ?? {})}`);
   }
 });
 
