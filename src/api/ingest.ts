@@ -70,8 +70,9 @@ export const ingestEntity =
     return reply;
   };
 
-/** On every answer the handler gives a dry run, errors included. */
+/** On every answer to a dry run, errors included. */
 const DRY_RUN_HEADERS: Readonly<Record<string, string>> = { 'Dry-Run': 'true' };
+const NO_HEADERS: Readonly<Record<string, string>> = {};
 
 /** Values of `dry_run` as Pydantic v2 reads a boolean (any case); docs/api.md, Dry runs. */
 const DRY_RUN_VALUES: ReadonlyMap<string, boolean> = new Map([
@@ -165,6 +166,8 @@ export const ingestRoute: RouteDeclaration<ApiDeps> = {
   pattern: `${API_BASE}/:upload_uuid/:entity_name`,
   body: 'streaming',
   handler: ingestEntity,
+  // A dry run's 413 by Content-Length, or while the body streams, is its answer as well (DECISIONS: "the 413/422").
+  answerHeaders: (query) => (isDryRun(query) ? DRY_RUN_HEADERS : NO_HEADERS),
   schema: {
     operationId: 'uploadEntity',
     tags: ['uploading'],

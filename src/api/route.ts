@@ -33,6 +33,8 @@ interface Declared {
   method: 'GET' | 'POST';
   /** The router's pattern: `:name` segments are path parameters (`{name}` in the document). */
   pattern: string;
+  /** Headers every answer to the route carries, the server's own included (`Route.answerHeaders`). */
+  answerHeaders?: (query: string) => Readonly<Record<string, string>>;
   /** The route's OpenAPI operation. */
   schema: Operation;
 }
@@ -47,10 +49,11 @@ export type RouteSpec = Declared & { body: 'buffered' | 'streaming' };
 
 /** The router's entry of a declaration, its handler made now (once, at start). */
 export function bind<D>(route: RouteDeclaration<D>, deps: D): Route {
-  const { method, pattern } = route;
+  const { method, pattern, answerHeaders } = route;
+  const extra = answerHeaders ? { answerHeaders } : {};
   return route.body === 'streaming'
-    ? { method, pattern, body: 'streaming', handler: route.handler(deps) }
-    : { method, pattern, body: 'buffered', handler: route.handler(deps) };
+    ? { method, pattern, body: 'streaming', handler: route.handler(deps), ...extra }
+    : { method, pattern, body: 'buffered', handler: route.handler(deps), ...extra };
 }
 
 /** The OpenAPI path of a router pattern: `/a/:b` → `/a/{b}`. */

@@ -2,7 +2,7 @@
  * One request/response pair on the edge (`Exchange`), from the route's handler to the answer,
  * and the exchanges in flight (`Inflight`, for `drain`); see server.ts.
  */
-import { asServiceError, errors, ServiceError } from '../errors.js';
+import { asServiceError, errors, ServiceError, withHeaders } from '../errors.js';
 import type { IngestSink } from '../validation-pool/index.js';
 import type { ClientLimiter, ClientSlot } from './client-limiter.js';
 import type { BodyStream, BufferedHandler, Reply, Request, ServerOptions, StreamingHandler, WireExchange, WireReply } from './types.js';
@@ -115,6 +115,8 @@ export class Exchange {
     slot: ClientSlot,
     private readonly observed: (status: number | 'aborted') => void,
     private readonly inflight: Inflight,
+    /** The route's `answerHeaders` for this request: on the answers the exchange gives itself too. */
+    private readonly answerHeaders?: Readonly<Record<string, string>>,
   ) {
     inflight.add(this);
     wire.onAborted(() => {
@@ -242,7 +244,7 @@ export class Exchange {
   }
 
   fail(err: ServiceError, closeConnection: boolean): void {
-    this.send(replyFor(err), closeConnection);
+    this.send(replyFor(this.answerHeaders ? withHeaders(err, this.answerHeaders) : err), closeConnection);
     this.abort.abort();
   }
 

@@ -8,7 +8,7 @@
  */
 import { randomUUID } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
-import { errors, isServiceError, ServiceError } from '../errors.js';
+import { errors, isServiceError, ServiceError, withHeaders } from '../errors.js';
 import { addressAllowed, clientAddress } from './auth.js';
 import { ClientLimiter, UNLIMITED } from './client-limiter.js';
 import { Exchange, HeldBodies, Inflight, replyFor, wireReply } from './exchange.js';
@@ -76,8 +76,9 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       context: {},
     };
     const pattern = match.route?.route.pattern ?? null;
+    const answerHeaders = match.route?.route.answerHeaders?.(head.query);
     const answerNow = (err: ServiceError, closeConnection: boolean): void => {
-      wire.respond(wireReply(replyFor(err), requestId), closeConnection || inflight.draining);
+      wire.respond(wireReply(replyFor(answerHeaders ? withHeaders(err, answerHeaders) : err), requestId), closeConnection || inflight.draining);
       observe({ req, route: pattern, status: err.statusCode, durationMs: performance.now() - startedAt });
     };
 
@@ -113,6 +114,7 @@ export async function listen(opts: ServerOptions): Promise<Server> {
       slot,
       (status) => observe({ req, route: pattern, status, durationMs: performance.now() - startedAt }),
       inflight,
+      answerHeaders,
     );
     const route = match.route.route;
     if (route.body === 'buffered') exchange.runBuffered(route.handler, limit);

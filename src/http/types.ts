@@ -81,9 +81,16 @@ export interface BodyStream {
 export type BufferedHandler = (req: Request, body: Buffer) => Promise<Reply>;
 export type StreamingHandler = (req: Request, body: BodyStream, signal: AbortSignal) => Promise<Reply>;
 
-export type Route =
+export type Route = (
   | { method: string; pattern: string; body: 'buffered'; handler: BufferedHandler }
-  | { method: string; pattern: string; body: 'streaming'; handler: StreamingHandler };
+  | { method: string; pattern: string; body: 'streaming'; handler: StreamingHandler }
+) & {
+  /**
+   * Headers every answer to a request of this route carries, by its query: those the server
+   * gives itself (413, 408, the limits' 503) as well as the handler's (ingest's `Dry-Run: true`).
+   */
+  answerHeaders?: (query: string) => Readonly<Record<string, string>>;
+};
 
 export interface ServerLimits extends ClientLimits {
   /**

@@ -1,6 +1,8 @@
 /** Every row of the state table of docs/api.md (plus delete, workflow failure and dry runs), over real HTTP. */
+import { PassThrough } from 'node:stream';
 import { gzipSync } from 'node:zlib';
 import t from 'tap';
+import { request } from 'undici';
 import { startApp } from '../../src/app.js';
 import { silentLogger } from '../../src/log.js';
 import type { SessionRecord } from '../../src/session/state.js';
@@ -8,6 +10,7 @@ import { openEngines } from '../../src/store/engines.js';
 import { idempotencyKey, sessionKey, sessionObjectPrefix } from '../../src/store/keys.js';
 import type { LedgerEntry } from '../../src/store/ports.js';
 import { API, call, clientOf, DEMO, DEMO2, fakeConnector, products, sendWebhook, startService, waitForStatus, yesterday } from '../support/harness.js';
+import { auth, head, RawClient } from '../support/raw-http.js';
 
 const dates = () => ({ date_from: '2024-01-01', date_to: yesterday() });
 
@@ -217,6 +220,26 @@ t.test('status is scoped to the client: another client gets 404 for the same uui
   t.equal(other.status, 404);
   t.same(other.body, { detail: 'Upload session not found' });
   t.equal((await call(svc.url, 'GET', `${API}/${uuid}/status`, { client: DEMO })).status, 200);
+});
+
+t.test('dry run: a 413 over the body limit carries Dry-Run: true, by Content-Length or while the body streams (a package\'s does not)', async (t) => {
+  const svc = await startService(t, { limits: { ingestBodyBytes: 64 * 1024 } });
+  const uuid = (await clientOf(svc).init()).body.upload_uuid as string;
+  for (const query of ['?dry_run=true', '']) {
+    const raw = new RawClient(t, svc.url);
+    await raw.write(head('POST', `${API}/${uuid}/products${query}`, `${auth}Content-Type: application/json\r\nContent-Length: ${64 * 1024 + 1}\r\n`));
+    const declared = await raw.response();
+    t.same([declared.status, declared.headers['dry-run']], [413, query ? 'true' : undefined], `Content-Length over the limit${query ? ', a dry run' : ', a package'}`);
+    const body = new PassThrough();
+    const streamed = request(`${svc.url}${API}/${uuid}/products${query}`, {
+      method: 'POST',
+      headers: { authorization: DEMO.token, 'client-id': DEMO.id, 'content-type': 'application/json' },
+      body,
+    });
+    body.end(JSON.stringify(products(5000)));
+    const res = await streamed;
+    t.same([res.statusCode, res.headers['dry-run'], await res.body.json()], [413, query ? 'true' : undefined, { detail: 'Request body too large (limit 65536 bytes)' }], `chunked past the limit${query ? ', a dry run' : ', a package'}`);
+  }
 });
 
 t.test('dry run: answers what the package would, with Dry-Run: true; stores and records nothing; session checks, not the state', async (t) => {
