@@ -218,6 +218,14 @@ const REPLACED: Record<string, string> = {
   'limits.idleProgressBytes': 'limits.minBodyBytesPerSecond (bytes per second)',
 };
 
+/**
+ * Keys a file may give in another unit: `idempotency.ttlHours` is the name the service's API
+ * decisions use for the answers' lifetime. Read into the key it stands for; both at once: error.
+ */
+const IN_OTHER_UNITS: Record<string, { key: string; factor: number }> = {
+  'idempotency.ttlHours': { key: 'ttlMs', factor: 3_600_000 },
+};
+
 /** Keys whose values are secrets: an error names their length, never their value (it goes to the log). */
 const SECRET_KEYS = new Set(['connector.webhookSecret', 'metrics.token', 's3.accessKeyId', 's3.secretAccessKey']);
 /** Keys whose values are URLs that may carry credentials (`user:password@`, `token@`): masked in an error. */
@@ -369,6 +377,18 @@ function merge(base: Record<string, unknown>, patch: unknown, at: string[]): Rec
   const out: Record<string, unknown> = { ...base };
   for (const [key, value] of Object.entries(patch)) {
     if (value === undefined) continue;
+    const unit = IN_OTHER_UNITS[[...at, key].join('.')];
+    if (unit && !(key in base)) {
+      const name = [...at, key].join('.');
+      if ((patch as Record<string, unknown>)[unit.key] !== undefined) {
+        throw new ConfigError(`Invalid configuration:\n  ${name}: give it or ${[...at, unit.key].join('.')}, not both`);
+      }
+      if (typeof value !== 'number' || !Number.isFinite(value) || value <= 0) {
+        throw new ConfigError(`Invalid configuration:\n  ${name}: expected a number > 0, got ${JSON.stringify(value)}`);
+      }
+      out[unit.key] = Math.round(value * unit.factor);
+      continue;
+    }
     if (!(key in base)) {
       const name = [...at, key].join('.');
       const replacement = REPLACED[name];

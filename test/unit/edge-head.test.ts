@@ -127,5 +127,10 @@ t.test('configuration: http.engine and the body-rate keys; the keys they replace
   t.throws(() => loadConfig({ HTTP_ENGINE: 'fast' }), /http\.engine/);
   t.throws(() => loadConfig({}, { limits: { idleTimeoutMs: 1 } } as never), /limits\.idleTimeoutMs: unknown key \(replaced by limits\.bodyRateWindowMs\)/);
   t.throws(() => loadConfig({}, { limits: { idleProgressBytes: 1 } } as never), /limits\.idleProgressBytes: unknown key \(replaced by limits\.minBodyBytesPerSecond/);
+  t.equal(loadConfig({}, { idempotency: { ttlHours: 48 } } as never).idempotency.ttlMs, 48 * 3_600_000, 'idempotency.ttlHours: read as ttlMs');
+  t.equal(loadConfig({}, { idempotency: { ttlHours: 0.5 } } as never).idempotency.ttlMs, 1_800_000, 'in fractions of an hour too');
+  t.throws(() => loadConfig({}, { idempotency: { ttlHours: 48, ttlMs: 1000 } } as never), /idempotency\.ttlHours: give it or idempotency\.ttlMs, not both/);
+  t.throws(() => loadConfig({}, { idempotency: { ttlHours: '48' } } as never), /idempotency\.ttlHours: expected a number > 0, got "48"/);
+  t.throws(() => loadConfig({}, { idempotency: { ttlHours: 0 } } as never), /idempotency\.ttlHours: expected a number > 0/);
   t.throws(() => loadConfig({}, { limits: { minBodyBytesPerSecond: 0 } }), /limits\.minBodyBytesPerSecond/);
 });
