@@ -19,7 +19,7 @@ export interface EmulatedConnectorOptions {
   timeoutMs: number;
   /** Rows of one stored object (NDJSON: a header line, then one line per row). */
   countRows: (body: AsyncIterable<Uint8Array>) => Promise<number>;
-  /** Pauses between webhook attempts; one attempt more than delays. Default 0.5, 1, 2, 4 s. */
+  /** Pauses between webhook attempts, the last one repeated until it is delivered. Default 0.5, 1, 2, 4 s. */
   retryDelaysMs?: readonly number[];
   /**
    * JSON file keeping the workflows not yet done, so they survive a restart (rewritten
@@ -47,12 +47,6 @@ export interface EmulatedStartAnswer {
 const TERMINATE_ACK_DELAY_MS = 100;
 /** Restored work waits this long after `open`, so the gateway's webhook endpoint can come up first. */
 const RESUME_DELAY_MS = 100;
-/**
- * Restored webhooks keep retrying (at the last retry pause) until this long after `open`:
- * the gateway may still be waiting to bind its port (up to 90 s, see app.ts), and giving
- * up would leave the session STARTED for good.
- */
-const RESUME_PATIENCE_MS = 120_000;
 
 interface Scheduled {
   workflowId: string;
@@ -92,8 +86,6 @@ export class EmulatedConnector implements Connector {
   readonly #workflows = new Map<string, WorkflowRecord>();
   /** Workflows loaded from the state file: see `callbackUrl`. */
   readonly #restored = new WeakSet<WorkflowRecord>();
-  /** When `open` restored the state file (epoch ms). */
-  #restoredAt = 0;
   readonly #deliveries = new Set<Promise<void>>();
   readonly #closing = new AbortController();
   /** Settles after the last requested state write. */
@@ -179,7 +171,6 @@ export class EmulatedConnector implements Connector {
   }
 
   async #restore(saved: WorkflowRecord[]): Promise<void> {
-    this.#restoredAt = Date.now();
     let dropped = 0;
     for (const wf of saved) {
       if (this.#workflows.has(wf.workflow_id) || (wf.phase === 'running' && this.#running.has(wf.upload_uuid))) {
@@ -260,8 +251,9 @@ export class EmulatedConnector implements Connector {
   }
 
   /**
-   * Sends the webhook of `wf`'s phase (its outcome, or the terminate confirmation) with
-   * retries; once delivered or given up, forgets `wf`. Closing aborts it and keeps `wf`.
+   * Sends the webhook of `wf`'s phase (its outcome, or the terminate confirmation), again
+   * until it is delivered or refused (a 4xx other than 408 and 429); then forgets `wf`.
+   * Closing aborts it and keeps `wf`.
    */
   #deliver(wf: WorkflowRecord, initialDelayMs: number): void {
     const { signal } = this.#closing;
@@ -294,11 +286,12 @@ export class EmulatedConnector implements Connector {
           if (signal.aborted) return false;
           failure = err;
         }
-        let pause = this.#retryDelaysMs[attempt];
-        if (pause === undefined && restored && Date.now() + lastPause < this.#restoredAt + RESUME_PATIENCE_MS) pause = lastPause;
-        if (pause === undefined) {
-          this.#opts.log?.('connector emulator: webhook undelivered', { upload_uuid: payload.upload_uuid, attempts: attempt + 1, failure });
-          return true;
+        // Past the retry pauses it goes on at the last one, as long as the answer says "later"
+        // (the gateway's 503 while its storage is out, a gateway not listening yet): giving up
+        // would leave the session STARTED for good, with nothing left to terminate.
+        const pause = this.#retryDelaysMs[attempt] ?? lastPause;
+        if (attempt === this.#retryDelaysMs.length) {
+          this.#opts.log?.('connector emulator: webhook undelivered', { upload_uuid: payload.upload_uuid, attempts: attempt + 1, failure, retry_every_ms: lastPause });
         }
         await sleep(pause, undefined, { signal });
       }
