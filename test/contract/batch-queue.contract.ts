@@ -121,6 +121,17 @@ export function batchQueueContract(t: Test, name: string, factory: BatchQueueFac
     t.equal(await q.pending('u1'), 0, 'acked');
   });
 
+  t.test(`${name}: a batch of one row longer than a NATS message may be (2.5 MiB) is committed and read back whole`, async (t) => {
+    const { q } = await setup(t);
+    const rec = record(t, q);
+    const batches = ['["a1","x"]\n', `["a2","${'y'.repeat(2.5 * 1024 * 1024)}"]\n`, '["a3","x"]\n'];
+    await commit(q, meta('u1', 'pkg-long'), batches);
+    const got = await rec.next();
+    t.equal(got.meta.package_id, 'pkg-long');
+    t.equal(got.batches.join(''), batches.join(''), 'the same bytes, in order');
+    await rec.stop();
+  });
+
   t.test(`${name}: batches({ reuse: true }), each chunk read before the next, gives the same bytes`, async (t) => {
     const { q } = await setup(t);
     // Sizes that shrink and grow, so a shared buffer would show any stale or cut bytes.

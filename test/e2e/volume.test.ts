@@ -106,3 +106,17 @@ t.test('inline objects carry the stored objects’ sizes', async (t) => {
   }
   t.same(sent.objects.map((o) => o.rows).sort((a, b) => a - b), [1, 5, 50]);
 });
+
+t.test('a row of 2 MiB (longer than a NATS message may be) is accepted, stored whole and counted by the Connector', async (t) => {
+  const svc = await startService(t);
+  const c = clientOf(svc);
+  const uuid = (await c.init()).body.upload_uuid;
+  const name = 'n'.repeat(2 * 1024 * 1024);
+  const res = await c.ingest(uuid, 'catalogs', { columns: ['catalog_id', 'name'], data: [['c-0', 'C'], ['c-1', name], ['c-2', 'C']] });
+  t.equal(res.status, 200, res.text.slice(0, 200));
+  await waitForStatus(svc, uuid, (s) => s.can_start_upload);
+  t.same((await objectSizes(svc)).size, 1, 'one object');
+  t.equal((await c.start(uuid, dates)).status, 200);
+  const done = await waitForStatus(svc, uuid, (s) => s.session_status !== 'STARTED');
+  t.match(done, { session_status: 'DONE', last_workflow: { message: 'Processed 3 rows' } }, 'every row read back');
+});

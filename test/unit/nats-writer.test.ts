@@ -30,6 +30,7 @@ function writer(commitError: Error, appendError?: Error) {
       return new Promise<void>((resolve) => (removed = resolve));
     },
     forget: () => calls.push('forget'),
+    maxBatchBytes: () => 1024 * 1024,
   };
   return { w: new NatsWriter(meta, hooks), calls, finishRemoval: () => removed() };
 }

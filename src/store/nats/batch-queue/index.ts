@@ -66,6 +66,14 @@ const REMEMBERED_ANSWERS = 4096;
 
 const JS_CONSUMER_NOT_FOUND = 10014;
 
+/** Room left in a message for its headers (message id, expected stream): the rest of `max_payload` is the batch's. */
+const HEADER_ROOM_BYTES = 4096;
+
+/** The most bytes of a batch one message carries under the server's `max_payload` (nats.js refuses a larger publish outright). */
+export function maxBatchBytes(maxPayload: number | undefined): number {
+  return Math.max(HEADER_ROOM_BYTES, (maxPayload ?? 1024 * 1024) - HEADER_ROOM_BYTES);
+}
+
 /**
  * `BatchQueue` on one JetStream stream with limits retention (no limit set) and file storage.
  *
@@ -185,6 +193,7 @@ export class NatsBatchQueue implements BatchQueue {
     const messages = this.#messages;
     const writer: NatsWriter = new NatsWriter(copy, {
       append: async (batch, n) => (await messages.publish(this.#subjects.batch(tail), batch, `${copy.package_id}:${n}`)).seq,
+      maxBatchBytes: () => maxBatchBytes(this.#ctx.nc.info?.max_payload),
       commit: async (rec, inline) =>
         void (await this.#commits.publish({
           subject: this.#subjects.commit(tail),

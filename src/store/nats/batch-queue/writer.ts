@@ -6,6 +6,8 @@ import { INLINE_BATCH_BYTES, type CommitRecord } from './record.js';
 export interface WriterHooks {
   /** Publishes batch number `n`; resolves with its stream sequence. */
   append(batch: Uint8Array, n: number): Promise<number>;
+  /** The most bytes one batch message may carry now: below the server's `max_payload`. */
+  maxBatchBytes(): number;
   /** Publishes the commit; `inline` is the package's only batch, carried in the commit message itself. */
   commit(rec: CommitRecord, inline?: Uint8Array): Promise<void>;
   /** Purges whatever the package has in the stream, batches and commit. */
@@ -44,7 +46,12 @@ export class NatsWriter implements PackageWriter {
       await this.#publishHeld();
       // A small batch may travel with the commit: kept as a copy (the caller may reuse its memory once this resolves).
       if (batch.byteLength <= INLINE_BATCH_BYTES) this.#held = Uint8Array.prototype.slice.call(batch);
-      else this.#seqs.push(await this.#hooks.append(batch, this.#seqs.length));
+      else {
+        // A batch is whole rows, and one row may be longer than a message can be (`max_payload`,
+        // 1 MiB by default): it goes out in pieces, which the reader joins back, bytes in order.
+        const most = this.#hooks.maxBatchBytes();
+        for (let at = 0; at < batch.byteLength; at += most) this.#seqs.push(await this.#hooks.append(batch.subarray(at, at + most), this.#seqs.length));
+      }
     });
     this.#tail = run.catch((err: unknown) => {
       if (isStoreError(err, 'STORE_UNAVAILABLE')) this.#unavailable = true;
