@@ -1,5 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { utimes } from 'node:fs/promises';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { CreateMultipartUploadCommand, S3Client, UploadPartCommand } from '@aws-sdk/client-s3';
 import t, { type Test } from 'tap';
@@ -142,7 +144,7 @@ t.test('S3ObjectStore: a put the server refuses ends the body iterator and rejec
   const store = new S3ObjectStore({ ...endpointOf(s3), bucket: 'no-such-bucket' });
   t.teardown(() => store.close());
   const { body, state } = randomBody(Number.MAX_SAFE_INTEGER, { chunk: MiB });
-  await t.rejects(store.put('k', body), { name: 'NoSuchBucket' });
+  await t.rejects(store.put('k', body), { code: 'STORE_UNAVAILABLE', cause: { name: 'NoSuchBucket' } });
   t.ok(state.closed, 'the caller’s iterator was returned, not left suspended');
   t.ok(state.bytes < 256 * MiB, 'and not read to the end');
 });
@@ -262,6 +264,10 @@ t.test('S3ObjectStore: object storage unavailable', async (t) => {
     await server.kill();
     t.ok((await timed(store.put('k/2', randomBody(100).body))) < bound, 'put rejects in time');
     t.ok((await timed(store.list('k/'))) < bound, 'list rejects in time');
+    await t.rejects(store.get('k/1'), { code: 'STORE_UNAVAILABLE' }, 'storage unavailable: get');
+    await t.rejects(store.put('k/2', randomBody(100).body), { code: 'STORE_UNAVAILABLE' }, 'put');
+    await t.rejects(store.list('k/'), { code: 'STORE_UNAVAILABLE' }, 'list');
+    await t.rejects(store.deletePrefix('k/'), { code: 'STORE_UNAVAILABLE' }, 'deletePrefix');
     await t.rejects(S3ObjectStore.open(opts), { code: 'STORE_UNAVAILABLE' });
     await server.restart();
     t.same(await store.put('k/2', randomBody(100).body), { key: 'k/2', size: 100 }, 'back on the same port');
@@ -279,12 +285,33 @@ t.test('S3ObjectStore: object storage unavailable', async (t) => {
       if (!resumed) server.resume();
     });
     const start = Date.now();
-    await t.rejects(store.put('k/3', randomBody(100).body), { name: 'TimeoutError' });
+    await t.rejects(store.put('k/3', randomBody(100).body), { code: 'STORE_UNAVAILABLE', cause: { name: 'TimeoutError' } });
     const elapsed = Date.now() - start;
     t.ok(elapsed >= timeoutMs && elapsed < bound, `put rejects after its deadline (${elapsed} ms)`);
-    await t.rejects(store.get('k/1'), { name: 'TimeoutError' }, 'get too');
+    await t.rejects(store.get('k/1'), { code: 'STORE_UNAVAILABLE', cause: { name: 'TimeoutError' } }, 'get too');
     server.resume();
     resumed = true;
     t.same(await store.put('k/4', randomBody(100).body), { key: 'k/4', size: 100 }, 'answers again once resumed');
   });
+});
+
+t.test('S3ObjectStore: an object whose body stops arriving is object storage unavailable', async (t) => {
+  // A server that answers GetObject's head and the first bytes, then nothing (frozen mid-body).
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': '100' });
+    res.write('x'.repeat(10));
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  t.teardown(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const { port } = server.address() as AddressInfo;
+  const store = new S3ObjectStore({ endpoint: `http://127.0.0.1:${port}`, bucket: 'b', region: 'us-east-1', accessKeyId: 'a', secretAccessKey: 'b', requestTimeoutMs: 300, maxAttempts: 1 });
+  t.teardown(() => store.close());
+  const body = await store.get('k/1');
+  const read = async () => {
+    for await (const chunk of body!) void chunk;
+  };
+  await t.rejects(read(), { code: 'STORE_UNAVAILABLE' });
 });

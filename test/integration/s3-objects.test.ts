@@ -1,7 +1,7 @@
 /** What lands in S3 after a run: exactly the accepted rows, each package once; 32 MiB goes multipart. */
 import t from 'tap';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
-import { clientOf, products, waitForStatus } from '../support/harness.js';
+import { clientOf, products, waitForStatus, yesterday } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway } from '../../testbed/processes.js';
 import { startS3 } from '../../testbed/s3.js';
@@ -74,4 +74,22 @@ t.test('an object store that cannot list multipart uploads (501): the sweep is s
   const store = await S3ObjectStore.open({ endpoint: s3.endpoint, bucket: s3.bucket, region: s3.region, accessKeyId: s3.accessKeyId, secretAccessKey: s3.secretAccessKey });
   t.teardown(() => store.close());
   t.equal((await store.list('')).length, 1, 'the package is stored');
+});
+
+t.test('start-upload while object storage refuses reads (the Connector emulator counts the objects): 503 Storage temporarily unavailable, session UPLOADING; 200 once it serves', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  const gw = await spawnGateway(t, distributed(nats.url, s3));
+  const c = clientOf(gw);
+  const uuid = (await c.init()).body.upload_uuid;
+  t.equal((await c.ingest(uuid, 'products', products(3))).status, 200);
+  await waitForStatus(gw, uuid, (b) => b.can_start_upload);
+  const allow = s3.refuse((r) => r.method === 'GET' && r.key.startsWith(`uploads/demo/${uuid}/`));
+  const dates = { date_from: '2024-01-01', date_to: yesterday() };
+  const refused = await c.start(uuid, dates);
+  t.equal(refused.status, 503, 'storage unavailable, not a 500');
+  t.same(refused.body, { detail: 'Storage temporarily unavailable' });
+  t.ok(refused.headers['retry-after'], 'with Retry-After');
+  t.equal((await c.status(uuid)).body.session_status, 'UPLOADING', 'the start put back');
+  allow();
+  t.equal((await c.start(uuid, dates)).status, 200, 'started once object storage serves again');
 });

@@ -105,7 +105,7 @@ export class S3ObjectStore implements ObjectStore {
         next = await it.next();
       }
       if (next.done) {
-        await this.#client.send(new PutObjectCommand({ Bucket: this.#settings.bucket, Key: key, Body: Buffer.concat(held, size), ContentLength: size }));
+        await this.#client.send(new PutObjectCommand({ Bucket: this.#settings.bucket, Key: key, Body: Buffer.concat(held, size), ContentLength: size })).catch(this.#unusable);
         return { key, size };
       }
       let bodyFailure: { error: unknown } | undefined;
@@ -151,7 +151,8 @@ export class S3ObjectStore implements ObjectStore {
       } catch (err) {
         // lib-storage throws the abort's error instead when the abort fails too; the caller
         // should see why its put failed. (An upload left behind is for the start-up sweep.)
-        throw bodyFailure ? bodyFailure.error : err;
+        if (bodyFailure) throw bodyFailure.error;
+        return this.#unusable(err);
       } finally {
         // On failure lib-storage stops reading: end the caller's iterator too.
         stream.destroy();
@@ -165,10 +166,11 @@ export class S3ObjectStore implements ObjectStore {
       checkKey(key);
       try {
         const res = await this.#client.send(new GetObjectCommand({ Bucket: this.#settings.bucket, Key: key }));
-        return (res.Body as Readable | undefined) ?? Readable.from([]);
+        const body = res.Body as Readable | undefined;
+        return body ? this.#reading(body) : Readable.from([]);
       } catch (err) {
         if (isMissingKey(err)) return null;
-        throw err;
+        return this.#unusable(err);
       }
     });
   }
@@ -176,8 +178,12 @@ export class S3ObjectStore implements ObjectStore {
   list(prefix: string): Promise<StoredObject[]> {
     return this.#track(async () => {
       const found: StoredObject[] = [];
-      for await (const page of this.#pages(prefix)) {
-        for (const o of page) found.push(o);
+      try {
+        for await (const page of this.#pages(prefix)) {
+          for (const o of page) found.push(o);
+        }
+      } catch (err) {
+        return this.#unusable(err);
       }
       // S3 lists in UTF-8 byte order already; not every S3-compatible server does (s3rver
       // walks its directories and lists `a/b/1` before `a/b`).
@@ -186,25 +192,27 @@ export class S3ObjectStore implements ObjectStore {
   }
 
   deletePrefix(prefix: string): Promise<void> {
-    return this.#track(async () => {
-      for await (const page of this.#pages(prefix)) {
-        if (page.length === 0) continue;
-        const res = await this.#client.send(
-          new DeleteObjectsCommand({
-            Bucket: this.#settings.bucket,
-            Delete: { Objects: page.map((o) => ({ Key: o.key })), Quiet: true },
-          }),
+    return this.#track(() => this.#deletePrefix(prefix).catch(this.#unusable));
+  }
+
+  async #deletePrefix(prefix: string): Promise<void> {
+    for await (const page of this.#pages(prefix)) {
+      if (page.length === 0) continue;
+      const res = await this.#client.send(
+        new DeleteObjectsCommand({
+          Bucket: this.#settings.bucket,
+          Delete: { Objects: page.map((o) => ({ Key: o.key })), Quiet: true },
+        }),
+      );
+      const failed = res.Errors ?? [];
+      if (failed.length > 0) {
+        const first = failed[0];
+        throw new StoreError('STORE_UNAVAILABLE',
+          `Could not delete ${failed.length} of ${page.length} objects under ${JSON.stringify(prefix)}; ` +
+            `first ${JSON.stringify(first?.Key)}: ${first?.Code} ${first?.Message}`,
         );
-        const failed = res.Errors ?? [];
-        if (failed.length > 0) {
-          const first = failed[0];
-          throw new StoreError('STORE_UNAVAILABLE',
-            `Could not delete ${failed.length} of ${page.length} objects under ${JSON.stringify(prefix)}; ` +
-              `first ${JSON.stringify(first?.Key)}: ${first?.Code} ${first?.Message}`,
-          );
-        }
       }
-    });
+    }
   }
 
   /**
@@ -262,6 +270,26 @@ export class S3ObjectStore implements ObjectStore {
     this.#closed = true;
     while (this.#inFlight.size > 0) await Promise.allSettled([...this.#inFlight]);
     this.#client.destroy();
+  }
+
+  /**
+   * An SDK failure (refused, timed out, unanswered, an S3 error) as the port names it: object
+   * storage not usable for now (STORE_UNAVAILABLE, 503 where a request needs it, docs/api.md),
+   * as a bucket that does not answer at open is. The SDK's error is the cause.
+   */
+  readonly #unusable = (err: unknown): Promise<never> => Promise.reject(this.#asUnusable(err));
+
+  #asUnusable(err: unknown): unknown {
+    return err instanceof StoreError ? err : new StoreError('STORE_UNAVAILABLE', `Object storage at ${this.#settings.endpoint} is not usable: ${describe(err)}`, { cause: err });
+  }
+
+  /** An object's body as it arrives; a connection that fails or stalls under it (`requestTimeoutMs`) is object storage not usable too. */
+  async *#reading(body: Readable): AsyncIterable<Uint8Array> {
+    try {
+      yield* body;
+    } catch (err) {
+      throw this.#asUnusable(err);
+    }
   }
 
   #track<T>(op: () => Promise<T>): Promise<T> {
