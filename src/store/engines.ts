@@ -9,7 +9,7 @@ import { join, resolve } from 'node:path';
 import type { Config } from '../config/config.js';
 import type { Logger } from '../log.js';
 import { FileBatchQueue } from './embedded/batch-queue.js';
-import { READINESS_KEY } from './keys.js';
+import { READINESS_KEY, serviceObjectPrefix } from './keys.js';
 import { DataDirLock } from './embedded/data-dir.js';
 import { SqliteLedger } from './embedded/ledger.js';
 import { FileObjectStore } from './embedded/object-store.js';
@@ -156,7 +156,7 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       objects = store;
       probes.s3 = (timeoutMs) => store.probe(timeoutMs);
       sweepIncompleteUploads = async () =>
-        (await store.abortIncompleteUploads(config.storage.objectPrefix, s3.abortIncompleteAfterMs)).length;
+        (await store.abortIncompleteUploads(serviceObjectPrefix(config.storage.objectPrefix), s3.abortIncompleteAfterMs)).length;
     } else {
       if (nats) {
         // A pack takes one writer (object-store.ts): the directory is this process's, as the embedded default's is.

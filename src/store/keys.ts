@@ -33,12 +33,17 @@ export const clientSessionsPrefix = (clientId: string): string => `sessions.${Bu
 /** The clean-up a delete left to do (session/clean-up.ts), until it is done. */
 export const cleanUpKey = (uploadUuid: string): string => `cleanup.${uploadUuid}`;
 
+/** Everything the service stores: `<prefix>/` (or every key when `prefix` is empty), never a key of `<prefix>-other/`. */
+export function serviceObjectPrefix(prefix: string): string {
+  const head = prefix.replace(/\/+$/, '');
+  return head ? `${head}/` : '';
+}
+
 /** Everything stored for one session ends with a `/`, so one session's prefix never matches another's. */
 export function sessionObjectPrefix(prefix: string, clientId: string, uploadUuid: string): string {
   // `.` and `..` would be path steps, not names, to a file system or a URL.
   const client = encodeURIComponent(clientId).replace(/^\.{1,2}$/, (dots) => '%2E'.repeat(dots.length));
-  const head = prefix.replace(/\/+$/, '');
-  return `${head ? `${head}/` : ''}${client}/${uploadUuid}/`;
+  return `${serviceObjectPrefix(prefix)}${client}/${uploadUuid}/`;
 }
 
 export function objectKey(prefix: string, meta: Pick<PackageMeta, 'client_id' | 'upload_uuid' | 'entity' | 'package_id'>): string {

@@ -1,4 +1,5 @@
 /** What lands in S3 after a run: exactly the accepted rows, each package once; 32 MiB goes multipart. */
+import { CreateMultipartUploadCommand, S3Client } from '@aws-sdk/client-s3';
 import t from 'tap';
 import { S3ObjectStore } from '../../src/store/s3/object-store.js';
 import { clientOf, products, waitForStatus, yesterday } from '../support/harness.js';
@@ -92,4 +93,19 @@ t.test('start-upload while object storage refuses reads (the Connector emulator 
   t.equal((await c.status(uuid)).body.session_status, 'UPLOADING', 'the start put back');
   allow();
   t.equal((await c.start(uuid, dates)).status, 200, 'started once object storage serves again');
+});
+
+t.test('the start-up sweep aborts incomplete uploads under storage.objectPrefix only, not under a longer prefix in the same bucket', async (t) => {
+  const s3 = await startS3(t);
+  const { endpoint, bucket, region, accessKeyId, secretAccessKey } = s3;
+  const client = new S3Client({ endpoint, region, forcePathStyle: true, credentials: { accessKeyId, secretAccessKey } });
+  t.teardown(() => client.destroy());
+  for (const Key of ['uploads/demo/left-behind.ndjson', 'uploads-archive/backup.tar']) {
+    await client.send(new CreateMultipartUploadCommand({ Bucket: bucket, Key }));
+  }
+  // The sweep runs before the gateway listens.
+  await spawnGateway(t, { storage: { objectPrefix: 'uploads' }, s3: { endpoint, bucket, region, accessKeyId, secretAccessKey, abortIncompleteAfterMs: 1 } });
+  const store = await S3ObjectStore.open({ endpoint, bucket, region, accessKeyId, secretAccessKey });
+  t.teardown(() => store.close());
+  t.same((await store.listIncompleteUploads('')).map((u) => u.key), ['uploads-archive/backup.tar'], "the service's own aborted, another application's kept");
 });
