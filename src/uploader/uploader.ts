@@ -58,6 +58,11 @@ export interface UploaderOptions {
  */
 const RECORD_WAITS_MS = [5, 20, 80, 200];
 
+/** The shortest interval of the periodic sweep of incomplete multipart uploads, whatever their age. */
+const SWEEP_MIN_MS = 1000;
+/** Node's timers go no further (about 24.8 days). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 /**
  * The uploader as the gateway and the uploader process run it: sweeps the multipart uploads
  * a crashed uploader left behind, then consumes committed packages (several uploaders share
@@ -65,19 +70,29 @@ const RECORD_WAITS_MS = [5, 20, 80, 200];
  */
 export async function runUploader(
   engines: Pick<Engines, 'queue' | 'objects' | 'sessions' | 'ledger' | 'sweepIncompleteUploads'>,
-  config: Pick<Config, 'storage'>,
+  config: Pick<Config, 'storage'> & { s3: Pick<Config['s3'], 'abortIncompleteAfterMs'> },
   log: Logger,
   observer?: UploaderObserver,
 ): Promise<QueueConsumer> {
   // Housekeeping: a store that cannot list or abort multipart uploads (s3rver answers 501) still serves puts.
-  try {
-    const swept = await engines.sweepIncompleteUploads();
-    if (swept > 0) log.warn('aborted incomplete multipart uploads left by a crashed uploader', { count: swept });
-  } catch (err) {
-    log.warn('skipped the sweep of incomplete multipart uploads: the object store refused it (set an AbortIncompleteMultipartUpload lifecycle rule instead)', {
-      reason: err instanceof Error ? `${err.name}: ${err.message}` : String(err),
-    });
-  }
+  const sweep = async (): Promise<void> => {
+    try {
+      const swept = await engines.sweepIncompleteUploads();
+      if (swept > 0) log.warn('aborted incomplete multipart uploads left behind (a crashed uploader, or a failed put whose abort failed too)', { count: swept });
+    } catch (err) {
+      log.warn('skipped the sweep of incomplete multipart uploads: the object store refused it (set an AbortIncompleteMultipartUpload lifecycle rule instead)', {
+        reason: err instanceof Error ? `${err.name}: ${err.message}` : String(err),
+      });
+    }
+  };
+  await sweep();
+  // Again every `s3.abortIncompleteAfterMs`: a put whose abort failed too (S3 gone mid-upload) leaves
+  // its parts behind, which a long-running uploader would otherwise keep until its next start.
+  let sweeping: Promise<void> | null = null;
+  const sweeps = setInterval(() => {
+    sweeping ??= sweep().finally(() => (sweeping = null));
+  }, Math.max(SWEEP_MIN_MS, Math.min(config.s3.abortIncompleteAfterMs, MAX_TIMER_MS)));
+  sweeps.unref();
   const stored = storedCounter({ sessions: engines.sessions, ledger: engines.ledger });
   const uploader = startUploader({
     queue: engines.queue,
@@ -92,6 +107,8 @@ export async function runUploader(
   });
   return {
     stop: async () => {
+      clearInterval(sweeps);
+      await sweeping;
       await uploader.stop();
       await stored.flush();
     },

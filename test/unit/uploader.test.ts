@@ -97,7 +97,7 @@ async function uploading(t: Test, stores: Pick<Engines, 'sessions' | 'ledger' | 
   const settled = new Promise<string>((resolve) => (outcome = resolve));
   const uploader = await runUploader(
     { ...stores, sweepIncompleteUploads: async () => 0 },
-    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 } } as Pick<Config, 'storage'>,
+    { storage: { objectPrefix: 'up', uploaderConcurrency: 1 }, s3: { abortIncompleteAfterMs: 3_600_000 } } as Pick<Config, 'storage' | 's3'>,
     log,
     { stored: () => outcome('stored'), abandoned: () => outcome('abandoned'), failed: () => outcome('failed') },
   );

@@ -42,6 +42,8 @@ export class S3ObjectStore implements ObjectStore {
   readonly #settings: Settings;
   readonly #client: S3Client;
   readonly #inFlight = new Set<Promise<unknown>>();
+  /** Keys of this store's multipart puts under way (how many each): never swept, whatever the age asked. */
+  readonly #putting = new Map<string, number>();
   #closed = false;
 
   constructor(options: S3ObjectStoreOptions) {
@@ -146,16 +148,20 @@ export class S3ObjectStore implements ObjectStore {
         queueSize: this.#settings.queueSize,
         leavePartsOnError: false,
       });
+      this.#putting.set(key, (this.#putting.get(key) ?? 0) + 1);
       try {
         await upload.done();
       } catch (err) {
         // lib-storage throws the abort's error instead when the abort fails too; the caller
-        // should see why its put failed. (An upload left behind is for the start-up sweep.)
+        // should see why its put failed. (An upload left behind is for the sweep.)
         if (bodyFailure) throw bodyFailure.error;
         return this.#unusable(err);
       } finally {
         // On failure lib-storage stops reading: end the caller's iterator too.
         stream.destroy();
+        const n = this.#putting.get(key)! - 1;
+        if (n === 0) this.#putting.delete(key);
+        else this.#putting.set(key, n);
       }
       return { key, size };
     });
@@ -224,12 +230,14 @@ export class S3ObjectStore implements ObjectStore {
   }
 
   /**
-   * The start-up sweep. A put aborts its own multipart upload when it fails, but an uploader
-   * killed mid-put (crash, SIGKILL, lost node) cannot: its upload stays incomplete, its parts
-   * stored and billed. Call this when an uploader starts, for the storage prefix, with an age
+   * The sweep. A put aborts its own multipart upload when it fails, but an uploader killed
+   * mid-put (crash, SIGKILL, lost node) cannot, nor can a put whose abort fails too (S3 gone
+   * mid-upload): the upload stays incomplete, its parts stored and billed. Call this when an
+   * uploader starts and every so often, for the storage prefix, with an age
    * well above the longest put (minutes: a put's requests each have `requestTimeoutMs` and
    * `maxAttempts`), e.g. 1 h. Uploads of other uploaders still running are younger and kept;
-   * if one is cut off anyway, its put fails and the queue delivers the package again.
+   * if one is cut off anyway, its put fails and the queue delivers the package again. This
+   * store's own puts under way are never aborted.
    * Ages compare the server's `Initiated` with this machine's clock, so allow for skew.
    * Production buckets should also have a lifecycle rule (AbortIncompleteMultipartUpload) as
    * the backstop. Returns the uploads it aborted.
@@ -243,7 +251,7 @@ export class S3ObjectStore implements ObjectStore {
       const aborted: IncompleteUpload[] = [];
       for (const u of await this.#incompleteUploads(prefix)) {
         const old = u.initiated ? u.initiated.getTime() <= cutoff : olderThanMs === 0;
-        if (!old) continue;
+        if (!old || this.#putting.has(u.key)) continue;
         try {
           await this.#client.send(
             new AbortMultipartUploadCommand({ Bucket: this.#settings.bucket, Key: u.key, UploadId: u.uploadId }),
