@@ -166,7 +166,7 @@ export const ingestRoute: RouteDeclaration<ApiDeps> = {
   pattern: `${API_BASE}/:upload_uuid/:entity_name`,
   body: 'streaming',
   handler: ingestEntity,
-  // A dry run's 413 by Content-Length, or while the body streams, is its answer as well (DECISIONS: "the 413/422").
+  // A dry run's 413 by Content-Length, or while the body streams, is its answer as well (docs/api.md, Dry runs: every answer carries Dry-Run).
   answerHeaders: (query) => (isDryRun(query) ? DRY_RUN_HEADERS : NO_HEADERS),
   schema: {
     operationId: 'uploadEntity',
