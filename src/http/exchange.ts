@@ -21,11 +21,6 @@ export class HeldBodies {
 
   constructor(readonly limit: number) {}
 
-  /** Bytes held now, all exchanges together. */
-  get used(): number {
-    return this.#used;
-  }
-
   /** Holds `bytes` more for an exchange that holds `own` already: false (nothing held) past the bound. */
   take(bytes: number, own: number): boolean {
     if (this.#used + bytes > this.limit && this.#used > own) return false;
