@@ -83,7 +83,7 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       streams = [`KV_${config.nats.kvBucket}`, `KV_${config.nats.ledgerBucket}`, config.nats.stream];
       reportMissingStreams(await missingStreams(handle, streams, START_RETRY_MS), streams, log);
       // Reads that find nothing are checked against the stream: lost data is never "no session" (lost-keys.ts).
-      sessions = new LostKeysGuard(await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas }), nats, config.nats.kvBucket);
+      sessions = await LostKeysGuard.open(await NatsSessionStore.open(nats, { bucket: config.nats.kvBucket, replicas: config.nats.replicas }), nats, config.nats.kvBucket);
       closers.push(() => sessions.close());
       ledger = await NatsLedger.open(nats, { bucket: config.nats.ledgerBucket, replicas: config.nats.replicas, sessions });
       closers.push(() => ledger.close());

@@ -10,6 +10,13 @@ import type { PackageMeta } from './ports.js';
 /** Written and removed by every readiness probe (store/engines.ts): a store that only reads does not pass. */
 export const READINESS_KEY = 'readiness.probe';
 
+/**
+ * Written once and never deleted (NATS, store/nats/lost-keys.ts): a bucket whose every other
+ * key was deleted, and their markers removed, still holds a message, so an empty stream whose
+ * sequence moved always means that the server lost what it held.
+ */
+export const KEPT_KEY = 'store.kept';
+
 export const sessionKey = (uploadUuid: string): string => `session.${uploadUuid}`;
 
 export const activeKey = (clientId: string): string => `active.${Buffer.from(clientId, 'utf8').toString('hex')}`;

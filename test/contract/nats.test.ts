@@ -8,6 +8,7 @@ import { inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js'
 import { packageTail, QueueSubjects } from '../../src/store/nats/batch-queue/subjects.js';
 import { ENTRY_ROUNDS, NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
+import { LostKeysGuard } from '../../src/store/nats/lost-keys.js';
 import { countsKey } from '../../src/store/nats/stored-counts.js';
 import { asServiceError } from '../../src/errors.js';
 import { isStoreConflict, type BatchQueue, type CommittedPackage, type PackageMeta } from '../../src/store/ports.js';
@@ -420,6 +421,31 @@ t.test('NatsSessionStore.getRecent: a direct get any replica may answer, never o
   behind = true;
   t.same(await store.getRecent('session.a'), { value: { v: 3 }, revision: r3 }, 'an older answer does not go back in time');
   behind = false;
+});
+
+t.test('NatsSessionStore: a deleted key leaves nothing behind once its marker\'s TTL is over; readers and the lost-keys guard take it as never written', async (t) => {
+  const h = await connection(t);
+  const bucket = unique('markers');
+  const stream = `KV_${bucket}`;
+  const store = await LostKeysGuard.open(await NatsSessionStore.open(h, { bucket, replicas: 1, markerTtlSeconds: 1 }), h, bucket);
+  const other = await NatsSessionStore.open(await connection(t), { bucket, replicas: 1, markerTtlSeconds: 1 });
+  t.teardown(() => h.jsm.streams.delete(stream).catch(() => {}));
+  t.equal(((await h.jsm.streams.info(stream)).config as { allow_msg_ttl?: boolean }).allow_msg_ttl, true, 'the bucket allows per-message TTLs');
+  const keys = Array.from({ length: 40 }, (_, i) => `idem.ab.${i}`);
+  const revisions = await Promise.all(keys.map((k, i) => store.create(k, { i })));
+  t.same(await store.getRecent(keys[0]!), { value: { i: 0 }, revision: revisions[0] }, 'this instance saw a value');
+  // Another instance deletes them all (some conditionally, as idempotency records go).
+  await Promise.all(keys.map((k, i) => other.delete(k, i % 2 ? revisions[i] : undefined)));
+  t.equal(await store.getRecent(keys[3]!), null, 'deleted, while its marker is there');
+  const emptied = await until('markers removed', () => h.jsm.streams.info(stream), (i) => i.state.messages === 1, 15_000);
+  t.equal(emptied.state.messages, 1, 'one message left: the key that is never deleted');
+  t.ok(emptied.state.last_seq > keys.length * 2, 'the sequence moved past every write');
+  t.equal(await store.getRecent(keys[0]!), null, 'a value this instance saw, deleted elsewhere, its marker gone: not given back');
+  t.equal(await store.get(keys[1]!), null, 'the guard reads an emptied key as absent, not as lost');
+  t.equal(await store.getRecent(keys[2]!), null, 'nor one this instance wrote');
+  const again = await other.create(keys[0]!, { i: 'again' });
+  t.same(await store.get(keys[0]!), { value: { i: 'again' }, revision: again }, 'created again, expecting nothing on the key');
+  t.same(await store.getRecent(keys[0]!), { value: { i: 'again' }, revision: again });
 });
 
 t.test('NatsSessionStore: keys that are not NATS subjects as they are', async (t) => {

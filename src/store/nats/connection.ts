@@ -292,10 +292,19 @@ export async function withRetry<T>(ctx: NatsContext, budgetMs: number, attempt: 
 /** The header of a KV delete or purge marker (nats.js KV). */
 export const KV_OPERATION = 'KV-Operation';
 
-/** The headers of a KV deletion marker (a tombstone), as nats.js's `kv.delete` writes it. */
-export function deleteMarker(): MsgHdrs {
+/** The header of a message's time to live (ADR-43, nats-server 2.11+, streams with `allow_msg_ttl`). */
+export const NATS_TTL = 'Nats-TTL';
+
+/**
+ * The headers of a KV deletion marker (a tombstone), as nats.js's `kv.delete` writes it; with
+ * `ttlSeconds`, one the server removes that long after storing it, as the KV of nats.js's
+ * successor writes a purge marker with a TTL (on a stream with history 1 nothing of the key
+ * is left then: the key reads as never written).
+ */
+export function deleteMarker(ttlSeconds?: number): MsgHdrs {
   const h = headers();
   h.set(KV_OPERATION, 'DEL');
+  if (ttlSeconds !== undefined) h.set(NATS_TTL, `${ttlSeconds}s`);
   return h;
 }
 
@@ -379,25 +388,39 @@ export async function openKv(ctx: NatsContext, bucket: string, replicas: number,
 }
 
 /**
- * Turns on direct get (every replica answers `$JS.API.DIRECT.GET`) and atomic batches (2.12+)
- * for `stream` in one update, and tells which are on. Every process asks for both on every
- * stream of the service, whether it uses them or not: an update writes the whole configuration
- * as that process last read it, with no compare-and-set, so two processes asking for different
- * ones could each undo the other's. A server that refuses `allow_atomic` gets direct get alone;
- * one that drops it answers without it.
+ * Turns on direct get (every replica answers `$JS.API.DIRECT.GET`), atomic batches (2.12+)
+ * and per-message TTLs (`Nats-TTL`, 2.11+) for `stream` in one update, and tells which are
+ * on. Every process asks for all three on every stream of the service, whether it uses them
+ * or not: an update writes the whole configuration as that process last read it, with no
+ * compare-and-set, so two processes asking for different ones could each undo the other's. A
+ * server that refuses a feature gets the next smaller set; one that drops a field (2.10 reads
+ * neither) answers without it.
  */
-export async function enableStreamFeatures(ctx: NatsContext, stream: string, budgetMs: number): Promise<{ direct: boolean; atomic: boolean }> {
-  const on = (config: StreamConfig) => ({ direct: config.allow_direct === true, atomic: (config as { allow_atomic?: boolean }).allow_atomic === true });
+export async function enableStreamFeatures(ctx: NatsContext, stream: string, budgetMs: number): Promise<StreamFeatures> {
+  const on = (config: StreamConfig): StreamFeatures => {
+    const more = config as { allow_atomic?: boolean; allow_msg_ttl?: boolean };
+    return { direct: config.allow_direct === true, atomic: more.allow_atomic === true, ttl: more.allow_msg_ttl === true };
+  };
   const { config } = await withRetry(ctx, budgetMs, () => ctx.jsm.streams.info(stream));
-  if (on(config).direct && on(config).atomic) return on(config);
-  for (const change of [{ allow_direct: true, allow_atomic: true }, { allow_direct: true }]) {
+  const now = on(config);
+  if (now.direct && now.atomic && now.ttl) return now;
+  const all = { allow_direct: true, allow_atomic: true, allow_msg_ttl: true };
+  for (const change of [all, { allow_direct: true, allow_msg_ttl: true }, { allow_direct: true, allow_atomic: true }, { allow_direct: true }]) {
     try {
       return on((await withRetry(ctx, budgetMs, () => ctx.jsm.streams.update(stream, { ...config, ...change } as StreamConfig))).config);
     } catch {
       // Refused: the next, smaller change.
     }
   }
-  return on(config);
+  return now;
+}
+
+/** The stream features `enableStreamFeatures` turns on. */
+export interface StreamFeatures {
+  direct: boolean;
+  atomic: boolean;
+  /** Messages may carry `Nats-TTL` (the server removes each that long after it stored it). */
+  ttl: boolean;
 }
 
 /**

@@ -9,10 +9,12 @@
  * answer 400 `Upload session not initialized` or 404, or the uploader would drop a package of
  * a session it could not find. So a read that finds nothing asks the stream once more (only
  * then): a subject the stream still counts messages on but cannot give back, or a stream that
- * holds no message at all although its sequence moved (the session bucket never purges: a
- * delete writes a marker), means lost data: `STORE_UNAVAILABLE`, never "absent".
+ * holds no message at all although its sequence moved, means lost data: `STORE_UNAVAILABLE`,
+ * never "absent". The bucket is never rightly empty once written: a delete writes a marker
+ * (removed after its TTL, session-store.ts), and `open` writes `KEPT_KEY`, never deleted.
  */
-import { readForAnswer, StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
+import { KEPT_KEY } from '../keys.js';
+import { readForAnswer, StoreConflictError, StoreError, type Listed, type SessionStore, type Versioned } from '../ports.js';
 import { JS_NO_MESSAGE_FOUND, jsErrorCode, KV_OPERATION, LastRead, withRetry, type NatsContext } from './connection.js';
 import { kvKey } from './session-store.js';
 
@@ -40,6 +42,16 @@ export class LostKeysGuard implements SessionStore {
     this.#bucket = bucket;
     this.#stream = `KV_${bucket}`;
     this.#foundAbsent = new LastRead<true>(REMEMBERED_ABSENT, now);
+  }
+
+  /** The guard, with `KEPT_KEY` written to the bucket if it is not there yet. */
+  static async open(inner: SessionStore, ctx: NatsContext, bucket: string): Promise<LostKeysGuard> {
+    try {
+      if (!(await inner.get(KEPT_KEY))) await inner.create(KEPT_KEY, { kept: 'never deleted: the bucket is never rightly empty' });
+    } catch (err) {
+      if (!(err instanceof StoreConflictError)) throw err; // another process wrote it meanwhile
+    }
+    return new LostKeysGuard(inner, ctx, bucket);
   }
 
   get capabilities() {

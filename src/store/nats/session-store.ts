@@ -1,6 +1,6 @@
 import { nuid, type KV, type MsgHdrs, type Subscription } from 'nats';
 import { KEY_PREFIX, StoreError, StoreConflictError, type Listed, type SessionStore, type Versioned } from '../ports.js';
-import { answerSoon, confirmedRead, deleteMarker, directGet, enableStreamFeatures, isWrongLastSequence, KV_OPERATION, LastRead, openKv, readJson, withRetry, type NatsContext } from './connection.js';
+import { answerSoon, confirmedRead, deleteMarker, directGet, enableStreamFeatures, isWrongLastSequence, KV_OPERATION, LastRead, openKv, readJson, withRetry, type NatsContext, type StreamFeatures } from './connection.js';
 import { GroupPublisher } from './group-publisher.js';
 
 export interface NatsSessionStoreOptions {
@@ -10,6 +10,11 @@ export interface NatsSessionStoreOptions {
   replicas: number;
   /** How long one operation keeps re-sending through transient failures such as a leader election (default 10000). */
   retryMs?: number;
+  /**
+   * How long a deleted key's marker stays in the stream, in seconds (default 3600), where the
+   * server has per-message TTLs (2.11+); on 2.10 markers stay for good.
+   */
+  markerTtlSeconds?: number;
 }
 
 const KEY = /^[A-Za-z0-9_.=-]+$/;
@@ -23,6 +28,8 @@ const SEEN_KEYS = 4096;
 const CONTENDED_MS = 1000;
 /** A process says that it lost a write of a key at most this often. */
 const LOST_WRITE_EVERY_MS = 50;
+/** How long a deleted key's marker stays by default: an hour. */
+export const MARKER_TTL_SECONDS = 3600;
 
 /**
  * `SessionStore` on a JetStream KV bucket (history 1, file storage). Revisions are stream
@@ -35,8 +42,12 @@ const LOST_WRITE_EVERY_MS = 50;
  * direct get (the stream allows it): any replica answers, so status keeps answering through
  * a leader election. A follower may answer a moment behind the leader, or not yet know a key
  * at all: the newer of its answer and what this instance last wrote or read of the key is
- * returned, so this instance's answers never go back in time (keys here are deleted by a
- * marker, never purged, so a key that had a message is never rightly without one).
+ * returned, so this instance's answers never go back in time. A key is deleted by a marker
+ * that the server removes after `markerTtlSeconds` (nats-server 2.11+, `Nats-TTL`; on 2.10 it
+ * stays), so the stream does not grow by a message for every key ever written (sessions,
+ * listing entries, counts, every `Idempotency-Key`). A replica that finds no message while
+ * this instance last saw a value asks the leader: the key may be new to the replica, or
+ * deleted by another instance and its marker gone since.
  *
  * Writes are publishes of the KV's own message shape rather than nats.js's `kv.create` /
  * `kv.update`: those set no message id, and a write is re-sent on timeouts within `retryMs`
@@ -59,6 +70,8 @@ export class NatsSessionStore implements SessionStore {
   readonly #writes: GroupPublisher;
   /** Whether `getRecent` may ask any replica (the stream allows direct get); else it reads as `get`. */
   readonly #direct: boolean;
+  /** A deletion marker's headers: with a TTL where the stream allows one. */
+  readonly #marker: () => MsgHdrs;
   /** What this instance last wrote or read of each key (the most recent `SEEN_KEYS`): `getRecent` never answers older. */
   readonly #seen = new LastRead<Last>(SEEN_KEYS);
   /** This instance, in what it tells the others (`lostWrite`). */
@@ -71,14 +84,15 @@ export class NatsSessionStore implements SessionStore {
   readonly #hints: Subscription;
   #closed = false;
 
-  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, atomic: boolean, direct: boolean) {
+  private constructor(ctx: NatsContext, kv: KV, bucket: string, retryMs: number, features: StreamFeatures, markerTtlSeconds: number) {
     this.#ctx = ctx;
     this.#kv = kv;
     this.#bucket = bucket;
     this.#stream = `KV_${bucket}`;
     this.#retryMs = retryMs;
-    this.#writes = new GroupPublisher(ctx, this.#stream, { atomic, budgetMs: retryMs });
-    this.#direct = direct;
+    this.#writes = new GroupPublisher(ctx, this.#stream, { atomic: features.atomic, budgetMs: retryMs });
+    this.#direct = features.direct;
+    this.#marker = features.ttl ? () => deleteMarker(markerTtlSeconds) : () => deleteMarker();
     this.#lostWrites = `_INGEST.lost-write.${bucket}`;
     this.#hints = ctx.nc.subscribe(this.#lostWrites, {
       callback: (err, msg) => {
@@ -98,10 +112,12 @@ export class NatsSessionStore implements SessionStore {
     if (!/^[A-Za-z0-9_-]+$/.test(opts.bucket)) throw new StoreError('STORE_MISCONFIGURED', `Invalid KV bucket name ${JSON.stringify(opts.bucket)}`);
     if (!Number.isInteger(opts.replicas) || opts.replicas < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid replicas ${opts.replicas} for bucket ${opts.bucket}`);
     const retryMs = opts.retryMs ?? 10_000;
+    const markerTtlSeconds = opts.markerTtlSeconds ?? MARKER_TTL_SECONDS;
+    if (!Number.isInteger(markerTtlSeconds) || markerTtlSeconds < 1) throw new StoreError('STORE_MISCONFIGURED', `Invalid marker TTL ${markerTtlSeconds} s for bucket ${opts.bucket}`);
     // `kv.get` stays on the leader: no stale read from a lagging replica where a decision rests on it.
     const kv = await openKv(ctx, opts.bucket, opts.replicas, retryMs);
-    const { atomic, direct } = await enableStreamFeatures(ctx, `KV_${opts.bucket}`, retryMs);
-    return new NatsSessionStore(ctx, kv, opts.bucket, retryMs, atomic, direct);
+    const features = await enableStreamFeatures(ctx, `KV_${opts.bucket}`, retryMs);
+    return new NatsSessionStore(ctx, kv, opts.bucket, retryMs, features, markerTtlSeconds);
   }
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
@@ -113,11 +129,15 @@ export class NatsSessionStore implements SessionStore {
     if (!this.#direct) return this.get<T>(key);
     this.#check();
     return withRetry(this.#ctx, this.#retryMs, async () => {
-      const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then((msg) => {
+      const fresh = directGet(this.#ctx, this.#stream, { last_by_subj: this.#subject(key) }, this.#retryMs).then(async (msg) => {
         const operation = msg?.headers?.get(KV_OPERATION);
         const seen = this.#seen.peek(key);
         if (msg && (!seen || msg.seq >= seen.seq)) return this.#saw(key, { seq: msg.seq, data: msg.data, deleted: operation === 'DEL' || operation === 'PURGE' });
-        return seen ?? null;
+        if (msg || !seen || seen.deleted) return seen ?? null;
+        // Nothing where this instance saw a value: new to this replica, or deleted and its marker gone since.
+        const last = await this.#last(key);
+        if (!last) this.#seen.delete(key);
+        return last;
       });
       return this.#value<T>(key, await answerSoon(fresh, () => this.#seen.recent(key)));
     });
@@ -135,7 +155,7 @@ export class NatsSessionStore implements SessionStore {
         return { last, read: this.#value<T>(key, last) };
       });
       if (read && last) return { value: read.value, revision: await this.#write(key, last.data, last.seq) };
-      await this.#write(key, new Uint8Array(0), last?.seq ?? 0, deleteMarker);
+      await this.#write(key, new Uint8Array(0), last?.seq ?? 0, this.#marker);
       return null;
     });
   }
@@ -166,7 +186,7 @@ export class NatsSessionStore implements SessionStore {
   async delete(key: string, revision?: number): Promise<void> {
     checkKey(key);
     if (revision !== undefined && (!Number.isInteger(revision) || revision < 1)) throw new StoreConflictError(key);
-    await this.#write(key, new Uint8Array(0), revision, deleteMarker);
+    await this.#write(key, new Uint8Array(0), revision, this.#marker);
   }
 
   /**
