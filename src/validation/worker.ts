@@ -66,14 +66,23 @@ export default function run(task: Task): BodyResult | RowsResult | SkeletonFacts
  * parses ever built.
  */
 function collectAfter(bytes: number): void {
-  if (bytes >= COLLECT_AFTER_BYTES) collect();
+  if (bytes < COLLECT_AFTER_BYTES) return;
+  if (!collect) {
+    setFlagsFromString('--expose-gc');
+    collect = runInNewContext('gc') as () => void;
+  }
+  collect();
 }
 
 const COLLECT_AFTER_BYTES = 1 << 20;
 
-setFlagsFromString('--expose-gc');
-/** V8's full collection, from a context created after the flag (this thread's own `gc` is not defined). */
-const collect = runInNewContext('gc') as () => void;
+/**
+ * V8's full collection, from a context created after the flag (this thread's own `gc` is not
+ * defined): made at the first collection, not as the worker loads. A worker terminated while
+ * it makes that context (a pool destroyed as it starts: a gateway whose listen failed) has
+ * Node 22 print V8's bootstrap failure, a page of its `vm` source, on the process's output.
+ */
+let collect: (() => void) | undefined;
 
 /** piscina sends `valueSymbol` and transfers the buffers listed under `transferableSymbol`. */
 function transfer<T>(value: T, buffers: ArrayBuffer[]): T {
