@@ -26,9 +26,10 @@
  * record is written only after the mark): it is removed and nothing else is touched.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import { cleanUpKey, clientSessionKey, sessionKey, sessionObjectPrefix, storedCountKey } from '../store/keys.js';
+import { cleanUpKey, sessionKey, sessionObjectPrefix, storedCountKey } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore } from '../store/ports.js';
 import { forgetSessionRecords } from './idempotency.js';
+import { forgetListingEntries } from './listing.js';
 import type { SessionRecord } from './state.js';
 
 /** Rounds run again at once after a lost compare-and-set, before one counts as failed. */
@@ -186,7 +187,7 @@ export class SessionCleanUps {
     await ledger.drop(uploadUuid);
     await forgetSessionRecords(sessions, clientId, uploadUuid);
     await sessions.delete(storedCountKey(uploadUuid));
-    await sessions.delete(clientSessionKey(clientId, uploadUuid));
+    await forgetListingEntries(sessions, clientId, uploadUuid, summary?.value.created_at);
     if (summary) await sessions.delete(sessionKey(uploadUuid), summary.revision);
     // A pass once the late one is due is the last (a put begun before the delete has landed by then).
     if (this.#latePassDue(pending.value)) await sessions.delete(key);

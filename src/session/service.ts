@@ -167,7 +167,7 @@ export class SessionService {
       const uploadUuid = randomUUID();
       const record = newSession(uploadUuid, client.id, this.now(), decision.previous);
       const revision = await this.deps.sessions.create(sessionKey(uploadUuid), record);
-      const indexed = clientSessionKey(client.id, uploadUuid);
+      const indexed = clientSessionKey(client.id, uploadUuid, record.created_at);
       try {
         // Listed before the pointer names it: a session a client was told about is always listed.
         await this.deps.sessions.create<ClientSessionEntry>(indexed, { upload_uuid: uploadUuid, created_at: record.created_at });

@@ -31,8 +31,16 @@ export const idempotencyPrefix = (clientId: string): string => `idem.${Buffer.fr
 /** How many of a session's packages the uploader stored (session/stored-counts.ts). */
 export const storedCountKey = (uploadUuid: string): string => `stored.${uploadUuid}`;
 
-/** A client's sessions, one key each, for the listing (`GET /api/v1/uploading/sessions`). */
-export const clientSessionKey = (clientId: string, uploadUuid: string): string => `${clientSessionsPrefix(clientId)}${uploadUuid}`;
+/**
+ * A client's sessions, one key each, for the listing (`GET /api/v1/uploading/sessions`): its
+ * creation time (milliseconds, 15 digits) and id in the key, so a listing sorts and pages the
+ * client's sessions by key names alone and reads only the sessions of its page.
+ */
+export const clientSessionKey = (clientId: string, uploadUuid: string, createdAt: string): string =>
+  `${clientSessionsPrefix(clientId)}${String(Date.parse(createdAt)).padStart(15, '0')}.${uploadUuid}`;
+
+/** The listing's key of a session as versions before 2026-11-30 wrote it (creation time in its value only). */
+export const legacyClientSessionKey = (clientId: string, uploadUuid: string): string => `${clientSessionsPrefix(clientId)}${uploadUuid}`;
 
 /** The `SessionStore.list` prefix of one client's session index: the listing reads only the client's own keys. */
 export const clientSessionsPrefix = (clientId: string): string => `sessions.${Buffer.from(clientId, 'utf8').toString('hex')}.`;

@@ -131,6 +131,13 @@ export interface SessionStore {
    * listing reads one client's index, `sessions.<client hex>.`).
    */
   list<T>(prefix: string): AsyncIterable<Listed<T>>;
+  /**
+   * The keys `list` would give, names only, in no particular order, without reading a value:
+   * one request whatever their number. May also give keys deleted a moment ago (on NATS, until
+   * their deletion markers leave the stream): a caller reads the values it needs and skips
+   * what is gone.
+   */
+  keys(prefix: string): AsyncIterable<string>;
   close(): Promise<void>;
 }
 

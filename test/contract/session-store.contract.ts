@@ -171,6 +171,34 @@ export function sessionStoreContract(t: Test, name: string, factory: SessionStor
     t.equal(slow.length, 300, 'a slow reader: every key');
   });
 
+  t.test(`${name}: keys(prefix) names what list(prefix) lists, without values; a deleted key may be among them`, async (t) => {
+    const { store } = await setup(t);
+    const keys = async (prefix: string) => {
+      const out: string[] = [];
+      for await (const key of store.keys(prefix)) out.push(key);
+      return out.sort();
+    };
+    t.same(await keys('idem.'), [], 'an empty store names nothing');
+    await store.create('idem.aa.k1', 1);
+    await store.create('idem.aab.k4', 4);
+    await store.create('idem.aa.-.x', 'a key that is not a NATS subject as it is');
+    await store.create('idem', 'no token after the prefix');
+    const gone = await store.create('idem.aa.gone', 6);
+    await store.delete('idem.aa.gone', gone);
+    t.same(
+      (await keys('idem.aa.')).filter((k) => k !== 'idem.aa.gone'),
+      ['idem.aa.-.x', 'idem.aa.k1'],
+      'whole tokens, each key once, by its own name',
+    );
+    t.same((await keys('')).filter((k) => k !== 'idem.aa.gone'), ['idem', 'idem.aa.-.x', 'idem.aa.k1', 'idem.aab.k4'], "'' names every key");
+    for (const bad of ['idem', 'idem.aa', '.', '*.', '>']) {
+      await t.rejects(keys(bad), { code: 'STORE_INVALID_KEY' }, `rejects the prefix ${JSON.stringify(bad)}`);
+    }
+    const many = Array.from({ length: 1200 }, (_, i) => `bulk.k${i}`);
+    await Promise.all(many.map((k) => store.create(k, { k })));
+    t.same(await keys('bulk.'), many.sort(), '1,200 keys (more than a page), each once');
+  });
+
   t.test(`${name}: values are copies`, async (t) => {
     const { store } = await setup(t);
     const value = { list: [1] };

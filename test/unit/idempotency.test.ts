@@ -214,6 +214,7 @@ t.test('a running attempt renews its lease', async (t) => {
     create: (k, value) => store.create(k, value),
     delete: (k, revision) => store.delete(k, revision),
     list: (prefix) => store.list(prefix),
+    keys: (prefix) => store.keys(prefix),
     close: () => store.close(),
     update: async (k, value, revision) => {
       const next = await store.update(k, value, revision);

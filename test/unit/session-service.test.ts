@@ -87,6 +87,7 @@ function counting(
     },
     delete: store.delete.bind(store),
     list: store.list.bind(store),
+    keys: store.keys.bind(store),
     close: store.close.bind(store),
   };
   return counted;

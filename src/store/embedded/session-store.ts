@@ -22,6 +22,7 @@ export class SqliteSessionStore implements SessionStore {
   readonly #db: StateDatabase;
   readonly #get;
   readonly #page;
+  readonly #keyPage;
   /** Set when the store opened its database itself (`open`): closing the store closes it. */
   readonly #owned: boolean;
   #closed = false;
@@ -33,6 +34,7 @@ export class SqliteSessionStore implements SessionStore {
     this.#page = db.reader.prepare<[string, string, number], { key: string; revision: number; value: string }>(
       'SELECT key, revision, value FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?',
     );
+    this.#keyPage = db.reader.prepare<[string, string, number], { key: string }>('SELECT key FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?');
   }
 
   /** Reads one key from the database at `path` without the store (tests, tools; the owner may be running). */
@@ -59,13 +61,23 @@ export class SqliteSessionStore implements SessionStore {
 
   /** The port's listing (store/ports.ts): the keys in order, a page per query, each page as of its query. */
   async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
+    for (const row of this.#range(prefix, this.#page)) yield { key: row.key, value: JSON.parse(row.value) as T, revision: row.revision };
+  }
+
+  /** The port's key listing: `list` without the values. */
+  async *keys(prefix: string): AsyncIterable<string> {
+    for (const row of this.#range(prefix, this.#keyPage)) yield row.key;
+  }
+
+  /** The rows of keys under `prefix`, a page of `query` at a time. */
+  *#range<R extends { key: string }>(prefix: string, query: { all(after: string, end: string, limit: number): R[] }): Iterable<R> {
     this.#check();
     if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
     // Every key under `prefix` sorts before the prefix with its last character raised ('.' + 1 is '/').
     const end = prefix === '' ? '\u{10FFFF}' : `${prefix.slice(0, -1)}/`;
     for (let after = prefix; ; ) {
-      const rows = this.#db.read(() => this.#page.all(after, end, LIST_PAGE));
-      for (const row of rows) if (!EMPTY_TOKEN.test(row.key)) yield { key: row.key, value: JSON.parse(row.value) as T, revision: row.revision };
+      const rows = this.#db.read(() => query.all(after, end, LIST_PAGE));
+      for (const row of rows) if (!EMPTY_TOKEN.test(row.key)) yield row;
       if (rows.length < LIST_PAGE) return;
       after = rows.at(-1)!.key;
     }

@@ -117,6 +117,10 @@ export class LostKeysGuard implements SessionStore {
     return this.#inner.list<T>(prefix);
   }
 
+  keys(prefix: string): AsyncIterable<string> {
+    return this.#inner.keys(prefix);
+  }
+
   close(): Promise<void> {
     return this.#inner.close();
   }

@@ -197,22 +197,29 @@ export class NatsSessionStore implements SessionStore {
    * on `done` before the keys pushed since), which a slow reader here always is.
    */
   async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
-    if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
-    this.#check();
-    const head = `$KV.${this.#bucket}.`;
-    const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream, { subjects_filter: `${head}${prefix}>` }));
-    const tokens = Object.keys(info.state.subjects ?? {}).map((subject) => subject.slice(head.length));
-    for (let i = 0; i < tokens.length; i += LIST_READS) {
-      const read = await Promise.all(
-        tokens.slice(i, i + LIST_READS).map(async (token) => {
-          const key = token.startsWith('/') ? Buffer.from(token.slice(1), 'hex').toString('utf8') : token;
-          return { key, got: key.startsWith(prefix) && KEY.test(key) ? await this.get<T>(key) : null };
-        }),
-      );
+    const keys = await this.#keys(prefix);
+    for (let i = 0; i < keys.length; i += LIST_READS) {
+      const read = await Promise.all(keys.slice(i, i + LIST_READS).map(async (key) => ({ key, got: await this.get<T>(key) })));
       for (const { key, got } of read) {
         if (got) yield { key, ...got };
       }
     }
+  }
+
+  /** The subjects of `list`, without reading a message: a deleted key is among them while its marker is in the stream. */
+  async *keys(prefix: string): AsyncIterable<string> {
+    yield* await this.#keys(prefix);
+  }
+
+  async #keys(prefix: string): Promise<string[]> {
+    if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
+    this.#check();
+    const head = `$KV.${this.#bucket}.`;
+    const info = await withRetry(this.#ctx, this.#retryMs, () => this.#ctx.jsm.streams.info(this.#stream, { subjects_filter: `${head}${prefix}>` }));
+    return Object.keys(info.state.subjects ?? {})
+      .map((subject) => subject.slice(head.length))
+      .map((token) => (token.startsWith('/') ? Buffer.from(token.slice(1), 'hex').toString('utf8') : token))
+      .filter((key) => key.startsWith(prefix) && KEY.test(key));
   }
 
   lostWrite(key: string): void {
