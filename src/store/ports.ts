@@ -126,9 +126,9 @@ export interface SessionStore {
    * while the listing runs may or may not be in it (or may come with its newer value); a key
    * that holds the same value from before the listing begins until it ends is in it. Under a
    * non-empty prefix only keys whose tokens are all non-empty are listed (every key the
-   * service writes). It may cost a read per key: for housekeeping, and on a request's path
-   * only under a prefix whose keys the request is entitled to read in full (the sessions
-   * listing reads one client's index, `sessions.<client hex>.`).
+   * service writes). It may cost a read per key: for housekeeping, clean-ups and a client's
+   * own keys at its budget (`Idempotency-Key` records); the sessions listing names one
+   * client's index with `keys` instead.
    */
   list<T>(prefix: string): AsyncIterable<Listed<T>>;
   /**
