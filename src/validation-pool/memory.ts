@@ -7,22 +7,33 @@
  *
  * Each sink reserves as it holds more and releases when it settles. A request may hold at
  * most `perRequest` bytes (413, as a plain body of that size would get at the edge); past
- * the process's `limit`, the request that asked is turned away (503 with `Retry-After`)
- * rather than waited for: waiting sinks that hold memory while others wait for it could
- * hold each other forever. The streaming part of every sink (pieces in flight, at most
+ * the process's `limit`, or past one client's share of it (`perClient`: a client whose
+ * bodies stall once they hold much cannot hold the whole budget while others' bodies are
+ * turned away), the request that asked is turned away (503 with `Retry-After`) rather than
+ * waited for: waiting sinks that hold memory while others wait for it could hold each other
+ * forever. The streaming part of every sink (pieces in flight, at most
  * `piecesPerRequest` of them) is bounded per sink and by the pool's admission instead.
  */
 
 export class MemoryBudget {
   readonly limit: number;
   readonly perRequest: number;
+  /** What one client's sinks may hold together: `clientShare` of the limit, at least one request's `perRequest`. */
+  readonly perClient: number;
   #used = 0;
   #peak = 0;
   #refusals = 0;
+  readonly #byClient = new Map<string, number>();
 
-  constructor(limit: number, perRequest: number) {
+  constructor(limit: number, perRequest: number, clientShare = 1) {
     this.limit = limit;
     this.perRequest = perRequest;
+    this.perClient = Math.max(perRequest, Math.floor(limit * Math.min(1, clientShare)));
+  }
+
+  /** Bytes `client`'s sinks hold right now. */
+  usedBy(client: string): number {
+    return this.#byClient.get(client) ?? 0;
   }
 
   /** Bytes reserved right now, all sinks together. */
@@ -40,18 +51,22 @@ export class MemoryBudget {
     return this.#refusals;
   }
 
-  /** A sink's account: it holds `held` bytes and asks to hold another amount. */
-  account(): MemoryAccount {
-    return new MemoryAccount(this, (delta) => this.#move(delta));
+  /** A sink's account (of `client`'s share, if named): it holds `held` bytes and asks to hold another amount. */
+  account(client?: string): MemoryAccount {
+    return new MemoryAccount(this, (delta) => this.#move(delta, client));
   }
 
-  #move(delta: number): boolean {
-    if (delta > 0 && this.#used + delta > this.limit) {
+  #move(delta: number, client: string | undefined): boolean {
+    const byClient = client === undefined ? 0 : this.usedBy(client);
+    if (delta > 0 && (this.#used + delta > this.limit || byClient + delta > this.perClient)) {
       this.#refusals++;
       return false;
     }
     this.#used += delta;
     if (this.#used > this.#peak) this.#peak = this.#used;
+    if (client === undefined) return true;
+    if (byClient + delta > 0) this.#byClient.set(client, byClient + delta);
+    else this.#byClient.delete(client);
     return true;
   }
 }

@@ -92,7 +92,8 @@ export interface ValidationPoolOptions {
   inlineBytes?: number;
   /**
    * The share of the open requests (`workers + maxQueue`) one client may hold, 0 < share ≤ 1
-   * (at least one request). Default `ingest.clientShare`.
+   * (at least one request), and of `memoryBudgetBytes` (at least `maxHeldBytes`). Default
+   * `ingest.clientShare`.
    */
   clientShare?: number;
   /** Worker module, as a path or file URL; defaults to the validation module's (`WORKER_FILE`). Tests wrap it. */
@@ -167,7 +168,7 @@ export class ValidationPool {
     this.#pieceBytes = pieceBytes;
     this.#piecesPerRequest = piecesPerRequest;
     this.#maxDecompressedBytes = maxDecompressedBytes;
-    this.#memory = new MemoryBudget(memoryBudgetBytes, maxHeldBytes);
+    this.#memory = new MemoryBudget(memoryBudgetBytes, maxHeldBytes, clientShare);
     this.#parses = new ParseGate(memoryBudgetBytes);
     this.#headBytes = headBytes;
     this.#cancelAfterMs = cancelAfterMs;
@@ -188,7 +189,7 @@ export class ValidationPool {
    */
   createIngest(options: IngestOptions): IngestSink {
     const leave = this.#admission.admit(options.client);
-    const memory = this.#memory.account();
+    const memory = this.#memory.account(options.client);
     const engine: Engine = {
       run: (task, transfer, signal, priority, cost) => this.#run(task, transfer, signal, priority, cost),
       buffers: this.#buffers,
