@@ -130,7 +130,9 @@ if (isMain()) {
     controller.abort();
   });
   process.stdout.on('error', (err: NodeJS.ErrnoException) => {
-    if (err.code === 'EPIPE') process.exit(EXIT.OK);
+    // The reader went away (`| head`): nothing more is written, a command still running stops
+    // as at the first ^C, and the exit code is the command's own (a push that is done keeps its 3).
+    if (err.code === 'EPIPE') controller.abort();
   });
   main(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr, stdin: process.stdin, env: process.env, signal: controller.signal }).then(
     (code) => {

@@ -7,6 +7,8 @@
  * records from the unsent package on named, the fixed file pushed again storing each row once).
  * (The 100 MiB push is cli-large.test.ts.)
  */
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync } from 'node:fs';
 import { chmod, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer, request } from 'node:http';
@@ -14,8 +16,8 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { parse as parseCsv } from 'csv-parse/sync';
 import t, { type Test } from 'tap';
-import { cliRunner, rowObjects, storedPackages } from '../support/cli.js';
-import { startService, tempDir } from '../support/harness.js';
+import { CLI, cliRunner, rowObjects, storedPackages } from '../support/cli.js';
+import { DEMO, startService, tempDir } from '../support/harness.js';
 
 const byId = (key: string) => (a: Record<string, unknown>, b: Record<string, unknown>) => String(a[key]).localeCompare(String(b[key]));
 /** A CSV record: fields quoted when they need it. */
@@ -209,6 +211,14 @@ t.test('JSON output and exit codes', async (t) => {
   t.match(human.stdout, /push incomplete: .* packages already stored/);
   t.match(human.stdout, /failed: 422 Invalid data types in payload: .* \(file record 120\)/);
   t.match(human.stdout, /\n {4}2 errors in refused rows:\n {6}file record 120, column "price": expected number >= 0, got "free"\n {6}file record 121, column "price": expected number >= 0, got -3\n/);
+  // A reader that went away (`| head -0`): the summary cannot be written, the exit code is still the push's.
+  const gone = spawn(process.execPath, [CLI, 'push', partialFile, '--entity', 'products', '--package-size', '1KiB', '--parallel', '1'], {
+    env: { PATH: process.env.PATH ?? '', HOME: cli.home, INGEST_URL: svc.url, INGEST_CLIENT_ID: DEMO.id, INGEST_TOKEN: DEMO.token },
+    stdio: ['ignore', 'pipe', 'ignore'],
+  });
+  gone.stdout.destroy();
+  const [goneCode] = (await once(gone, 'close')) as [number | null];
+  t.equal(goneCode, 3, 'standard output closed by its reader: exits 3 all the same');
 
   // The first package bad: nothing accepted, exit 1.
   const firstBad = join(dir, 'first-bad.csv');
