@@ -92,6 +92,8 @@ export interface NatsOptions {
    * it is refused with "resource limits exceeded for account" (10002).
    */
   accountMaxFile?: string;
+  /** The server's `max_payload` in bytes (its default: 1 MiB). */
+  maxPayload?: number;
 }
 
 export async function startNats(t: Teardown, opts: NatsOptions = {}): Promise<NatsServer> {
@@ -156,6 +158,7 @@ class Node implements NatsServer {
   readonly #syncInterval: string | null;
   readonly #syncLog: string | null;
   readonly #accountMaxFile: string | null;
+  readonly #maxPayload: number | null;
   #proc: ChildProcess | null = null;
   #exited: Promise<void> = Promise.resolve();
   #log: string[] = [];
@@ -166,7 +169,7 @@ class Node implements NatsServer {
     readonly port: number,
     dir: string,
     readonly cluster: { name: string; port: number; routes: string[] } | null,
-    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs' | 'accountMaxFile'> = {},
+    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs' | 'accountMaxFile' | 'maxPayload'> = {},
     /** On a host of its own: cluster.conf under a command prefix, instead of a config written here. */
     readonly net: NetLaunch | null = null,
   ) {
@@ -177,6 +180,7 @@ class Node implements NatsServer {
     this.#syncInterval = opts.syncInterval ?? null;
     this.#syncLog = opts.countSyncs ? join(dir, 'syncs.strace') : null;
     this.#accountMaxFile = opts.accountMaxFile ?? null;
+    this.#maxPayload = opts.maxPayload ?? null;
     // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
     t.teardown(async () => {
       await this.kill();
@@ -291,6 +295,7 @@ class Node implements NatsServer {
     const lines = [
       `server_name: "${this.name}"`,
       `listen: "127.0.0.1:${this.port}"`,
+      ...(this.#maxPayload === null ? [] : [`max_payload: ${this.#maxPayload}`]),
       `jetstream {`,
       `  store_dir: ${JSON.stringify(this.storeDir)}`,
       // What every shipped configuration runs (sync_interval: always); nats-server resolves an include from the config's folder.

@@ -623,6 +623,26 @@ t.test('NatsBatchQueue: batches near the batch size limit round-trip byte for by
   t.same((await h.jsm.streams.info(stream)).state.messages, 0, 'nothing left in the stream after the ack');
 });
 
+t.test('NatsBatchQueue: a server whose max_payload is below the inline size (64 KiB): packages of one and of several batches are stored, and round-trip', async (t) => {
+  const own = await startNats(t, { maxPayload: 64 * 1024 });
+  const h = await connection(t, own.url);
+  const stream = unique('SMALLPAYLOAD');
+  const q = await openQueue(t, h, queueOpts(stream));
+  const packages: [string, Buffer[]][] = [
+    ['tiny', [Buffer.from('["a"]\n')]],
+    ['near', [Buffer.alloc(60 * 1024 - 100, 0x41)]], // fits a message, not beside its commit record
+    ['one', [Buffer.alloc(200 * 1024, 0x31)]], // one batch: once inline, over max_payload
+    ['two', [Buffer.alloc(100 * 1024, 0x32), Buffer.alloc(50 * 1024, 0x33)]], // the first held, then published alone
+  ];
+  for (const [id, batches] of packages) await commit(q, meta('u1', id), batches);
+  const got = await drain(t, q, packages.length);
+  t.same(
+    got.map((p) => [p.meta.package_id, p.data.length]).sort(),
+    packages.map(([id, batches]) => [id, Buffer.concat(batches).length]).sort(),
+  );
+  for (const [id, batches] of packages) t.ok(got.find((p) => p.meta.package_id === id)!.data.equals(Buffer.concat(batches)), `${id}: byte for byte`);
+});
+
 t.test('NatsBatchQueue: a package in the hands of a crashed process is delivered again after the ack wait', async (t) => {
   const stream = unique('CRASH');
   const opts = { ...queueOpts(stream), ackWaitMs: 1000 };

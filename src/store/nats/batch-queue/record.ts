@@ -30,6 +30,11 @@ export function inlineCommitHeaders(rec: CommitRecord): MsgHdrs {
   return h;
 }
 
+/** The bytes `inlineCommitHeaders` adds to a message for `rec` (its value, base64url), beside the room every message keeps. */
+export function inlineHeaderBytes(rec: CommitRecord): number {
+  return INLINE_COMMIT.length + Math.ceil((Buffer.byteLength(JSON.stringify(rec)) * 4) / 3) + 4;
+}
+
 /** The record of a commit message and, when it carries it, the package's only batch. Throws on anything else. */
 export function readCommit(msg: { data: Uint8Array; headers?: MsgHdrs | undefined }): { rec: CommitRecord; inline: Uint8Array | null } {
   const header = msg.headers?.get(INLINE_COMMIT);

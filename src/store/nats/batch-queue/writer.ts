@@ -1,7 +1,7 @@
 /** A package being written to the stream: batches as they come, then one commit message. */
 import { crc32 } from 'node:zlib';
 import { isStoreError, StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
-import { INLINE_BATCH_BYTES, type CommitRecord } from './record.js';
+import { INLINE_BATCH_BYTES, inlineHeaderBytes, type CommitRecord } from './record.js';
 
 export interface WriterHooks {
   /** Publishes batch number `n`; resolves with its stream sequence. */
@@ -44,8 +44,10 @@ export class NatsWriter implements PackageWriter {
       this.#live();
       this.#crc = crc32(batch, this.#crc);
       await this.#publishHeld();
-      // A small batch may travel with the commit: kept as a copy (the caller may reuse its memory once this resolves).
-      if (batch.byteLength <= INLINE_BATCH_BYTES) this.#held = Uint8Array.prototype.slice.call(batch);
+      // A small batch may travel with the commit: kept as a copy (the caller may reuse its memory
+      // once this resolves). Never more than one message may carry (a server's `max_payload`
+      // set below 256 KiB): the held batch may go out alone.
+      if (batch.byteLength <= Math.min(INLINE_BATCH_BYTES, this.#hooks.maxBatchBytes())) this.#held = Uint8Array.prototype.slice.call(batch);
       else {
         // A batch is whole rows, and one row may be longer than a message can be (`max_payload`,
         // 1 MiB by default): it goes out in pieces, which the reader joins back, bytes in order.
@@ -64,9 +66,12 @@ export class NatsWriter implements PackageWriter {
     this.#live();
     this.#done = true;
     try {
-      const inline = this.#seqs.length === 0 ? this.#held : null;
+      const record = (): CommitRecord => ({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs], crc: this.#crc });
+      // Inline where the batch and the record fit in one message.
+      const held = this.#seqs.length === 0 ? this.#held : null;
+      const inline = held && held.byteLength + inlineHeaderBytes(record()) <= this.#hooks.maxBatchBytes() ? held : null;
       if (!inline) await this.#publishHeld();
-      await this.#hooks.commit({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs], crc: this.#crc }, inline ?? undefined);
+      await this.#hooks.commit(record(), inline ?? undefined);
       if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
     } catch (err) {
       // Not committed as far as the caller knows, so it must not be delivered either (nor is
