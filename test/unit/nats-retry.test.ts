@@ -38,3 +38,30 @@ t.test('a lost compare-and-set is not asked again: it comes back as it came', as
   t.equal(err, lost);
   t.equal(calls, 1);
 });
+
+t.test('JetStream out of storage is not asked again: STORE_UNAVAILABLE (503) at once, not after the whole budget', async (t) => {
+  for (const [code, errCode, description] of [
+    [503, 10047, 'insufficient storage resources available'],
+    [503, 10023, 'insufficient resources'],
+    [400, 10002, 'resource limits exceeded for account'],
+    [500, 10077, 'jetstream store failed'],
+  ] as const) {
+    let calls = 0;
+    const err = await withRetry(ctx, 5_000, async () => {
+      calls++;
+      throw jsError(code, errCode, description);
+    }).catch((e: unknown) => e);
+    t.ok(err instanceof StoreError && err.code === 'STORE_UNAVAILABLE', `${errCode}: STORE_UNAVAILABLE (got ${String(err)})`);
+    t.equal(calls, 1, `${errCode}: one attempt`);
+  }
+});
+
+t.test('a 503 that is not about storage (a leader election, no responders) is still asked again', async (t) => {
+  let calls = 0;
+  const got = await withRetry(ctx, 5_000, async () => {
+    if (++calls < 3) throw jsError(503, 10008, 'JetStream system temporarily unavailable');
+    return 'ok';
+  });
+  t.equal(got, 'ok');
+  t.equal(calls, 3);
+});

@@ -202,9 +202,12 @@ export function jsErrorCode(err: unknown): number | undefined {
 
 /** No answer in time, nobody listening, or JetStream unavailable for a moment (a leader moving): worth another try. */
 export function isTransient(err: unknown): boolean {
+  const api = (err as { api_error?: { code?: unknown; err_code?: unknown } } | null)?.api_error;
+  // JetStream out of storage (some of those are 503s) does not pass in a retry budget: the
+  // caller's 503 goes at once, with its Retry-After, instead of after the whole budget.
+  if (typeof api?.err_code === 'number' && JS_STORAGE_FAILED.has(api.err_code)) return false;
   const code = (err as { code?: unknown } | null)?.code;
   if (code === 'TIMEOUT' || code === '503' || code === 'DISCONNECT' || code === 'CONNECTION_REFUSED' || code === DAMAGED_READ) return true;
-  const api = (err as { api_error?: { code?: unknown; err_code?: unknown } } | null)?.api_error;
   // 10005 "no suitable peers for placement": a cluster still forming (or not enough nodes:
   // then the retry budget runs out with the same error). 10158: our own earlier attempt of
   // the same publish is still in the server's hands.
