@@ -4,7 +4,7 @@ import { DiscardPolicy, nanos, RetentionPolicy, StorageType, type KvEntry, type 
 import { connectNats, damagedReads, enableStreamFeatures, isWrongLastSequence, publishOnce, supportedServer, type NatsHandle } from '../../src/store/nats/connection.js';
 import { NatsBatchQueue, type NatsBatchQueueOptions } from '../../src/store/nats/batch-queue/index.js';
 import { BATCH_MIN, GroupPublisher, MAX_ROUNDS } from '../../src/store/nats/group-publisher.js';
-import { inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js';
+import { encodeCommit, inlineCommitHeaders } from '../../src/store/nats/batch-queue/record.js';
 import { packageTail, QueueSubjects } from '../../src/store/nats/batch-queue/subjects.js';
 import { ENTRY_ROUNDS, NatsLedger } from '../../src/store/nats/ledger.js';
 import { NatsSessionStore } from '../../src/store/nats/session-store.js';
@@ -981,7 +981,7 @@ t.test('NatsBatchQueue: a package read back unlike its commit (CRC-32) fails the
   // delivery short would hand it over: published as the writer would, but for its data.
   const m = meta('u1', 'p1');
   const rec = { meta: m, rows: 1, bytes: 7, batches: [], crc: crc32(Buffer.from('["p1"]\n')) };
-  await h.js.publish(new QueueSubjects(stream).commit(packageTail(m)), Buffer.from('["p1"'), { headers: inlineCommitHeaders(rec), msgID: 'p1:commit' });
+  await h.js.publish(new QueueSubjects(stream).commit(packageTail(m)), Buffer.from('["p1"'), { headers: inlineCommitHeaders(encodeCommit(rec)), msgID: 'p1:commit' });
   const reads: { attempt: number; error: unknown }[] = [];
   const counted = damagedReads.count;
   let twice!: () => void;

@@ -197,9 +197,9 @@ export class NatsBatchQueue implements BatchQueue {
       commit: async (rec, inline) =>
         void (await this.#commits.publish({
           subject: this.#subjects.commit(tail),
-          data: inline ?? Buffer.from(JSON.stringify(rec)),
+          data: inline?.batch ?? Buffer.from(JSON.stringify(rec)),
           msgID: `${copy.package_id}:commit`,
-          ...(inline ? { headers: () => inlineCommitHeaders(rec) } : {}),
+          ...(inline ? { headers: () => inlineCommitHeaders(inline.header) } : {}),
         })),
       remove: () => messages.deleteMatching(this.#subjects.package(tail)),
       forget: () => this.#writers.delete(writer),

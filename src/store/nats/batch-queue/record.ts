@@ -24,15 +24,21 @@ export interface CommitRecord {
 export const INLINE_COMMIT = 'Ingest-Commit';
 export const INLINE_BATCH_BYTES = 256 * 1024;
 
-export function inlineCommitHeaders(rec: CommitRecord): MsgHdrs {
+/** A commit record as the header of an inline commit carries it (base64url JSON). */
+export function encodeCommit(rec: CommitRecord): string {
+  return Buffer.from(JSON.stringify(rec)).toString('base64url');
+}
+
+/** The headers of an inline commit whose record `encodeCommit` gave. */
+export function inlineCommitHeaders(encoded: string): MsgHdrs {
   const h = headers();
-  h.set(INLINE_COMMIT, Buffer.from(JSON.stringify(rec)).toString('base64url'));
+  h.set(INLINE_COMMIT, encoded);
   return h;
 }
 
-/** The bytes `inlineCommitHeaders` adds to a message for `rec` (its value, base64url), beside the room every message keeps. */
-export function inlineHeaderBytes(rec: CommitRecord): number {
-  return INLINE_COMMIT.length + Math.ceil((Buffer.byteLength(JSON.stringify(rec)) * 4) / 3) + 4;
+/** The bytes `inlineCommitHeaders` adds to a message, beside the room every message keeps. */
+export function inlineHeaderBytes(encoded: string): number {
+  return INLINE_COMMIT.length + encoded.length + 4;
 }
 
 /** The record of a commit message and, when it carries it, the package's only batch. Throws on anything else. */

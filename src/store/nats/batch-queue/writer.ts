@@ -1,15 +1,15 @@
 /** A package being written to the stream: batches as they come, then one commit message. */
 import { crc32 } from 'node:zlib';
 import { isStoreError, StoreError, type PackageMeta, type PackageWriter } from '../../ports.js';
-import { INLINE_BATCH_BYTES, inlineHeaderBytes, type CommitRecord } from './record.js';
+import { encodeCommit, INLINE_BATCH_BYTES, inlineHeaderBytes, type CommitRecord } from './record.js';
 
 export interface WriterHooks {
   /** Publishes batch number `n`; resolves with its stream sequence. */
   append(batch: Uint8Array, n: number): Promise<number>;
   /** The most bytes one batch message may carry now: below the server's `max_payload`. */
   maxBatchBytes(): number;
-  /** Publishes the commit; `inline` is the package's only batch, carried in the commit message itself. */
-  commit(rec: CommitRecord, inline?: Uint8Array): Promise<void>;
+  /** Publishes the commit; `inline`: the package's only batch, carried in the commit message itself, and the record encoded for its header. */
+  commit(rec: CommitRecord, inline?: { batch: Uint8Array; header: string }): Promise<void>;
   /** Purges whatever the package has in the stream, batches and commit. */
   remove(): Promise<void>;
   forget(): void;
@@ -69,7 +69,8 @@ export class NatsWriter implements PackageWriter {
       const record = (): CommitRecord => ({ meta: this.meta, rows: totals.rows, bytes: totals.bytes, batches: [...this.#seqs], crc: this.#crc });
       // Inline where the batch and the record fit in one message.
       const held = this.#seqs.length === 0 ? this.#held : null;
-      const inline = held && held.byteLength + inlineHeaderBytes(record()) <= this.#hooks.maxBatchBytes() ? held : null;
+      const header = held ? encodeCommit(record()) : '';
+      const inline = held && held.byteLength + inlineHeaderBytes(header) <= this.#hooks.maxBatchBytes() ? { batch: held, header } : null;
       if (!inline) await this.#publishHeld();
       await this.#hooks.commit(record(), inline ?? undefined);
       if (this.#dropped) throw new StoreError('QUEUE_PACKAGE_DROPPED', `Package ${this.meta.package_id} was purged before its commit completed`);
