@@ -2,7 +2,8 @@
  * A disk that can lose power: faultfs (`testbed/faultfs/faultfs.c`, a FUSE passthrough that
  * keeps what is written to a file in its own memory until the file is fsync'ed) mounted
  * over a backing directory. `powerCut()` kills the daemon and detaches the mount, so what
- * was not synced is gone; `remount()` shows what a host sees when it boots again.
+ * was not synced is gone; `remount()` shows what a host sees when it boots again; `freeze()`
+ * stops it answering (a hung device) until `thaw()`.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { mkdtemp, readdir, rm } from 'node:fs/promises';
@@ -27,6 +28,12 @@ export interface FaultFs {
   powerCut(): Promise<void>;
   /** Mounts the backing directory at `dir` again, after `powerCut`: only synced data. */
   remount(): Promise<void>;
+  /**
+   * SIGSTOP of the daemon: every call on the mount that the page cache cannot answer waits
+   * (a frozen or hung device) until `thaw` (SIGCONT). A cut or the teardown ends it too.
+   */
+  freeze(): void;
+  thaw(): void;
 }
 
 const READY_TIMEOUT_MS = 10_000;
@@ -101,6 +108,8 @@ export async function mountFaultFs(t: Teardown, backingDir: string): Promise<Fau
       await removeHidden(backingDir);
       await mount();
     },
+    freeze: () => void proc?.kill('SIGSTOP'),
+    thaw: () => void proc?.kill('SIGCONT'),
   };
 }
 

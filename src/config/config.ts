@@ -100,6 +100,12 @@ export interface Config {
     uploaderConcurrency: PositiveInt & tags.Maximum<256>;
     /** Every gateway's housekeeping round (expired idempotency records, clean-ups of deleted sessions a stopped instance left): at start and then this often. */
     housekeepingMs: PositiveTimerMs & tags.Minimum<1000>;
+    /**
+     * The embedded back end: how long a read or write of the state database, or a write or
+     * fdatasync of the batch queue's files, waits for the disk before its request is told 503
+     * (a frozen or hung device).
+     */
+    diskTimeoutMs: PositiveTimerMs & tags.Minimum<100>;
   };
   connector: {
     url: null | (string & tags.Format<'uri'>);

@@ -1,7 +1,9 @@
 /**
  * Readiness: every check runs in parallel, each cut at one deadline. Concurrent probes share
- * one run, so a burst of probes costs one round of requests. A check that changes state is
- * logged once (with its error when it fails), not once per probe.
+ * one run, so a burst of probes costs one round of requests; a check still out past an
+ * earlier run's deadline is waited for again, not started anew (a hung disk would otherwise
+ * hold one more of libuv's few threads per probe). A check that changes state is logged once
+ * (with its error when it fails), not once per probe.
  */
 import type { Logger } from '../log.js';
 
@@ -28,6 +30,8 @@ export class Readiness {
   readonly #timeoutMs: number;
   readonly #log: Logger;
   readonly #last = new Map<string, CheckResult>();
+  /** Checks still out, by name, with how they ended ('failed' with its error). */
+  readonly #out = new Map<string, Promise<{ result: 'ok' | 'failed'; error?: unknown }>>();
   #running: Promise<ReadinessReport> | null = null;
 
   constructor(checks: Record<string, Check>, timeoutMs: number, log: Logger) {
@@ -53,17 +57,18 @@ export class Readiness {
   async #one(name: string, check: Check): Promise<CheckResult> {
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), this.#timeoutMs)));
-    let error: unknown;
-    const result = await Promise.race([
-      check(this.#timeoutMs).then(
-        () => 'ok' as const,
-        (err: unknown) => {
-          error = err;
-          return 'failed' as const;
-        },
-      ),
-      late,
-    ]).finally(() => clearTimeout(timer));
+    let out = this.#out.get(name);
+    if (!out) {
+      const started = check(this.#timeoutMs).then(
+        () => ({ result: 'ok' as const }),
+        (error: unknown) => ({ result: 'failed' as const, error }),
+      );
+      out = started.finally(() => this.#out.delete(name));
+      this.#out.set(name, out);
+    }
+    const ended = await Promise.race([out, late]).finally(() => clearTimeout(timer));
+    const result = ended === 'timeout' ? ended : ended.result;
+    const error = ended === 'timeout' ? undefined : ended.error;
     const before = this.#last.get(name);
     if (before !== result) {
       this.#last.set(name, result);

@@ -108,7 +108,7 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       }
       const lock = await DataDirLock.acquire(dataDir);
       closers.push(async () => lock.release());
-      const state = await StateDatabase.open(join(dataDir, STATE_DB)).catch((err: unknown) => {
+      const state = await StateDatabase.open(join(dataDir, STATE_DB), { timeoutMs: config.storage.diskTimeoutMs }).catch((err: unknown) => {
         throw new StoreError('STORE_MISCONFIGURED', `DATA_DIR ${dataDir}: ${STATE_DB} cannot be opened: ${(err as Error).message}`, { cause: err });
       });
       closers.push(() => state.close());
@@ -116,7 +116,11 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       closers.push(() => sessions.close());
       ledger = new SqliteLedger(state);
       closers.push(() => ledger.close());
-      queue = await FileBatchQueue.open(join(dataDir, 'queue'), state, { onDamage, onSettled: hooks.onQueueSettled });
+      queue = await FileBatchQueue.open(join(dataDir, 'queue'), state, {
+        onDamage,
+        onSettled: hooks.onQueueSettled,
+        diskTimeoutMs: config.storage.diskTimeoutMs,
+      });
       closers.push(() => queue.close());
     }
 

@@ -45,12 +45,7 @@ t.test('damaged pages: reads answer STORE_UNAVAILABLE; a query error stays what 
     t.ok(isStorageUnavailable(err), `read ${i}: storage unavailable (${String(err)})`);
     t.match(String((err as { cause?: { code?: unknown } }).cause?.code), /^SQLITE_(CORRUPT|NOTADB)/, `read ${i}: SQLite's code kept as the cause`);
   }
-  const misuse = (() => {
-    try {
-      return db.read(() => db.reader.prepare('SELECT nope FROM nowhere').get());
-    } catch (err) {
-      return err;
-    }
-  })();
+  const misuse = await db.read('kv.get', []).catch((err: unknown) => err);
+  t.ok(misuse instanceof Error, `a wrong query fails (${String(misuse)})`);
   t.notOk(isStorageUnavailable(misuse), 'a wrong query is not a storage failure');
 });

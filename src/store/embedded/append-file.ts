@@ -13,6 +13,10 @@ import { StoreError } from '../ports.js';
  * Writes are coalesced the same way: one `writev` at a time per file, and the writes asked
  * for while it runs go out together in the next. Each write is a round trip to libuv's
  * thread pool, which costs the event loop more than the few kilobytes a package appends.
+ *
+ * With `timeoutMs`, an open, a write or a sync the disk has not finished by then fails its
+ * caller (`STORE_UNAVAILABLE`: a frozen or hung device) and breaks the file; the call itself
+ * is still out, and `settled` and `close` wait for it.
  */
 export class AppendFile {
   readonly path: string;
@@ -33,21 +37,29 @@ export class AppendFile {
   /** `writeAt` calls so far: a sync that ran alongside one does not vouch for its bytes. */
   #rewrites = 0;
   readonly #overwrites = new Set<Promise<void>>();
+  readonly #timeoutMs: number | undefined;
 
-  private constructor(path: string, fh: FileHandle, size: number) {
+  private constructor(path: string, fh: FileHandle, size: number, timeoutMs: number | undefined) {
     this.path = path;
     this.#fh = fh;
     this.#end = size;
     this.#durable = size;
+    this.#timeoutMs = timeoutMs;
   }
 
   /**
    * Opens (creating it, and making its name durable, if missing, unless `create` is false:
    * then a missing file fails with ENOENT; a name whose fsync failed is made durable at the
    * next open) for appending at `size` (default: the file's size); anything past `size` (a
-   * torn tail) is cut off.
+   * torn tail) is cut off. `timeoutMs`: see the class.
    */
-  static async open(path: string, opts: { size?: number; create?: boolean } = {}): Promise<AppendFile> {
+  static open(path: string, opts: { size?: number; create?: boolean; timeoutMs?: number } = {}): Promise<AppendFile> {
+    const opening = AppendFile.#open(path, opts);
+    // Opened after its caller gave up: closed, so that no handle is left to the garbage collector.
+    return withDeadline(opening, opts.timeoutMs, () => notAnswered(path, 'open', opts.timeoutMs!), (late) => void late.close().catch(() => undefined));
+  }
+
+  static async #open(path: string, opts: { size?: number; create?: boolean; timeoutMs?: number }): Promise<AppendFile> {
     let fh: FileHandle;
     let created = false;
     try {
@@ -65,7 +77,7 @@ export class AppendFile {
         await fh.datasync();
       }
       await fsyncEntry(path, created);
-      return new AppendFile(path, fh, size);
+      return new AppendFile(path, fh, size, opts.timeoutMs);
     } catch (err) {
       await fh.close();
       throw err;
@@ -123,7 +135,7 @@ export class AppendFile {
     this.#end += data.byteLength;
     if (this.#batch) {
       this.#batch.parts.push(data);
-      return { offset, written: this.#batch.written };
+      return { offset, written: this.#deadline(this.#batch.written, 'write') };
     }
     const parts = [data];
     let run!: () => void;
@@ -142,7 +154,7 @@ export class AppendFile {
       () => this.#wrote(written),
     );
     if (!this.#writing) this.#next();
-    return { offset, written };
+    return { offset, written: this.#deadline(written, 'write') };
   }
 
   /** Hands the waiting batch to the file: from now on, new writes start the next one. */
@@ -163,14 +175,14 @@ export class AppendFile {
   /** Resolves once every write issued before this call is durable. */
   sync(): Promise<void> {
     this.#check();
-    if (this.#queued) return this.#queued;
-    if (!this.#syncing) return this.#startSync();
+    if (this.#queued) return this.#deadline(this.#queued, 'fdatasync');
+    if (!this.#syncing) return this.#deadline(this.#startSync(), 'fdatasync');
     const queued = this.#syncing.then(
       () => this.#startSync(),
       () => this.#startSync(),
     );
     this.#queued = queued;
-    return queued;
+    return this.#deadline(queued, 'fdatasync');
   }
 
   /** `write` then `sync`: resolves with the offset once the bytes are durable. */
@@ -296,4 +308,40 @@ export class AppendFile {
     if (this.#closed) throw new StoreError('STORE_CLOSED', `${this.path} is closed`);
     if (this.#broken) throw this.#broken;
   }
+
+  /** `op` for its caller, failed at `timeoutMs` (which breaks the file: what it wrote is unknown from then on). */
+  #deadline(op: Promise<void>, what: string): Promise<void> {
+    return withDeadline(op, this.#timeoutMs, () => {
+      const err = notAnswered(this.path, what, this.#timeoutMs!);
+      this.#broken ??= err;
+      return err;
+    });
+  }
+}
+
+function notAnswered(path: string, what: string, timeoutMs: number): StoreError {
+  return new StoreError('STORE_UNAVAILABLE', `${path}: the disk did not answer a ${what} within ${timeoutMs} ms`);
+}
+
+/** `op`, or `late()`'s error once `timeoutMs` passed first (undefined: no deadline); `onLate` gets what `op` brings after that. */
+function withDeadline<T>(op: Promise<T>, timeoutMs: number | undefined, late: () => Error, onLate?: (value: T) => void): Promise<T> {
+  if (timeoutMs === undefined) return op;
+  return new Promise<T>((resolve, reject) => {
+    let expired = false;
+    const timer = setTimeout(() => {
+      expired = true;
+      reject(late());
+    }, timeoutMs);
+    op.then(
+      (value) => {
+        clearTimeout(timer);
+        if (expired) onLate?.(value);
+        else resolve(value);
+      },
+      (err: unknown) => {
+        clearTimeout(timer);
+        reject(err);
+      },
+    );
+  });
 }

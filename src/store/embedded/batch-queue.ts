@@ -8,7 +8,7 @@ import { readOldIndex, type CommitRecord, type Location } from './batch-queue/in
 import { adoptReady } from './batch-queue/ready-dir.js';
 import { Segments, type Segment } from './batch-queue/segments.js';
 import { FileWriter, type InMemory } from './batch-queue/writer.js';
-import { StateDatabase } from './state-db.js';
+import { DISK_TIMEOUT_MS, StateDatabase } from './state-db.js';
 
 export interface FileBatchQueueOptions {
   /** First redelivery delay after a handler throws; doubles per attempt, capped at 30 s (default 1000). */
@@ -30,6 +30,8 @@ export interface FileBatchQueueOptions {
   heldBytes?: number;
   /** Told after each delivery is settled (acked or put back for redelivery): what `pending` answers may have changed. */
   onSettled?: () => void;
+  /** How long a segment's open, write or fdatasync waits for the disk before its package fails (`STORE_UNAVAILABLE`; default `DISK_TIMEOUT_MS`). */
+  diskTimeoutMs?: number;
 }
 
 interface Entry extends CommitRecord {
@@ -123,7 +125,7 @@ export class FileBatchQueue implements BatchQueue {
       acksDurable: () => this.#lastRemoval.then(() => undefined),
       empty: () => this.#entries.size === 0,
       closed: () => this.#closed,
-    });
+    }, opts.diskTimeoutMs ?? DISK_TIMEOUT_MS);
     this.#onSettled = opts.onSettled;
   }
 
@@ -134,7 +136,7 @@ export class FileBatchQueue implements BatchQueue {
    */
   static async open(dir: string, state: StateDatabase | string, opts: FileBatchQueueOptions = {}): Promise<FileBatchQueue> {
     const owned = typeof state === 'string';
-    const db = owned ? await StateDatabase.open(state) : state;
+    const db = owned ? await StateDatabase.open(state, { timeoutMs: opts.diskTimeoutMs }) : state;
     try {
       const q = new FileBatchQueue(dir, db, owned, opts);
       await mkdirDurable(join(dir, 'segments'));
@@ -309,7 +311,7 @@ export class FileBatchQueue implements BatchQueue {
 
   async #recover(): Promise<void> {
     await this.#importOldIndex();
-    const rows = this.#db.read(() => this.#db.reader.prepare<[], { seq: number; record: string }>('SELECT seq, record FROM queue ORDER BY seq').all());
+    const rows = await this.#db.read<{ seq: number; record: string }[]>('queue.all', []);
     const live = rows.map((r) => ({ t: 'c' as const, seq: r.seq, ...(JSON.parse(r.record) as Omit<CommitRecord, 't' | 'seq'>) }));
     let maxSegment = -1;
     const used = new Map<number, number>();
@@ -339,7 +341,7 @@ export class FileBatchQueue implements BatchQueue {
   async #importOldIndex(): Promise<void> {
     const old = await readOldIndex(this.#dir);
     if (old.files.length === 0) return;
-    const imported = this.#db.read(() => this.#db.reader.prepare("SELECT 1 AS one FROM meta WHERE name = 'queue_import'").get());
+    const imported = await this.#db.read('queue.imported', []);
     if (!imported) {
       for (const d of old.damaged) this.#damage.report(old.path, d.offset, d.reason);
       const rows = old.live.map((c) => ({ seq: c.seq, upload: c.meta.upload_uuid, record: recordJson(c) }));

@@ -18,10 +18,6 @@ const COLUMNS = 'package_id, entity, rows, bytes, object_bytes';
  */
 export class SqliteLedger implements PackageLedger {
   readonly #db: StateDatabase;
-  readonly #get;
-  readonly #page;
-  readonly #stored;
-  readonly #counts;
   /** Set when the store opened its database itself (`open`): closing the store closes it. */
   readonly #owned: boolean;
   #closed = false;
@@ -29,12 +25,6 @@ export class SqliteLedger implements PackageLedger {
   constructor(db: StateDatabase, opts: { owned?: boolean } = {}) {
     this.#db = db;
     this.#owned = opts.owned ?? false;
-    this.#get = db.reader.prepare<[string, string], LedgerEntry>(`SELECT ${COLUMNS} FROM ledger WHERE upload = ? AND package_id = ?`);
-    this.#page = db.reader.prepare<[string, string, number], LedgerEntry>(
-      `SELECT ${COLUMNS} FROM ledger WHERE upload = ? AND package_id > ? ORDER BY package_id LIMIT ?`,
-    );
-    this.#stored = db.reader.prepare<[string, string], { one: number }>('SELECT 1 AS one FROM stored WHERE upload = ? AND package_id = ?');
-    this.#counts = db.reader.prepare<[string], { entity: string; n: number }>('SELECT entity, n FROM stored_count WHERE upload = ?');
   }
 
   /** The entries of one session in the database at `path`, without the ledger (tests, tools; the owner may be running). */
@@ -55,8 +45,7 @@ export class SqliteLedger implements PackageLedger {
 
   async get(uploadUuid: string, packageId: string): Promise<LedgerEntry | null> {
     this.#check(uploadUuid);
-    const row = this.#db.read(() => this.#get.get(uploadUuid, packageId));
-    return row ? { ...row } : null;
+    return (await this.#db.read<LedgerEntry | undefined>('ledger.get', [uploadUuid, packageId])) ?? null;
   }
 
   /** One process's own database: a read is never stale, so `get` is confirmed as it is. */
@@ -67,7 +56,7 @@ export class SqliteLedger implements PackageLedger {
   async *list(uploadUuid: string): AsyncIterable<LedgerEntry> {
     this.#check(uploadUuid);
     for (let after = ''; ; ) {
-      const rows = this.#db.read(() => this.#page.all(uploadUuid, after, PAGE));
+      const rows = await this.#db.read<LedgerEntry[]>('ledger.page', [uploadUuid, after, PAGE]);
       yield* rows;
       if (rows.length < PAGE) return;
       after = rows.at(-1)!.package_id;
@@ -82,7 +71,7 @@ export class SqliteLedger implements PackageLedger {
 
   async isStored(uploadUuid: string, packageId: string): Promise<boolean> {
     this.#check(uploadUuid);
-    return this.#db.read(() => this.#stored.get(uploadUuid, packageId)) !== undefined;
+    return (await this.#db.read('ledger.stored', [uploadUuid, packageId])) !== undefined;
   }
 
   async countStored(uploadUuid: string, packages: readonly { package_id: string; entity: string }[], summaryKey: string): Promise<void> {
@@ -93,7 +82,7 @@ export class SqliteLedger implements PackageLedger {
 
   async storedCounts(uploadUuid: string): Promise<Map<string, number>> {
     this.#check(uploadUuid);
-    return new Map(this.#db.read(() => this.#counts.all(uploadUuid)).map((r) => [r.entity, r.n]));
+    return new Map((await this.#db.read<{ entity: string; n: number }[]>('ledger.counts', [uploadUuid])).map((r) => [r.entity, r.n]));
   }
 
   async drop(uploadUuid: string): Promise<void> {

@@ -20,9 +20,6 @@ export class SqliteSessionStore implements SessionStore {
   /** The database belongs to this process alone (DATA_DIR's lock, data-dir.ts). */
   readonly capabilities = { singleProcess: true } as const;
   readonly #db: StateDatabase;
-  readonly #get;
-  readonly #page;
-  readonly #keyPage;
   /** Set when the store opened its database itself (`open`): closing the store closes it. */
   readonly #owned: boolean;
   #closed = false;
@@ -30,11 +27,6 @@ export class SqliteSessionStore implements SessionStore {
   constructor(db: StateDatabase, opts: { owned?: boolean } = {}) {
     this.#db = db;
     this.#owned = opts.owned ?? false;
-    this.#get = db.reader.prepare<[string], { revision: number; value: string }>('SELECT revision, value FROM kv WHERE key = ?');
-    this.#page = db.reader.prepare<[string, string, number], { key: string; revision: number; value: string }>(
-      'SELECT key, revision, value FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?',
-    );
-    this.#keyPage = db.reader.prepare<[string, string, number], { key: string }>('SELECT key FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?');
   }
 
   /** Reads one key from the database at `path` without the store (tests, tools; the owner may be running). */
@@ -50,7 +42,7 @@ export class SqliteSessionStore implements SessionStore {
 
   async get<T>(key: string): Promise<Versioned<T> | null> {
     this.#check();
-    const row = this.#db.read(() => this.#get.get(checkKey(key)));
+    const row = await this.#db.read<{ revision: number; value: string } | undefined>('kv.get', [checkKey(key)]);
     return row ? { value: JSON.parse(row.value) as T, revision: row.revision } : null;
   }
 
@@ -61,22 +53,22 @@ export class SqliteSessionStore implements SessionStore {
 
   /** The port's listing (store/ports.ts): the keys in order, a page per query, each page as of its query. */
   async *list<T>(prefix: string): AsyncIterable<Listed<T>> {
-    for (const row of this.#range(prefix, this.#page)) yield { key: row.key, value: JSON.parse(row.value) as T, revision: row.revision };
+    for await (const row of this.#range<{ key: string; revision: number; value: string }>(prefix, 'kv.page')) yield { key: row.key, value: JSON.parse(row.value) as T, revision: row.revision };
   }
 
   /** The port's key listing: `list` without the values. */
   async *keys(prefix: string): AsyncIterable<string> {
-    for (const row of this.#range(prefix, this.#keyPage)) yield row.key;
+    for await (const row of this.#range<{ key: string }>(prefix, 'kv.keys')) yield row.key;
   }
 
   /** The rows of keys under `prefix`, a page of `query` at a time. */
-  *#range<R extends { key: string }>(prefix: string, query: { all(after: string, end: string, limit: number): R[] }): Iterable<R> {
+  async *#range<R extends { key: string }>(prefix: string, query: 'kv.page' | 'kv.keys'): AsyncIterable<R> {
     this.#check();
     if (!KEY_PREFIX.test(prefix)) throw new StoreError('STORE_INVALID_KEY', `Invalid session store key prefix ${JSON.stringify(prefix)}`);
     // Every key under `prefix` sorts before the prefix with its last character raised ('.' + 1 is '/').
     const end = prefix === '' ? '\u{10FFFF}' : `${prefix.slice(0, -1)}/`;
     for (let after = prefix; ; ) {
-      const rows = this.#db.read(() => query.all(after, end, LIST_PAGE));
+      const rows = await this.#db.read<R[]>(query, [after, end, LIST_PAGE]);
       for (const row of rows) if (!EMPTY_TOKEN.test(row.key)) yield row;
       if (rows.length < LIST_PAGE) return;
       after = rows.at(-1)!.key;

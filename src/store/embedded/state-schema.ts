@@ -1,7 +1,7 @@
 /**
  * The embedded state database (`DATA_DIR/state.sqlite`): its schema, how every connection
- * opens it, and the messages between the store (state-db.ts) and its writer thread
- * (state-writer.ts).
+ * opens it, the reads the stores make, and the messages between the store (state-db.ts) and
+ * its writer and reader threads (state-writer.ts, state-reader.ts).
  *
  * ```
  * kv      (key PRIMARY KEY, revision, value)   session records, idempotent answers, claims
@@ -86,6 +86,46 @@ export function openStateReader(path: string): Database.Database {
   return db;
 }
 
+/**
+ * Every read the stores make, by name: the reader thread prepares each once. `all`: every row
+ * (a page: each has a LIMIT parameter or a small bound); otherwise the first row, or undefined.
+ */
+export const READS = {
+  'kv.get': { sql: 'SELECT revision, value FROM kv WHERE key = ?', all: false },
+  'kv.page': { sql: 'SELECT key, revision, value FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?', all: true },
+  'kv.keys': { sql: 'SELECT key FROM kv WHERE key > ? AND key < ? ORDER BY key LIMIT ?', all: true },
+  'ledger.get': { sql: 'SELECT package_id, entity, rows, bytes, object_bytes FROM ledger WHERE upload = ? AND package_id = ?', all: false },
+  'ledger.page': {
+    sql: 'SELECT package_id, entity, rows, bytes, object_bytes FROM ledger WHERE upload = ? AND package_id > ? ORDER BY package_id LIMIT ?',
+    all: true,
+  },
+  'ledger.stored': { sql: 'SELECT 1 AS one FROM stored WHERE upload = ? AND package_id = ?', all: false },
+  'ledger.counts': { sql: 'SELECT entity, n FROM stored_count WHERE upload = ?', all: true },
+  /** At open only: the batch queue's committed, unacked packages. */
+  'queue.all': { sql: 'SELECT seq, record FROM queue ORDER BY seq', all: true },
+  'queue.imported': { sql: "SELECT 1 AS one FROM meta WHERE name = 'queue_import'", all: false },
+} as const satisfies Record<string, { sql: string; all: boolean }>;
+
+export type ReadName = keyof typeof READS;
+
+export interface Read {
+  q: ReadName;
+  params: (string | number)[];
+}
+
+export interface ReaderRequest {
+  id: number;
+  items: Read[];
+}
+
+/** A read's rows (or row), or its failure as data: SQLite's message and code. */
+export type ReadResult = { rows: unknown } | { error: { message: string; code: string | undefined } };
+
+export interface ReaderResponse {
+  id: number;
+  results: ReadResult[];
+}
+
 export type WriteOp =
   | { t: 'create'; key: string; json: string }
   | { t: 'update'; key: string; json: string; revision: number }
@@ -109,7 +149,7 @@ export interface WriteOutcome {
 
 export interface WriterRequest {
   id: number;
-  ops: WriteOp[];
+  items: WriteOp[];
 }
 
 export interface WriterFailure {
@@ -119,4 +159,4 @@ export interface WriterFailure {
   unknown: boolean;
 }
 
-export type WriterResponse = { id: number; outcomes: WriteOutcome[] } | { id: number; error: WriterFailure };
+export type WriterResponse = { id: number; results: WriteOutcome[] } | { id: number; error: WriterFailure };

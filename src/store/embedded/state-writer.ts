@@ -128,7 +128,7 @@ function run(): void {
   let outcomes: WriteOutcome[][];
   try {
     db.exec('BEGIN IMMEDIATE');
-    outcomes = group.map((req) => req.ops.map(apply));
+    outcomes = group.map((req) => req.items.map(apply));
     if (revision !== before) stmt.saveRevision.run(revision);
     db.exec('COMMIT');
   } catch (err) {
@@ -138,7 +138,7 @@ function run(): void {
     for (const req of group) port.postMessage({ id: req.id, error: failure } satisfies WriterResponse);
     return;
   }
-  group.forEach((req, i) => port.postMessage({ id: req.id, outcomes: outcomes[i]! } satisfies WriterResponse));
+  group.forEach((req, i) => port.postMessage({ id: req.id, results: outcomes[i]! } satisfies WriterResponse));
 }
 
 function rollback(): void {

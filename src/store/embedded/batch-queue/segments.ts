@@ -47,11 +47,14 @@ export class Segments {
   #next = 0;
   /** Segments being removed. */
   readonly #dropping = new Set<Promise<void>>();
+  /** Each file's deadline for an open, write or sync (`AppendFile`). */
+  readonly #timeoutMs: number | undefined;
 
-  constructor(dir: string, segmentBytes: number, hooks: SegmentsHooks) {
+  constructor(dir: string, segmentBytes: number, hooks: SegmentsHooks, timeoutMs?: number) {
     this.#dir = dir;
     this.#segmentBytes = segmentBytes;
     this.#hooks = hooks;
+    this.#timeoutMs = timeoutMs;
   }
 
   get(no: number): Segment | undefined {
@@ -96,7 +99,7 @@ export class Segments {
 
   /** Opens a segment that live packages use; a failure is told to the reads of its packages (`readable`), not left unhandled. */
   #openUsed(no: number): Promise<AppendFile> {
-    const file = AppendFile.open(this.path(no), { create: false });
+    const file = AppendFile.open(this.path(no), { create: false, timeoutMs: this.#timeoutMs });
     file.catch(() => undefined);
     return file;
   }
@@ -168,7 +171,7 @@ export class Segments {
 
   #open(): Segment {
     const no = this.#next++;
-    const s: Segment = { no, file: AppendFile.open(this.path(no)), refs: 0, bytes: 0 };
+    const s: Segment = { no, file: AppendFile.open(this.path(no), { timeoutMs: this.#timeoutMs }), refs: 0, bytes: 0 };
     this.#all.set(no, s);
     // Not made (a full disk, too many files): the next batch tries a fresh one.
     s.file.catch(() => this.retire(s));
