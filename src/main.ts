@@ -4,6 +4,7 @@ import { startApp } from './app.js';
 import { loadConfigOrExit } from './config/config.js';
 import { captureConsole, jsonLogger } from './log.js';
 import { parentNotifier } from './observability/state-events.js';
+import { onStopSignals } from './stop-signals.js';
 
 const config = loadConfigOrExit();
 
@@ -38,26 +39,6 @@ if (app.usesDemoClients) {
 }
 
 // SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to limits.shutdownGraceMs),
-// then close the pool, the uploader and the stores, and exit 0. A second signal exits at once:
-// every 200 already sent is durable, and a request cut off has not been answered.
-let stopping = false;
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(signal, () => {
-    if (stopping) {
-      log.warn('second signal: exiting without waiting for in-flight requests', { signal });
-      process.exit(1);
-    }
-    stopping = true;
-    log.info('shutting down', { signal, grace_ms: config.limits.shutdownGraceMs });
-    app.close({ graceMs: config.limits.shutdownGraceMs }).then(
-      () => {
-        log.info('shut down');
-        process.exit(0);
-      },
-      (err: unknown) => {
-        log.error('shutdown failed', { err });
-        process.exit(1);
-      },
-    );
-  });
-}
+// then close the pool, the uploader and the stores, and exit 0 (stop-signals.ts: a second
+// signal, or closing past the grace by more than a few seconds, exits 1 at once).
+onStopSignals(log, { what: 'gateway', graceMs: config.limits.shutdownGraceMs, stop: () => app.close({ graceMs: config.limits.shutdownGraceMs }) });

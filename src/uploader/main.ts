@@ -3,7 +3,8 @@
  * `npm run uploader`: the uploader as a process of its own, for the distributed engines
  * (`NATS_URL` set). Any number of them share the queue's durable consumer; each package is
  * acknowledged only after its object is durably written. SIGTERM/SIGINT: finish the package
- * in hand, then exit 0. With `metrics.uploaderPort` set it serves `/metrics`, `/healthz` and
+ * in hand, then exit 0 (stop-signals.ts: past `limits.shutdownGraceMs` and a few seconds, exit
+ * 1 without it). With `metrics.uploaderPort` set it serves `/metrics`, `/healthz` and
  * `/readyz` on that port (on `host`).
  */
 import { loadConfigOrExit } from '../config/config.js';
@@ -12,6 +13,7 @@ import { Metrics } from '../observability/metrics.js';
 import { serveOperatorEndpoints, type OperatorServer } from '../observability/operator-server.js';
 import { Readiness } from '../observability/readiness.js';
 import { parentNotifier } from '../observability/state-events.js';
+import { onStopSignals } from '../stop-signals.js';
 import { notifyingWrites, openEngines, type Engines } from '../store/engines.js';
 import type { QueueConsumer } from '../store/ports.js';
 import { runUploader } from './uploader.js';
@@ -65,27 +67,14 @@ async function start(): Promise<{ engines: Engines; consumer: QueueConsumer; ope
 log.info('uploader running', engines.describe);
 process.stdout.write(`uploader ready${operator ? ` (metrics on port ${operator.port})` : ''}\n`);
 
-let stopping = false;
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.on(signal, () => {
-    // A second signal exits at once, as the gateway's does: the package in hand, unacked, is
-    // redelivered (after `nats.ackWaitMs`), its incomplete upload aborted by the next sweep.
-    if (stopping) {
-      log.warn('second signal: exiting without waiting for the package in hand', { signal });
-      process.exit(1);
-    }
-    stopping = true;
-    log.info('uploader stopping', { signal });
-    consumer
-      .stop()
-      .then(() => operator?.close())
-      .then(() => engines.close())
-      .then(
-        () => process.exit(0),
-        (err: unknown) => {
-          log.error('uploader shutdown failed', { err });
-          process.exit(1);
-        },
-      );
-  });
-}
+// A second signal exits at once, as the gateway's does: the package in hand, unacked, is
+// redelivered (after `nats.ackWaitMs`), its incomplete upload aborted by the next sweep.
+onStopSignals(log, {
+  what: 'uploader',
+  graceMs: config.limits.shutdownGraceMs,
+  stop: async () => {
+    await consumer.stop();
+    await operator?.close();
+    await engines.close();
+  },
+});

@@ -117,7 +117,7 @@ async function drill(t: Test, backend: Backend, dir: string) {
 
   const t0 = performance.now();
   const exited = gw.stop();
-  await until('the gateway to take the signal', async () => gw.output(), (out) => out.includes('"shutting down"'), 10_000, 10);
+  await until('the gateway to take the signal', async () => gw.output(), (out) => out.includes('"gateway stopping"'), 10_000, 10);
   t.equal(await tryConnect(port), 'ECONNREFUSED', 'a new connection is refused once SIGTERM arrived');
   t.equal(gw.child.exitCode, null, 'the gateway waits for its in-flight ingests');
 
@@ -204,7 +204,7 @@ t.test('embedded: an ingest that outlasts the shutdown grace is cut, nothing of 
 
   const t0 = performance.now();
   const exited = gw.stop();
-  await until('the gateway to take the signal', async () => gw.output(), (out) => out.includes('"shutting down"'), 10_000, 10);
+  await until('the gateway to take the signal', async () => gw.output(), (out) => out.includes('"gateway stopping"'), 10_000, 10);
   done.finish();
   const first = await done.answer;
   t.equal(first !== 'no-answer' && first.status, 200, 'the ingest that finishes in time is answered 200', { first, out: gw.output().slice(-3000) });
