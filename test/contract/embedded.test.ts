@@ -150,6 +150,34 @@ t.test('FileBatchQueue: a small committed package reaches its consumer from memo
   t.equal(body, '["s-3"]\n', 'read back from the segment after a restart');
 });
 
+t.test('FileBatchQueue: a restart takes back every unacked package, past one page of its table', async (t) => {
+  const dir = await tempDir();
+  t.teardown(remove(dir));
+  const q = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), queueOpts);
+  // More than one page of the table (5,000 rows a read at open).
+  const ids = Array.from({ length: 5_002 }, (_, i) => `p-${i}`);
+  await Promise.all(
+    ids.map(async (id) => {
+      const w = await q.open({ package_id: id, upload_uuid: 'u1', client_id: 'c', entity: 'stores', columns: ['store_id'] });
+      await w.append(Buffer.from(`["${id}"]\n`));
+      await w.commit({ rows: 1, bytes: id.length + 5 });
+    }),
+  );
+  await q.close();
+  const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), queueOpts);
+  t.teardown(() => again.close());
+  t.equal(await again.pending('u1'), ids.length, 'every package pending after the restart');
+  const order: string[] = [];
+  await new Promise<void>((resolve) => {
+    const c = again.consume(async (pkg) => {
+      order.push(pkg.meta.package_id);
+      if (order.length === ids.length) resolve();
+    });
+    t.teardown(() => c.stop());
+  });
+  t.same([...order].sort(), [...ids].sort(), 'each delivered once');
+});
+
 t.test('FileBatchQueue: segments roll over, and go once their packages are acked', async (t) => {
   const dir = await tempDir();
   t.teardown(remove(dir));

@@ -45,6 +45,8 @@ interface Entry extends CommitRecord {
 
 const ID = /^[A-Za-z0-9_.=-]+$/;
 const MAX_DELAY_MS = 30_000;
+/** Rows of the queue's table read at a time at open. */
+const RECOVER_PAGE = 5_000;
 
 /**
  * `BatchQueue` on local files for the batches' bytes and the state database (state-db.ts)
@@ -311,7 +313,13 @@ export class FileBatchQueue implements BatchQueue {
 
   async #recover(): Promise<void> {
     await this.#importOldIndex();
-    const rows = await this.#db.read<{ seq: number; record: string }[]>('queue.all', []);
+    // In pages: each read has the disk's deadline, however many packages wait.
+    const rows: { seq: number; record: string }[] = [];
+    for (;;) {
+      const page = await this.#db.read<typeof rows>('queue.page', [rows.at(-1)?.seq ?? -1, RECOVER_PAGE]);
+      rows.push(...page);
+      if (page.length < RECOVER_PAGE) break;
+    }
     const live = rows.map((r) => ({ t: 'c' as const, seq: r.seq, ...(JSON.parse(r.record) as Omit<CommitRecord, 't' | 'seq'>) }));
     let maxSegment = -1;
     const used = new Map<number, number>();

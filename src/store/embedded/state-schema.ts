@@ -101,8 +101,8 @@ export const READS = {
   },
   'ledger.stored': { sql: 'SELECT 1 AS one FROM stored WHERE upload = ? AND package_id = ?', all: false },
   'ledger.counts': { sql: 'SELECT entity, n FROM stored_count WHERE upload = ?', all: true },
-  /** At open only: the batch queue's committed, unacked packages. */
-  'queue.all': { sql: 'SELECT seq, record FROM queue ORDER BY seq', all: true },
+  /** At open only: the batch queue's committed, unacked packages, a page at a time. */
+  'queue.page': { sql: 'SELECT seq, record FROM queue WHERE seq > ? ORDER BY seq LIMIT ?', all: true },
   'queue.imported': { sql: "SELECT 1 AS one FROM meta WHERE name = 'queue_import'", all: false },
 } as const satisfies Record<string, { sql: string; all: boolean }>;
 
