@@ -40,5 +40,5 @@ if (app.usesDemoClients) {
 
 // SIGTERM/SIGINT: stop accepting, let in-flight requests finish (up to limits.shutdownGraceMs),
 // then close the pool, the uploader and the stores, and exit 0 (stop-signals.ts: a second
-// signal, or closing past the grace by more than a few seconds, exits 1 at once).
+// signal exits 1 at once; closing past the grace by more than 5 s ends with a SIGKILL).
 onStopSignals(log, { what: 'gateway', graceMs: config.limits.shutdownGraceMs, stop: () => app.close({ graceMs: config.limits.shutdownGraceMs }) });

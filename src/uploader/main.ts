@@ -3,8 +3,8 @@
  * `npm run uploader`: the uploader as a process of its own, for the distributed engines
  * (`NATS_URL` set). Any number of them share the queue's durable consumer; each package is
  * acknowledged only after its object is durably written. SIGTERM/SIGINT: finish the package
- * in hand, then exit 0 (stop-signals.ts: past `limits.shutdownGraceMs` and a few seconds, exit
- * 1 without it). With `metrics.uploaderPort` set it serves `/metrics`, `/healthz` and
+ * in hand, then exit 0 (stop-signals.ts: 5 s past `limits.shutdownGraceMs`, a SIGKILL of its
+ * own without it). With `metrics.uploaderPort` set it serves `/metrics`, `/healthz` and
  * `/readyz` on that port (on `host`).
  */
 import { loadConfigOrExit } from '../config/config.js';

@@ -1223,5 +1223,7 @@ t.test("NatsLedger: a listing whose NATS stops answering once the watch is made 
   await proxy.frozen;
   t.match(ended, { code: 'STORE_UNAVAILABLE' });
   t.equal(asServiceError(ended).statusCode, 503);
-  t.same(listed, [], 'no entry came');
+  // Entries the server sent ahead of the consumer's reply pass the proxy before it freezes
+  // (seen: 9 of 20): the listing still fails rather than end as if complete.
+  t.same(listed, Array.from({ length: listed.length }, (_, i) => `p-${i}`), 'what came before the freeze came in order, once');
 });

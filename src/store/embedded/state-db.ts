@@ -48,8 +48,8 @@ export class StateDatabase {
       url: new URL('./state-writer.js', import.meta.url),
       path,
       timeoutMs,
-      failed: (failure, cause) => {
-        const { message, code, unknown } = failure ?? { message: `State database writer ${cause}`, code: undefined, unknown: true };
+      failed: (failure, cause, unsent) => {
+        const { message, code, unknown } = failure ?? { message: `State database writer ${cause}`, code: undefined, unknown: !unsent };
         const outcome = unknown ? 'its outcome is unknown until the next commit' : 'nothing of it was written';
         return new StoreError('STORE_UNAVAILABLE', `State database write failed (${outcome}): ${message}`, { cause: Object.assign(new Error(message), { code }) });
       },

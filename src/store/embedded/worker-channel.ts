@@ -15,8 +15,12 @@ export interface WorkerChannelOptions<F> {
   url: URL;
   path: string;
   timeoutMs: number;
-  /** The error for the callers of a message the thread answered with `error`, or of one it held when it exited (`failure` undefined). */
-  failed(failure: F | undefined, cause: string): Error;
+  /**
+   * The error for the callers of a message the thread answered with `error`, or (`failure`
+   * undefined) of one it held when it exited, or of one never sent because no thread would start
+   * (`unsent`: nothing of it was carried out).
+   */
+  failed(failure: F | undefined, cause: string, unsent?: boolean): Error;
   /** The error for the callers of a message past its deadline (`sent`: it may still be carried out), or of one not sent while the thread is blocked. */
   blocked(sent: boolean): Error;
 }
@@ -94,7 +98,7 @@ export class WorkerChannel<I, R, F> {
       (w) => w.postMessage({ id, items: msg.items }),
       (err: unknown) => {
         this.#worker = null; // the next call tries again
-        this.#fail(id, this.#opts.failed(undefined, `cannot start: ${(err as Error).message}`));
+        this.#fail(id, this.#opts.failed(undefined, `cannot start: ${(err as Error).message}`, true));
       },
     );
   }
