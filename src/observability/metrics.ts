@@ -11,6 +11,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { Connector } from '../connector/types.js';
+import { withDeadline } from '../deadline.js';
 import type { QueueBacklog } from '../store/ports.js';
 import type { UploaderObserver } from '../uploader/uploader.js';
 import type { IngestTotals, PoolLoad } from '../validation-pool/index.js';
@@ -232,7 +233,7 @@ export class Metrics {
     // Both gauges of one scrape share one backlog call; a failed or late call leaves them unset.
     let inFlight: Promise<QueueBacklog | null> | null = null;
     const backlog = () =>
-      (inFlight ??= withTimeout(queue.backlog(), timeoutMs)
+      (inFlight ??= withDeadline(queue.backlog(), timeoutMs, () => new Error(`no answer in ${timeoutMs} ms`))
         .catch(() => null)
         .finally(() => {
           inFlight = null;
@@ -294,14 +295,6 @@ function connectorOutcome(err: unknown): ConnectorOutcome {
     default:
       return 'other';
   }
-}
-
-function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`no answer in ${ms} ms`)), ms);
-  });
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
 /**

@@ -16,7 +16,7 @@ type Layer = readonly [name: string, paths: readonly string[]];
 
 /** Bottom to top. */
 const LAYERS: readonly Layer[] = [
-  ['foundation', ['src/errors.ts', 'src/log.ts', 'src/durable-file.ts', 'src/bounded-body.ts', 'src/stop-signals.ts', 'src/config/']],
+  ['foundation', ['src/errors.ts', 'src/log.ts', 'src/durable-file.ts', 'src/bounded-body.ts', 'src/stop-signals.ts', 'src/deadline.ts', 'src/config/']],
   ['entities', ['src/entities/']],
   ['validation: bytes → checked rows → stored lines', ['src/validation/']],
   ['store: ports, adapters, key layout, object format', ['src/store/']],

@@ -1,4 +1,5 @@
 import { open, type FileHandle } from 'node:fs/promises';
+import { withDeadline } from '../../deadline.js';
 import { fsyncEntry } from '../../durable-file.js';
 import { StoreError } from '../ports.js';
 
@@ -321,27 +322,4 @@ export class AppendFile {
 
 function notAnswered(path: string, what: string, timeoutMs: number): StoreError {
   return new StoreError('STORE_UNAVAILABLE', `${path}: the disk did not answer a ${what} within ${timeoutMs} ms`);
-}
-
-/** `op`, or `late()`'s error once `timeoutMs` passed first (undefined: no deadline); `onLate` gets what `op` brings after that. */
-function withDeadline<T>(op: Promise<T>, timeoutMs: number | undefined, late: () => Error, onLate?: (value: T) => void): Promise<T> {
-  if (timeoutMs === undefined) return op;
-  return new Promise<T>((resolve, reject) => {
-    let expired = false;
-    const timer = setTimeout(() => {
-      expired = true;
-      reject(late());
-    }, timeoutMs);
-    op.then(
-      (value) => {
-        clearTimeout(timer);
-        if (expired) onLate?.(value);
-        else resolve(value);
-      },
-      (err: unknown) => {
-        clearTimeout(timer);
-        reject(err);
-      },
-    );
-  });
 }

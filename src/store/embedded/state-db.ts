@@ -100,10 +100,15 @@ export class StateDatabase {
     return this.#writer.call(op);
   }
 
-  /** Closes both threads; the writer commits what it holds first, so every write sent gets its answer (unless the disk does not answer). */
+  /**
+   * Closes both threads, the reader first: the writer, closing last, commits what it holds (every
+   * write sent gets its answer, unless the disk does not answer) and checkpoints the WAL into
+   * the database file, which only the last connection to close does.
+   */
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    await Promise.all([this.#writer.close(), this.#reader.close()]);
+    await this.#reader.close();
+    await this.#writer.close();
   }
 }
