@@ -1,5 +1,5 @@
 /**
- * Where the `ingest` command line finds its credentials, and the one thing it remembers.
+ * Where the `ingest` command line finds its credentials, and what it remembers.
  *
  * Credentials, each from the first place that has it: the flags (`--url`, `--client-id`,
  * `--token`), the environment (`INGEST_URL`, `INGEST_CLIENT_ID`, `INGEST_TOKEN`), the
@@ -9,7 +9,9 @@
  *
  * The last upload session used per service URL and client is kept in
  * `$XDG_STATE_HOME/ingest/sessions.json` (default `~/.local/state/ingest/sessions.json`), so
- * that `status`, `start`, `terminate` and `delete` need no uuid after `init` or `push`.
+ * that `status`, `start`, `terminate` and `delete` need no uuid after `init` or `push`; beside
+ * it, the package size each input file was cut with in a session where some of its packages
+ * were stored (`push` cuts it the same way again: another cut would store those rows twice).
  */
 import { mkdir, readFile, rename, stat, writeFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
@@ -130,7 +132,10 @@ export function isHeaderValue(value: string): boolean {
   return !/[^\t\x20-\x7e\x80-\xff]/.test(value);
 }
 
-/** The remembered upload sessions, keyed by service URL and client id. */
+/** Sessions whose inputs' cuts are kept: the oldest go first. */
+const CUT_SESSIONS = 200;
+
+/** The remembered upload sessions, keyed by service URL and client id, and the cuts of what was pushed into them. */
 export class SessionMemory {
   readonly path: string;
 
@@ -150,11 +155,39 @@ export class SessionMemory {
 
   /** Best effort: a state file that cannot be written costs only the memory. */
   async set(url: string, clientId: string, uploadUuid: string | null): Promise<void> {
-    try {
-      const all = await this.#read();
+    await this.#update((all) => {
       const key = SessionMemory.key(url, clientId);
       if (uploadUuid === null) delete all[key];
       else all[key] = uploadUuid;
+    });
+  }
+
+  /** The package size (bytes) each input file (by absolute path) was cut with in the session, where some of its packages were stored. */
+  async cuts(url: string, clientId: string, uploadUuid: string): Promise<Map<string, number>> {
+    const session = (await this.#read()).cuts;
+    const files = isRecord(session) ? session[`${SessionMemory.key(url, clientId)} ${uploadUuid}`] : undefined;
+    if (!isRecord(files)) return new Map();
+    return new Map(Object.entries(files).filter((e): e is [string, number] => Number.isSafeInteger(e[1])));
+  }
+
+  /** Records that `file` (an absolute path) was cut with `packageBytes` in the session and some of its packages were stored. Best effort, as `set`. */
+  async recordCut(url: string, clientId: string, uploadUuid: string, file: string, packageBytes: number): Promise<void> {
+    await this.#update((all) => {
+      const cuts = isRecord(all.cuts) ? all.cuts : {};
+      const key = `${SessionMemory.key(url, clientId)} ${uploadUuid}`;
+      const files = isRecord(cuts[key]) ? cuts[key] : {};
+      // Re-inserted last: the sessions used longest ago are dropped first.
+      delete cuts[key];
+      cuts[key] = { ...files, [file]: packageBytes };
+      for (const old of Object.keys(cuts).slice(0, -CUT_SESSIONS)) delete cuts[old];
+      all.cuts = cuts;
+    });
+  }
+
+  async #update(change: (all: Record<string, unknown>) => void): Promise<void> {
+    try {
+      const all = await this.#read();
+      change(all);
       await mkdir(dirname(this.path), { recursive: true, mode: 0o700 });
       const tmp = `${this.path}.${process.pid}.tmp`;
       await writeFile(tmp, `${JSON.stringify(all, null, 2)}\n`, { mode: 0o600 });

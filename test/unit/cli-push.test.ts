@@ -3,6 +3,7 @@
  * (each header checked and its reader ended before the next is opened, each read again in
  * its turn), so memory holds one input's rows however many inputs there are.
  */
+import { mkdtempSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -10,6 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import { IngestClient } from '../../src/client/client.js';
+import { UsageError, type Credentials } from '../../src/client/cli-config.js';
 import { ApiError } from '../../src/client/errors.js';
 import { openSource, type RowSource, type SourceFormat } from '../../src/client/sources.js';
 import type { CatalogEntity } from '../../src/client/types.js';
@@ -46,19 +48,33 @@ function fakeClient(readersOpen: () => number) {
   return { client: client as unknown as IngestClient, sends };
 }
 
-/** A command line whose client is `client` and which remembers nothing. */
+/** The command lines' state directory (what they remember: the inputs' cuts per session). */
+const stateHome = mkdtempSync(join(tmpdir(), 'cli-push-state-'));
+t.teardown(() => rm(stateHome, { recursive: true, force: true }));
+
+/** A command line whose client is `client`, which remembers no session as the last one (the cuts of inputs it does, in `stateHome`). */
 class TestCli extends Cli {
   constructor(
     private readonly fake: IngestClient,
     positionals: string[],
     readonly out: string[],
-    values: Record<string, string | boolean> = {},
+    values: Record<string, string | boolean | undefined> = {},
+    err: string[] = [],
   ) {
-    super({ stdout: { write: (s: string) => out.push(s) }, stderr: { write: () => true }, env: {} }, { entity: 'products', 'package-size': '32KiB', json: true, quiet: true, ...values }, positionals);
+    super(
+      { stdout: { write: (s: string) => out.push(s) }, stderr: { write: (s: string) => err.push(s) }, env: { XDG_STATE_HOME: stateHome } },
+      { entity: 'products', 'package-size': '32KiB', json: true, quiet: true, ...values },
+      positionals,
+    );
   }
 
   override async client(): Promise<IngestClient> {
     return this.fake;
+  }
+
+  override async creds(): Promise<Credentials> {
+    const sources = { url: 'flag', clientId: 'flag', token: 'flag' };
+    return { url: 'http://service.test/', clientId: 'client-a', token: 'secret', sources, warning: null };
   }
 
   override async remember(): Promise<void> {}
@@ -231,6 +247,71 @@ t.test('packages stored after a refused one: the summary does not say to fix the
   await writeFile(file, (await readFile(file, 'utf8')).replace(junk, '5'));
   await push([file]);
   t.ok(storedIds().length > 300, `instead, the fixed file pushed again: ${storedIds().length - 300} rows stored twice`);
+});
+
+t.test('an input file pushed into a session again is cut as when packages of it were stored there: another --package-size is refused before anything is sent, none cuts it as then, so no row is stored twice', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'cli-push-cut-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  const file = join(dir, 'products.csv');
+  await writeFile(file, `product_id,name,price\n${Array.from({ length: 2000 }, (_, i) => `p${i},Name ${i},${i % 100}`).join('\n')}\n`);
+  const other = join(dir, 'more.csv');
+  await writeFile(other, `product_id,name,price\n${Array.from({ length: 500 }, (_, i) => `q${i},Name ${i},${i % 100}`).join('\n')}\n`);
+
+  // A service that stores a package once per Idempotency-Key (its rows), and in which session.
+  let session = '00000000-0000-4000-8000-000000000004';
+  const stored = new Map<string, string[]>();
+  let sends = 0;
+  const client = {
+    async entities() {
+      return { entities: [PRODUCTS] };
+    },
+    async initialize() {
+      return { status: 'already_exists', upload_uuid: session };
+    },
+    async ingestWithRetry(uuid: string, _entity: string, body: Uint8Array, opts: { idempotencyKey: string; dryRun?: boolean }) {
+      sends++;
+      const { data } = JSON.parse(Buffer.from(body).toString('utf8')) as { data: unknown[][] };
+      const key = `${uuid} ${opts.idempotencyKey}`;
+      const replayed = stored.has(key);
+      if (!opts.dryRun) stored.set(key, data.map((row) => String(row[0])));
+      return { status: 'success', message: '', rows_processed: data.length, replayed };
+    },
+  } as unknown as IngestClient;
+  const push = async (paths: string[], values: Record<string, string | boolean | undefined>) => {
+    const out: string[] = [];
+    const err: string[] = [];
+    const code = await pushCommand(new TestCli(client, paths, out, { quiet: false, ...values }, err), openSource);
+    return { code, result: JSON.parse(out.join('')) as { packages_accepted: number; packages_replayed: number }, err: err.join('') };
+  };
+  const rowsOf = (uuid: string) => [...stored].filter(([k]) => k.startsWith(uuid)).flatMap(([, rows]) => rows);
+
+  const first = await push([file], { 'package-size': '4KiB' });
+  t.equal(first.code, EXIT.OK);
+  t.ok(first.result.packages_accepted > 5, `cut into ${first.result.packages_accepted} packages`);
+
+  sends = 0;
+  await t.rejects(push([file], { 'package-size': '8KiB' }), new UsageError('push: packages of ' + file + ' cut with --package-size 4KiB were stored in upload ' + session + '; cut with 8KiB its packages would be others and store those rows again: push it with --package-size 4KiB (or without the flag), or into another session'), 'another size: refused (before: cut anew, every row stored twice)');
+  t.equal(sends, 0, 'nothing sent');
+
+  const dry = await push([file], { 'package-size': '8KiB', 'dry-run': true });
+  t.equal(dry.code, EXIT.OK, 'a dry run with another size goes ahead: it stores nothing');
+
+  const again = await push([file], { 'package-size': undefined });
+  t.equal(again.code, EXIT.OK);
+  t.equal(again.result.packages_replayed, first.result.packages_accepted, 'without the flag: cut with 4KiB as then, every package answered from its key (before: the default 8MiB, one package stored anew)');
+  t.match(again.err, `${file}: cut with --package-size 4KiB, as when packages of it were stored in upload ${session}`, 'and said so');
+  t.equal(rowsOf(session).length, 2000, 'every row stored once');
+
+  const more = await push([other, file], { 'package-size': '16KiB' }).catch((e: unknown) => e);
+  t.type(more, UsageError, 'a push of several inputs, one of them stored with another size: refused whole');
+  const alone = await push([other], { 'package-size': '16KiB' });
+  t.equal(alone.code, EXIT.OK, 'an input not stored in the session before takes any size');
+  t.equal(rowsOf(session).length, 2500);
+
+  session = '00000000-0000-4000-8000-000000000005';
+  const elsewhere = await push([file], { 'package-size': '8KiB' });
+  t.equal(elsewhere.code, EXIT.OK, 'another session: the file takes any size there');
+  t.equal(rowsOf(session).length, 2000);
 });
 
 t.test('a package whose 503 asks for a wait longer than a retry makes says so, instead of a bare 503 that reads as never retried', async (t) => {

@@ -41,3 +41,10 @@ export function parseSize(text: string): number {
   if (bytes < 1024 || bytes > MAX_PACKAGE_BYTES) throw new UsageError(`--package-size: expected 1KiB to 32MiB (the service's limit), got ${JSON.stringify(text)}`);
   return bytes;
 }
+
+/** Bytes as `parseSize` reads them back: 8MiB, 512KiB, or 1500B. */
+export function formatSize(bytes: number): string {
+  if (bytes % MIB === 0) return `${bytes / MIB}MiB`;
+  if (bytes % 1024 === 0) return `${bytes / 1024}KiB`;
+  return `${bytes}B`;
+}

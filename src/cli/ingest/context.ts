@@ -116,6 +116,17 @@ export class Cli {
     await this.memory.set(creds.url, creds.clientId, uuid);
   }
 
+  /** The package size each input file was cut with in the session where some of its packages were stored (`SessionMemory.cuts`). */
+  async cuts(uuid: string): Promise<Map<string, number>> {
+    const creds = await this.creds();
+    return this.memory.cuts(creds.url, creds.clientId, uuid);
+  }
+
+  async rememberCut(uuid: string, file: string, packageBytes: number): Promise<void> {
+    const creds = await this.creds();
+    await this.memory.recordCut(creds.url, creds.clientId, uuid, file, packageBytes);
+  }
+
   /** The retry policy of single calls (status polls, start, terminate, delete). */
   retry(): RetryPolicy {
     return {

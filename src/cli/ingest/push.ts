@@ -4,7 +4,7 @@
 import { createWriteStream } from 'node:fs';
 import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { basename, join } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import type { IngestClient } from '../../client/client.js';
 import { CLI_DEFAULTS } from '../../client/defaults.js';
@@ -14,7 +14,7 @@ import { fmtCount, fmtInt, PushProgress, type ProgressMode } from '../../client/
 import { push, type PackageFailure, type PushSummary } from '../../client/push.js';
 import { formatFromPath, openSource, SOURCE_FORMATS, type RowSource, type SourceFormat } from '../../client/sources.js';
 import { ERROR_CHECKS_MAX, ErrorsFile, errorsFileFormat, writeRefused } from '../errors-file.js';
-import { integer, MAX_PARALLEL, MAX_RATE, number, parseSize, str } from './args.js';
+import { formatSize, integer, MAX_PARALLEL, MAX_RATE, number, parseSize, str } from './args.js';
 import { initConflict, initialize } from './commands.js';
 import { callOpts, EXIT, type Cli } from './context.js';
 
@@ -27,7 +27,8 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
   if (v.new && v.upload) throw new UsageError('push: --new and --upload exclude each other');
   const formatFlag = str(v.format) as SourceFormat | undefined;
   if (formatFlag !== undefined && !SOURCE_FORMATS.includes(formatFlag)) throw new UsageError(`--format: expected ${SOURCE_FORMATS.join(', ')}, got ${JSON.stringify(formatFlag)}`);
-  const packageBytes = parseSize(str(v['package-size']) ?? CLI_DEFAULTS.packageSize);
+  const sizeFlag = str(v['package-size']);
+  const packageBytes = parseSize(sizeFlag ?? CLI_DEFAULTS.packageSize);
   const parallel = integer(v.parallel, 'parallel', CLI_DEFAULTS.parallel, 1, MAX_PARALLEL);
   const rate = number(v.rate, 'rate', CLI_DEFAULTS.rate, 0.1, MAX_RATE);
   const retries = integer(v.retries, 'retries', CLI_DEFAULTS.retries, 0, 100);
@@ -61,6 +62,7 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
     if (errorsPath !== undefined) errors = await ErrorsFile.open(errorsPath, errorsFormat!, [...columns], inputs.length > 1);
     const uploadUuid = await pushSession(cli, client);
     await cli.remember(uploadUuid);
+    const cuts = await inputCuts(cli, uploadUuid, inputs, { bytes: packageBytes, given: sizeFlag !== undefined }, dryRun);
 
     const mode: ProgressMode = cli.quiet ? 'none' : cli.io.stderr.isTTY ? 'bar' : 'plain';
     const summaries: (PushSummary & { error_records?: number })[] = [];
@@ -83,7 +85,7 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
           uploadUuid,
           entity: entity.name,
           source,
-          packageBytes,
+          packageBytes: cuts.sizes[i]!,
           parallel,
           gzip: v.gzip === true,
           dryRun,
@@ -102,6 +104,7 @@ export async function pushCommand(cli: Cli, open: typeof openSource = openSource
         progress.finish();
       }
       if (!dryRun && order.accepted > order.refused) storedAfterRefused = true;
+      if (!dryRun && summary.packages_accepted > 0) await cuts.stored(i);
       let errorRecords = 0;
       if (errors && errorsFailed === null && summary.failures.length > 0 && !summary.aborted) {
         if (mode !== 'none') cli.io.stderr.write(`writing the records of ${name} not accepted to ${errorsPath}\n`);
@@ -219,6 +222,9 @@ function summaryLines(summary: PushSummary, dryRun: boolean, from?: string, erro
   return lines;
 }
 
+/** The name of `-` among a push's inputs. */
+const STDIN_NAME = 'standard input';
+
 /**
  * The inputs of a push, in order: files as named; a folder's files of a known format
  * (.csv, .ndjson, .jsonl, .json), by name, not its subfolders; `-`, standard input, copied to
@@ -235,10 +241,10 @@ async function pushInputs(cli: Cli, formatFlag: SourceFormat | undefined, spool:
     if (name === '-') {
       if (!formatFlag) throw new UsageError('push -: standard input needs --format csv|ndjson|json');
       if (!cli.io.stdin) throw new UsageError('push -: no standard input');
-      if (inputs.some((i) => i.name === 'standard input')) throw new UsageError('push: - given twice');
+      if (inputs.some((i) => i.name === STDIN_NAME)) throw new UsageError('push: - given twice');
       const path = join(spool, 'stdin');
       await pipeline(cli.io.stdin, createWriteStream(path, { mode: 0o600 }));
-      inputs.push({ name: 'standard input', path, format: formatFlag });
+      inputs.push({ name: STDIN_NAME, path, format: formatFlag });
       continue;
     }
     const info = await stat(name).catch(() => null);
@@ -255,6 +261,45 @@ async function pushInputs(cli: Cli, formatFlag: SourceFormat | undefined, spool:
     inputs.push({ name, path: name, format: formatOf(name) });
   }
   return inputs;
+}
+
+/**
+ * The package size each input is cut with. An input file some of whose packages a push into
+ * this session stored (remembered: `SessionMemory.cuts`) is cut as it was then, since another
+ * cut makes other packages with other keys and stores those rows again: without
+ * --package-size with the size of then (said on standard error), with another --package-size
+ * a usage error before anything is sent (a dry run stores nothing: it takes the flag).
+ * `stored(i)` records input i's cut once some of its packages are stored. Standard input has
+ * no name to remember it by.
+ */
+async function inputCuts(
+  cli: Cli,
+  uploadUuid: string,
+  inputs: readonly { name: string; path: string }[],
+  size: { bytes: number; given: boolean },
+  dryRun: boolean,
+): Promise<{ sizes: number[]; stored: (i: number) => Promise<void> }> {
+  const earlier = await cli.cuts(uploadUuid);
+  const files = inputs.map((input) => (input.name === STDIN_NAME ? null : resolve(input.path)));
+  const sizes = files.map((file, i) => {
+    const then = file === null ? undefined : earlier.get(file);
+    if (then === undefined || then === size.bytes || (dryRun && size.given)) return size.bytes;
+    if (size.given) {
+      throw new UsageError(
+        `push: packages of ${inputs[i]!.name} cut with --package-size ${formatSize(then)} were stored in upload ${uploadUuid}; cut with ${formatSize(size.bytes)} its packages` +
+          ` would be others and store those rows again: push it with --package-size ${formatSize(then)} (or without the flag), or into another session`,
+      );
+    }
+    cli.note(`${inputs[i]!.name}: cut with --package-size ${formatSize(then)}, as when packages of it were stored in upload ${uploadUuid}`);
+    return then;
+  });
+  return {
+    sizes,
+    stored: async (i) => {
+      const file = files[i];
+      if (file !== null && file !== undefined && earlier.get(file) !== sizes[i]) await cli.rememberCut(uploadUuid, file, sizes[i]!);
+    },
+  };
 }
 
 /** The exit code of a push of several inputs: each input's, combined. */

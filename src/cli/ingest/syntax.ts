@@ -14,7 +14,8 @@ Commands:
       [--upload UUID | --new]  session: the given one; --new: a new one (fails if one is
                            open); default: the client's open session, else a new one
       [--format csv|ndjson|json]  default from the extension (.csv, .ndjson/.jsonl, .json)
-      [--package-size ${CLI_DEFAULTS.packageSize}]  largest package body (B, KiB, MiB, KB, MB; at most 32 MiB)
+      [--package-size ${CLI_DEFAULTS.packageSize}]  largest package body (B, KiB, MiB, KB, MB; at most 32 MiB);
+                           a file already partly stored in the session is cut as then
       [--parallel ${CLI_DEFAULTS.parallel}]       packages in flight at once (1-${MAX_PARALLEL})
       [--rate ${CLI_DEFAULTS.rate}]          requests started per second at most (the service allows 30)
       [--retries ${CLI_DEFAULTS.retries}]        retries of a package on 408/429/502/503/504, a 409 with
