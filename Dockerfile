@@ -18,23 +18,24 @@
 #   docker run --rm -e NATS_URL=... ingest-gateway node dist/src/cli/admin.js print-config
 # Without CLIENTS_FILE the embedded default runs with the demo clients (not for production).
 
-# Node 22 (LTS; CI runs the suite on it and on 20; the embedded back end refuses Node 24, where
-# better-sqlite3 12 aborts the process). The uWebSockets.js build this service can
-# use has binaries for Node 16/18/20 only, so the image runs the node:http edge
+# Node 24 (LTS; CI runs the suite on it and on 20). SQLite's driver on it, better-sqlite3 13,
+# brings its binary in the package: no compiler needed (the optional better-sqlite3-node20,
+# for Node 20 only, may fail to build here and is left out). The uWebSockets.js build this
+# service can use has binaries for Node 16/18/20 only, so the image runs the node:http edge
 # (HTTP_ENGINE=node, docs/operations.md "Node versions and the HTTP edge").
-FROM node:22-bookworm-slim AS build
+FROM node:24-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --no-audit --no-fund
 COPY . .
 # Then drop what the runtime never loads: tests, bench, dev dependencies, and the uWS
-# binaries, none of which loads on Node 22 (about 90 MB of the 113 MB package).
+# binaries, none of which loads on Node 24 (about 90 MB of the 113 MB package).
 RUN npm run build \
  && rm -rf dist/test dist/testbed dist/bench dist/.tsbuildinfo \
  && npm prune --omit=dev --no-audit --no-fund \
  && rm -rf node_modules/uWebSockets.js/binaries node_modules/uWebSockets.js/dist/*.node
 
-FROM node:22-bookworm-slim AS runtime
+FROM node:24-bookworm-slim AS runtime
 # MALLOC_MMAP_THRESHOLD_: large buffers are mmapped and returned to the kernel when freed, so
 # RSS comes back down after a burst (docs/reliability.md, "Hostile input").
 ENV NODE_ENV=production HOST=0.0.0.0 HTTP_ENGINE=node MALLOC_MMAP_THRESHOLD_=131072

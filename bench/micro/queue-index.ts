@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { isMainThread, parentPort, Worker } from 'node:worker_threads';
-import Database from 'better-sqlite3';
+import { openSqlite } from '../../src/store/embedded/sqlite.js';
 import type { CommitRecord } from '../../src/store/embedded/batch-queue/index-format.js';
 import { StateDatabase } from '../../src/store/embedded/state-db.js';
 
@@ -26,7 +26,7 @@ type Op = OpIn & { id: number };
 
 if (!isMainThread) {
   // The SQLite side: ops that arrive while a transaction commits go together in the next one.
-  const db = new Database(process.env.QUEUE_INDEX_DB!);
+  const db = openSqlite(process.env.QUEUE_INDEX_DB!);
   db.pragma('journal_mode = WAL');
   db.pragma('synchronous = FULL');
   db.exec('CREATE TABLE IF NOT EXISTS queue (seq INTEGER PRIMARY KEY, record TEXT NOT NULL)');

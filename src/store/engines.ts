@@ -97,15 +97,6 @@ export async function openEngines(config: Config, log: Logger, name: string, hoo
       });
       closers.push(() => queue.close());
     } else {
-      if (Number(process.versions.node.split('.')[0]) >= 24) {
-        // better-sqlite3 12's objects remove a cleanup hook from their destructor, which Node 24
-        // aborts on when garbage collection runs without a current environment (a worker's exit,
-        // the process's): WiseLibs/better-sqlite3#1515. Refused rather than aborted at random.
-        throw new StoreError(
-          'STORE_MISCONFIGURED',
-          `The embedded back end does not run on Node ${process.versions.node}: better-sqlite3 12 aborts the process there; run Node 20 or 22, or the NATS back end`,
-        );
-      }
       const lock = await DataDirLock.acquire(dataDir);
       closers.push(async () => lock.release());
       const state = await StateDatabase.open(join(dataDir, STATE_DB), { timeoutMs: config.storage.diskTimeoutMs }).catch((err: unknown) => {

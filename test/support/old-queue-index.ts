@@ -4,7 +4,7 @@
  * of its JSON, a space, the JSON). Made from a queue of today: its rows become commit lines,
  * `after` follows them, and the state database goes (an older version's had no queue table).
  */
-import Database from 'better-sqlite3';
+import { openSqlite } from '../../src/store/embedded/sqlite.js';
 import { rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
@@ -23,7 +23,7 @@ export async function toOldLayout(
   statePath: string,
   opts: { after?: Line[]; checked?: boolean; map?: (rec: Record<string, unknown>) => Record<string, unknown> } = {},
 ): Promise<{ index: string; commits: { seq: number; package_id: string }[] }> {
-  const db = new Database(statePath, { readonly: true });
+  const db = openSqlite(statePath, { readonly: true });
   const rows = db.prepare<[], { seq: number; record: string }>('SELECT seq, record FROM queue ORDER BY seq').all();
   db.close();
   const commits = rows.map((r) => ({ t: 'c', seq: r.seq, ...(JSON.parse(r.record) as { meta: { package_id: string } } & Record<string, unknown>) }));

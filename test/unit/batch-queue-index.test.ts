@@ -4,7 +4,7 @@
  * the table in commit order; the index file of an earlier version is imported once (its live
  * packages, not the acked or purged ones) and then removed.
  */
-import Database from 'better-sqlite3';
+import { openSqlite } from '../../src/store/embedded/sqlite.js';
 import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -46,7 +46,7 @@ async function take(t: Test, q: FileBatchQueue, n: number): Promise<string[]> {
 }
 
 const rowsOf = (state: string): number => {
-  const db = new Database(state, { readonly: true });
+  const db = openSqlite(state, { readonly: true });
   try {
     return (db.prepare('SELECT count(*) AS n FROM queue').get() as { n: number }).n;
   } finally {

@@ -11,11 +11,11 @@ import YAML from 'yaml';
 import { loadConfig } from '../../src/config/config.js';
 
 /**
- * Maintained Node majors the image may use (docs/operations.md; CI runs the suite on each).
- * Node 20, past its end of life, still runs the service; Node 24 is refused by the embedded
- * back end (better-sqlite3 12 aborts the process there).
+ * Maintained Node majors the image may use (docs/operations.md; CI runs the suite on Node 24
+ * and on 20, which, past its end of life, still runs the service; 22 uses the same SQLite
+ * driver as 24).
  */
-const SUPPORTED_NODE_MAJORS = [22];
+const SUPPORTED_NODE_MAJORS = [22, 24];
 /** `process.versions.modules` of each, which names a uWS binary. */
 const NODE_ABI: Record<number, number> = { 20: 115, 22: 127, 24: 137 };
 const root = (name: string) => fileURLToPath(new URL(`../../../${name}`, import.meta.url));

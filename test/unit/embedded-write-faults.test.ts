@@ -7,7 +7,7 @@
  * commit, which fails that commit's transaction in the writer thread as an EIO or ENOSPC would
  * (state-writer.ts).
  */
-import Database from 'better-sqlite3';
+import { openSqlite } from '../../src/store/embedded/sqlite.js';
 import * as fsp from 'node:fs/promises';
 import { mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -166,7 +166,7 @@ for (const [what, fault] of [
  * queue's highest + 1), written by another connection. Returns its removal.
  */
 function refuseNextCommit(statePath: string): () => void {
-  const db = new Database(statePath);
+  const db = openSqlite(statePath);
   const seq = ((db.prepare('SELECT max(seq) AS m FROM queue').get() as { m: number | null }).m ?? 0) + 1;
   db.prepare('INSERT INTO queue (seq, upload, record) VALUES (?, ?, ?)').run(seq, 'in-the-way', '{}');
   return () => {

@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t, { type Test } from 'tap';
 import { newSession } from '../../src/session/state.js';
-import Database from 'better-sqlite3';
+import { openSqlite } from '../../src/store/embedded/sqlite.js';
 import { StoredPackages, storedCounter, type StoredCounts } from '../../src/session/stored-counts.js';
 import { SqliteLedger } from '../../src/store/embedded/ledger.js';
 import { SqliteSessionStore } from '../../src/store/embedded/session-store.js';
@@ -214,7 +214,7 @@ t.test('a database of version 1: its stored-count records become the ledger\'s c
     await sessions.create<StoredCounts>(storedCountKey(U), { entities: { products: 3, stock: 2 }, marking: { 'p-9': 'products', 's-9': 'stock', 'c-9': 'catalogs' } });
     await sessions.create<StoredCounts>(storedCountKey(V), { entities: { products: 1 }, marking: {} });
     await sessions.close();
-    const db = new Database(path);
+    const db = openSqlite(path);
     db.exec('DROP TABLE stored_count');
     db.pragma('user_version = 1');
     db.close();

@@ -11,17 +11,17 @@ import { constants } from 'node:fs';
 import { access, mkdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { dirname, join } from 'node:path';
-import Database from 'better-sqlite3';
 import { fsyncDir } from '../../durable-file.js';
 import { StoreError } from '../ports.js';
+import { openSqlite, type SqliteDatabase } from './sqlite.js';
 
 /** Directories of the file layout before the state database, which this version does not read. */
 const EARLIER_LAYOUT = ['sessions', 'ledger'];
 
 export class DataDirLock {
-  readonly #db: Database.Database;
+  readonly #db: SqliteDatabase;
 
-  private constructor(db: Database.Database) {
+  private constructor(db: SqliteDatabase) {
     this.#db = db;
   }
 
@@ -43,13 +43,15 @@ export class DataDirLock {
     } catch (err) {
       throw unusable(dir, err);
     }
-    let db: Database.Database;
+    let db: SqliteDatabase;
     try {
-      db = new Database(join(dir, 'lock.sqlite'));
+      db = openSqlite(join(dir, 'lock.sqlite'));
       db.pragma('locking_mode = EXCLUSIVE');
       // The first write takes the exclusive lock; in this mode it is kept until the connection closes.
       db.exec('CREATE TABLE IF NOT EXISTS lock (at TEXT); DELETE FROM lock; INSERT INTO lock VALUES (CURRENT_TIMESTAMP)');
     } catch (err) {
+      // The driver that would not load says so itself.
+      if (err instanceof StoreError) throw err;
       if ((err as { code?: string }).code === 'SQLITE_BUSY') {
         const holder = await readFile(join(dir, 'owner'), 'utf8').then((s) => s.trim(), () => 'unknown');
         throw new StoreError(

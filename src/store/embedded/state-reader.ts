@@ -6,14 +6,14 @@
  * together run in turn and are answered in one message.
  */
 import { parentPort, workerData } from 'node:worker_threads';
-import type Database from 'better-sqlite3';
+import type { SqliteStatement } from './sqlite.js';
 import { openStateReader, READS, type Read, type ReaderRequest, type ReaderResponse, type ReadName, type ReadResult } from './state-schema.js';
 
 const port = parentPort!;
 const { path } = workerData as { path: string };
 
 const db = openStateReader(path);
-const statements = new Map<ReadName, Database.Statement>();
+const statements = new Map<ReadName, SqliteStatement>();
 for (const [name, { sql }] of Object.entries(READS)) statements.set(name as ReadName, db.prepare(sql));
 
 port.postMessage('ready');

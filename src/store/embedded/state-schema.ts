@@ -15,7 +15,7 @@
  * WAL with `synchronous=FULL`: a commit is in the log and synced (fsync) before any reader sees
  * it, and readers never wait for the writer.
  */
-import Database from 'better-sqlite3';
+import { openSqlite, type SqliteDatabase } from './sqlite.js';
 import type { LedgerEntry } from '../ports.js';
 
 /** `PRAGMA user_version` of the schema below. */
@@ -55,8 +55,8 @@ DELETE FROM kv WHERE key GLOB 'stored.*';
 `;
 
 /** Opens (and on first use creates) the database at `path` for writing: WAL, synced commits, the schema in place. */
-export function openStateDatabase(path: string): Database.Database {
-  const db = new Database(path);
+export function openStateDatabase(path: string): SqliteDatabase {
+  const db = openSqlite(path);
   try {
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = FULL');
@@ -79,8 +79,8 @@ export function openStateDatabase(path: string): Database.Database {
 }
 
 /** A read connection: sees every commit that was durable when its statement began. */
-export function openStateReader(path: string): Database.Database {
-  const db = new Database(path, { fileMustExist: true });
+export function openStateReader(path: string): SqliteDatabase {
+  const db = openSqlite(path, { fileMustExist: true });
   db.pragma('busy_timeout = 1000');
   db.pragma('query_only = 1');
   return db;
