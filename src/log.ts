@@ -17,6 +17,12 @@ export interface Logger {
   error(msg: string, fields?: Record<string, unknown>): void;
   /** Optional: loggers that have no debug level drop these lines. */
   debug?(msg: string, fields?: Record<string, unknown>): void;
+  /**
+   * Optional: an error line written before the call returns, after the lines still queued, for
+   * the last line of a process that ends itself without exit's flush (SIGKILL). Without it,
+   * `error`.
+   */
+  errorNow?(msg: string, fields?: Record<string, unknown>): void;
 }
 
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] as const;
@@ -50,25 +56,37 @@ const REDACT = [
 
 /**
  * A logger writing one JSON line per call to `destination` (default: stderr, written
- * asynchronously by pino's sonic-boom and flushed at exit).
+ * asynchronously by pino's sonic-boom, on libuv's pool, and flushed at exit; `errorNow`
+ * writes there synchronously: a SIGKILL right after an asynchronous line mostly lost it).
  */
 export function jsonLogger(destination?: LogDestination, base: Record<string, unknown> = {}, opts: JsonLoggerOptions = {}): Logger {
-  const target = destination ?? pino.destination({ dest: 2, sync: false });
-  const logger = pino(
-    {
-      level: opts.level ?? 'info',
-      base: { pid: process.pid, hostname: hostname(), ...base },
-      timestamp: pino.stdTimeFunctions.isoTime,
-      formatters: { level: (label) => ({ level: label }) },
-      redact: { paths: REDACT, censor: '[Redacted]' },
-    },
-    target as pino.DestinationStream,
-  );
+  const options: pino.LoggerOptions = {
+    level: opts.level ?? 'info',
+    base: { pid: process.pid, hostname: hostname(), ...base },
+    timestamp: pino.stdTimeFunctions.isoTime,
+    formatters: { level: (label) => ({ level: label }) },
+    redact: { paths: REDACT, censor: '[Redacted]' },
+  };
+  const stderr = destination ? null : pino.destination({ dest: 2, sync: false });
+  const logger = pino(options, (destination ?? stderr) as pino.DestinationStream);
+  const error = (msg: string, fields?: Record<string, unknown>) => (fields ? logger.error(serialise(fields), msg) : logger.error(msg));
   return {
     info: (msg, fields) => (fields ? logger.info(serialise(fields), msg) : logger.info(msg)),
     warn: (msg, fields) => (fields ? logger.warn(serialise(fields), msg) : logger.warn(msg)),
-    error: (msg, fields) => (fields ? logger.error(serialise(fields), msg) : logger.error(msg)),
+    error,
     debug: (msg, fields) => (fields ? logger.debug(serialise(fields), msg) : logger.debug(msg)),
+    errorNow: (msg, fields) => {
+      if (!stderr) return error(msg, fields);
+      try {
+        // The lines queued behind a write in flight go first (that one may still come after).
+        stderr.flushSync();
+      } catch {
+        // Not open yet, or the write failed: the line below is written all the same.
+      }
+      const now = pino(options, pino.destination({ dest: 2, sync: true }));
+      if (fields) now.error(serialise(fields), msg);
+      else now.error(msg);
+    },
   };
 }
 

@@ -25,7 +25,8 @@ export function onStopSignals(log: Logger, opts: { what: string; graceMs: number
       log.info(`${opts.what} stopping`, { signal, grace_ms: opts.graceMs });
       const limitMs = opts.graceMs + STOP_AFTER_GRACE_MS;
       setTimeout(() => {
-        log.error(`${opts.what} did not stop in time: ending itself with SIGKILL, without the rest of its closing`, { limit_ms: limitMs });
+        // Written before the kill: an asynchronous line would mostly be lost with the process.
+        (log.errorNow ?? log.error)(`${opts.what} did not stop in time: ending itself with SIGKILL, without the rest of its closing`, { limit_ms: limitMs });
         process.kill(process.pid, 'SIGKILL');
       }, limitMs).unref();
       opts.stop().then(
