@@ -82,7 +82,10 @@ t.test('NATS frozen (SIGSTOP): 503 with Retry-After on every endpoint, then 200 
   await waitForStatus(gw, uuid, (s) => s.can_start_upload, undefined, 30_000);
   const started = await demo.start(uuid, { date_from: '2024-01-01', date_to: yesterday() });
   t.equal(started.status, 200, `start-upload: ${started.text}`);
-  t.same(started.body.entities, [{ name: 'products', rows: 15 }], 'the rows of the 200s, and none of the 503');
+  const rows = t.same(started.body.entities, [{ name: 'products', rows: 15 }], 'the rows of the 200s, and none of the 503');
+  // Seen once, under three suites' load at once (22 rows: the 503's 7 stored, the slowest answer
+  // 40 s in): what the gateway did, for the next time.
+  if (!rows) t.comment(`slowest answer ${tookMs} ms; ingest ${ingest.status} ${ingest.text}; the gateway's log:\n${gw.output().split('\n').slice(-150).join('\n')}`);
 });
 
 t.test('a stream lost under a running gateway: 503, never 400 or 404, and said loudly', async (t) => {

@@ -146,13 +146,17 @@ t.test('queue segments: a flipped bit in a batch drops that package (QUEUE_BATCH
     await flip(segment, offsets[hit]! + rnd(Buffer.byteLength(batchOf(hit))), rnd(8));
     const damage: Damage[] = [];
     const again = await FileBatchQueue.open(dir, join(dir, 'state.sqlite'), { redeliveryDelayMs: 5, heldBytes: 0, onDamage: (...d) => void damage.push(d) });
-    t.teardown(() => again.close());
-    const { got, lost } = await drain(again, N);
-    t.same(lost, [`p${hit}:QUEUE_BATCH_LOST`], `trial ${trial}: package ${hit} lost`);
-    t.same(damage.map(([file, offset]) => [file, offset]), [[segment, offsets[hit]]], 'reported at its batch');
-    t.equal(got.size, N - 1);
-    for (const [id, body] of got) t.equal(body, batchOf(Number(id.slice(1))), `${id} whole`);
-    t.equal(await again.pending('u1'), 0, 'the damaged package is not delivered again');
+    try {
+      const { got, lost } = await drain(again, N);
+      t.same(lost, [`p${hit}:QUEUE_BATCH_LOST`], `trial ${trial}: package ${hit} lost`);
+      t.same(damage.map(([file, offset]) => [file, offset]), [[segment, offsets[hit]]], 'reported at its batch');
+      t.equal(got.size, N - 1);
+      for (const [id, body] of got) t.equal(body, batchOf(Number(id.slice(1))), `${id} whole`);
+      t.equal(await again.pending('u1'), 0, 'the damaged package is not delivered again');
+    } finally {
+      // Closed trial by trial: 25 queues open at once, two threads each, slowed the file past its timeout under load.
+      await again.close();
+    }
   }
 });
 
