@@ -135,6 +135,9 @@ export function isHeaderValue(value: string): boolean {
 /** Sessions whose inputs' cuts are kept: the oldest go first. */
 const CUT_SESSIONS = 200;
 
+/** Where a session's cuts are kept in the state file. */
+const cutsKey = (url: string, clientId: string, uploadUuid: string): string => `${SessionMemory.key(url, clientId)} ${uploadUuid}`;
+
 /** The remembered upload sessions, keyed by service URL and client id, and the cuts of what was pushed into them. */
 export class SessionMemory {
   readonly path: string;
@@ -164,8 +167,8 @@ export class SessionMemory {
 
   /** The package size (bytes) each input file (by absolute path) was cut with in the session, where some of its packages were stored. */
   async cuts(url: string, clientId: string, uploadUuid: string): Promise<Map<string, number>> {
-    const session = (await this.#read()).cuts;
-    const files = isRecord(session) ? session[`${SessionMemory.key(url, clientId)} ${uploadUuid}`] : undefined;
+    const cuts = (await this.#read()).cuts;
+    const files = isRecord(cuts) ? cuts[cutsKey(url, clientId, uploadUuid)] : undefined;
     if (!isRecord(files)) return new Map();
     return new Map(Object.entries(files).filter((e): e is [string, number] => Number.isSafeInteger(e[1])));
   }
@@ -174,7 +177,7 @@ export class SessionMemory {
   async recordCut(url: string, clientId: string, uploadUuid: string, file: string, packageBytes: number): Promise<void> {
     await this.#update((all) => {
       const cuts = isRecord(all.cuts) ? all.cuts : {};
-      const key = `${SessionMemory.key(url, clientId)} ${uploadUuid}`;
+      const key = cutsKey(url, clientId, uploadUuid);
       const files = isRecord(cuts[key]) ? cuts[key] : {};
       // Re-inserted last: the sessions used longest ago are dropped first.
       delete cuts[key];
