@@ -242,6 +242,8 @@ export async function startApp(config: Config, opts: AppOptions = {}): Promise<A
         log.warn('bind failed although no process listens (closed connections of a previous run in TIME_WAIT?): retrying', { address, retry_ms: retryMs }),
       onInternalError: (err, req) => log.error('request failed', { err, method: req.method, path: req.path, request_id: req.requestId }),
       onStorageUnavailable: storageLog(log),
+      onUnanswered: (err, req) =>
+        log.error('outcome unknown: connection closed without an answer', { err, method: req.method, path: req.path, request_id: req.requestId }),
       onResponse: responseObserver(log, metrics, new Set(operatorRoutes.map((r) => r.pattern))),
       ...(opts.clock ? { limiterClock: opts.clock } : {}),
     }).catch((err: unknown) => {

@@ -96,6 +96,8 @@ export const ERROR_CODES = {
   PACKAGE_NOT_RECORDED: null,
   /** `PackMissing` (embedded object store): a delete of an object found its directory removed meanwhile (nothing left to delete); never leaves the store. */
   PACK_MISSING: null,
+  /** `OutcomeUnknown` (below): whether a package was recorded is unknown at the answer's deadline; its connection is closed without an answer. */
+  OUTCOME_UNKNOWN: null,
   // The store port's (`StoreError`, store/ports.ts: `STORE_ERROR_CODES`).
   /** A store, queue, ledger or file used after its close (the process is stopping). */
   STORE_CLOSED: null,
@@ -290,6 +292,24 @@ export const STORAGE_RETRY_AFTER_SECONDS = 5;
  * under its open files (a FUSE daemon gone: `ENOTCONN`; an NFS server that lost them: `ESTALE`).
  */
 const STORAGE_ERRNO: ReadonlySet<string> = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'EROFS', 'ENOTCONN', 'ESTALE']);
+
+/**
+ * An ingest whose record write may still land: the store gave no answer that settles it
+ * (recorded, or its lease ended) within the time the service waits (session/service.ts,
+ * `resolveRecord`; the request timeout's grace, http/exchange.ts). Every answer would be a
+ * claim the service cannot make — a 200 for a package maybe never recorded, a 503 ("nothing
+ * stored") for one that may be — so the edge closes the connection without one, as a crash
+ * would: a retry with the same `Idempotency-Key` gets the settled answer (docs/api.md,
+ * Storage unavailable).
+ */
+export class OutcomeUnknown extends Error {
+  override readonly name = 'OutcomeUnknown';
+  readonly code = 'OUTCOME_UNKNOWN' satisfies InternalErrorCode;
+}
+
+export function isOutcomeUnknown(err: unknown): err is OutcomeUnknown {
+  return typeof err === 'object' && err !== null && (err as { code?: unknown }).code === 'OUTCOME_UNKNOWN';
+}
 
 /**
  * Whether a failure means the storage cannot be used for now: a store's `STORE_UNAVAILABLE`

@@ -2,7 +2,7 @@
  * One request/response pair on the edge (`Exchange`), from the route's handler to the answer,
  * and the exchanges in flight (`Inflight`, for `drain`); see server.ts.
  */
-import { asServiceError, errors, ServiceError, withHeaders } from '../errors.js';
+import { asServiceError, errors, isOutcomeUnknown, OutcomeUnknown, ServiceError, withHeaders } from '../errors.js';
 import type { IngestSink } from '../validation-pool/index.js';
 import type { ClientLimiter, ClientSlot } from './client-limiter.js';
 import type { BodyStream, BufferedHandler, Reply, Request, ServerOptions, StreamingHandler, WireExchange, WireReply } from './types.js';
@@ -225,17 +225,26 @@ export class Exchange {
    */
   /**
    * The request timeout: 408, unless the handler passed its point of no return (`hold`), whose
-   * answer (a recorded package's 200) is then waited for a little longer, so that no client
-   * is told 408 about a package that gets stored.
+   * answer (a recorded package's 200) is then waited for `holdGraceMs` longer, so that no client
+   * is told 408 about a package that gets stored; still unanswered then, its outcome is
+   * unknown: the connection is closed without an answer (errors.ts `OutcomeUnknown`).
    */
   private timedOut(): void {
     if (this.holding && !this.finished) {
       this.holding = false;
-      this.timer = setTimeout(() => this.timedOut(), HOLD_MS);
+      const graceMs = this.opts.holdGraceMs ?? HOLD_MS;
+      this.timer = setTimeout(() => this.unanswered(new OutcomeUnknown(`Past the request timeout and ${graceMs} ms more, the package's record was still being written`)), graceMs);
       this.timer.unref();
       return;
     }
     this.fail(errors.requestTimeout(), true);
+  }
+
+  /** Closes the connection without an answer: any answer would claim an outcome nobody knows (`OutcomeUnknown`). `onAborted` runs. */
+  private unanswered(err: OutcomeUnknown): void {
+    if (this.finished) return;
+    this.opts.onUnanswered?.(err, this.req);
+    this.wire.destroy();
   }
 
   fail(err: ServiceError, closeConnection: boolean): void {
@@ -255,6 +264,7 @@ export class Exchange {
         // Already answered or aborted: the failure is the consequence (the client went away,
         // a limit cut the body), and nobody is there to tell.
         if (this.finished) return;
+        if (isOutcomeUnknown(err)) return this.unanswered(err);
         const failure = asServiceError(err);
         // Handlers wrap unexpected failures (a worker crash, a store error) as INTERNAL
         // ServiceErrors: those are logged too, with what caused them.

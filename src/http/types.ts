@@ -137,6 +137,10 @@ export interface ServerOptions {
   onInternalError: (err: unknown, req: Request) => void;
   /** Called with what made a request answer 503 `Storage temporarily unavailable` (the store's own error). */
   onStorageUnavailable?: (err: unknown, req: Request) => void;
+  /** Called when a request's connection is closed without an answer, its outcome unknown (errors.ts `OutcomeUnknown`). */
+  onUnanswered?: (err: unknown, req: Request) => void;
+  /** How long a request timeout waits for a handler past its point of no return (`BodyStream.hold`); default `HOLD_MS` (exchange.ts). */
+  holdGraceMs?: number;
   /** Called once per request when it is answered or aborted (metrics, access log). */
   onResponse?: (event: ResponseEvent) => void;
   /** The per-client limiter's clock, in ms (default `performance.now`): only its differences count. */

@@ -16,7 +16,7 @@
  * writer that drops the batches: no lease, claim, commit or record, so it leaves nothing.
  */
 import { findEntity } from '../entities/catalog.js';
-import { errors, isServiceError, isStorageUnavailable, type InternalErrorCode, type ServiceError } from '../errors.js';
+import { errors, isOutcomeUnknown, isServiceError, isStorageUnavailable, type InternalErrorCode, type ServiceError } from '../errors.js';
 import { objectHeaderLine } from '../store/object-format.js';
 import type { BatchQueue, PackageMeta, PackageWriter } from '../store/ports.js';
 import type { IngestResult, IngestSink, ValidationPool } from '../validation-pool/index.js';
@@ -159,8 +159,10 @@ export class PackageIngest {
       return { ...answer, replayed: false };
     } catch (caught) {
       // With the store out, the release goes on in the background (releaseIngest retries it):
-      // waiting on the store that just failed would only hold the 503 back.
-      if (isStorageUnavailable(caught)) void release();
+      // waiting on the store that just failed would only hold the 503 back. A record of unknown
+      // outcome ends unanswered (errors.ts `OutcomeUnknown`); its release can only end the lease
+      // of a package not recorded.
+      if (isStorageUnavailable(caught) || isOutcomeUnknown(caught)) void release();
       else await release();
       // The take's refusal comes first, and with the pointer unread (`hinted`) the pointer's before it.
       const refusal = await refused;
@@ -213,7 +215,7 @@ export class PackageIngest {
    */
   private async sessionGone(err: unknown, client: ClientRef, uploadUuid: string): Promise<ServiceError | null> {
     // With the store out the session cannot be read either: the failure is the answer.
-    if ((isServiceError(err) && err.code !== 'INTERNAL') || (err as { code?: unknown }).code === CLIENT_GONE || isStorageUnavailable(err)) return null;
+    if ((isServiceError(err) && err.code !== 'INTERNAL') || (err as { code?: unknown }).code === CLIENT_GONE || isStorageUnavailable(err) || isOutcomeUnknown(err)) return null;
     try {
       const session = await this.deps.service.requireActive(client, uploadUuid);
       return session.value.status === 'UPLOADING' ? null : errors.invalidSessionStatus('UPLOADING', session.value.status);

@@ -11,7 +11,7 @@
 import { randomUUID } from 'node:crypto';
 import { isDeepStrictEqual } from 'node:util';
 import type { Connector } from '../connector/types.js';
-import { errors, isServiceError, isStorageUnavailable, type ValidationIssue } from '../errors.js';
+import { errors, isServiceError, isStorageUnavailable, OutcomeUnknown, type ValidationIssue } from '../errors.js';
 import { activeKey, clientSessionKey, sessionKey } from '../store/keys.js';
 import { isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
@@ -82,13 +82,19 @@ export interface SessionServiceDeps {
   cleanUpBackoff?: CleanUpDeps['backoff'];
   /** How long after a delete its clean-up runs every step again (clean-up.ts; default 15 min). */
   cleanUpLatePassMs?: number;
-  /** How long a record write of unknown outcome is resolved before its ingest answers 503 anyway (`resolveRecord`; default 30 s). */
+  /** How long a record write of unknown outcome is resolved before its ingest ends unanswered (`resolveRecord`; default 30 s). */
   resolveRecordMs?: number;
   /** Background failures (ledger writes, clean-up after delete); never client errors. */
   onBackgroundError?: (err: unknown, what: string) => void;
 }
 
 const RESOLVE_RECORD_MS = 30_000;
+
+/** A record write whose outcome `resolveRecord` could not settle. */
+function unknown(cause: unknown): OutcomeUnknown {
+  return new OutcomeUnknown('A package record write of unknown outcome: the store answered neither it nor the compare-and-set that would settle it in time', { cause });
+}
+
 /** How long a failed start keeps trying to put its session back to `UPLOADING` before it answers (`rollBackStart`). */
 const START_ROLLBACK_MS = 15_000;
 /** Spare leases (state.ts `decideIngestRecord`) a process holds per session at most: more than most clients keep in flight. */
@@ -363,9 +369,11 @@ export class SessionService {
    * stored, its client gets 200), or its lease is ended now in one compare-and-set (`fenced`:
    * it can never be recorded, the uploader drops it, its client is told 503 and nothing is
    * stored). Tries for `resolveRecordMs` while the store does not answer; still unknown then,
-   * throws `first` (the ingest then keeps the package among its key's attempts, see idempotency.ts),
-   * also while an attempt is still out: that one goes on in the background (it can only
-   * confirm the record or end the lease), so the answer never waits past the deadline.
+   * throws `OutcomeUnknown` (no answer is sent: errors.ts; the ingest keeps the package among
+   * its key's attempts, see idempotency.ts), also while an attempt is still out: that one goes
+   * on in the background (it can only confirm the record or end the lease), so the ingest never
+   * waits past the deadline. On NATS the record write itself may still land after it (sent to a
+   * server that stopped answering, it waits in the server's socket), so no answer is true then.
    */
   private async resolveRecord(client: ClientRef, uploadUuid: string, packageId: string, first: unknown): Promise<'recorded' | 'fenced'> {
     const budgetMs = this.deps.resolveRecordMs ?? RESOLVE_RECORD_MS;
@@ -381,11 +389,11 @@ export class SessionService {
           settled = await Promise.race([attempt, expired]);
         } catch (err) {
           if (isServiceError(err) && err.statusCode < 500) throw err; // the session is gone
-          if (Date.now() + delay >= deadline) throw first;
+          if (Date.now() + delay >= deadline) throw unknown(first);
           await new Promise((resolve) => setTimeout(resolve, delay));
           continue;
         }
-        if (settled === 'expired') throw first;
+        if (settled === 'expired') throw unknown(first);
         return settled ? 'recorded' : 'fenced';
       }
     } finally {

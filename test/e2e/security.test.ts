@@ -19,6 +19,7 @@ import { ClientRegistry } from '../../src/http/auth.js';
 import { listen } from '../../src/http/server.js';
 import type { BodyStream } from '../../src/http/types.js';
 import { jsonLogger } from '../../src/log.js';
+import { OutcomeUnknown } from '../../src/errors.js';
 import { API, call, clientOf, DEMO, DEMO2, fakeConnector, products, startService, testEdge, waitForStatus, WEBHOOK_SECRET, yesterday, type Answer } from '../support/harness.js';
 import { CRASH_MARKER, FAULTY_WORKER } from '../support/faulty-worker.js';
 import { startInProcess } from '../support/in-process.js';
@@ -412,6 +413,56 @@ t.test('a request timeout waits for a handler past its point of no return (an in
   const answer = await held;
   t.same([answer.status, answer.body], [200, { status: 'success' }], 'the held handler answers after its timeout passed');
   t.same(holds, { '/held': true, '/late': false }, 'hold: true before an answer, false after one (the handler must not go on)');
+});
+
+t.test('an outcome nobody knows gets no answer: the connection is closed, as a crash would, whether the handler says so or its hold outlives the grace', async (t) => {
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  const unanswered: string[] = [];
+  const route = (pattern: string, handler: (body: BodyStream) => Promise<{ status: number; body: unknown }>) => ({
+    method: 'POST',
+    pattern,
+    body: 'streaming' as const,
+    handler: async (_req: unknown, body: BodyStream) => {
+      body.discard();
+      return handler(body);
+    },
+  });
+  const server = await listen({
+    edge: await testEdge(),
+    host: '127.0.0.1',
+    port: 0,
+    routes: [
+      // A record write the store never settled (session/service.ts, resolveRecord).
+      route('/unknown', async () => {
+        throw new OutcomeUnknown('the record write may still land');
+      }),
+      // Past its point of no return, and still recording past the timeout and the grace.
+      route('/held', async (body) => {
+        body.hold();
+        await released;
+        return { status: 200, body: { status: 'success' } };
+      }),
+      route('/ok', async () => ({ status: 200, body: { status: 'success' } })),
+    ],
+    limits: { ingestBodyBytes: 1024, otherBodyBytes: 1024, requestTimeoutMs: 300, bodyRateWindowMs: 5_000, minBodyBytesPerSecond: 1, requestsPerSecond: 0, burst: 1, concurrentPerClient: 0, trackedClients: 10 },
+    holdGraceMs: 200,
+    onInternalError: () => undefined,
+    onUnanswered: (err) => void unanswered.push((err as Error).message),
+  });
+  t.teardown(() => server.close());
+  const base = `http://127.0.0.1:${server.port}`;
+  for (const path of ['/unknown', '/held']) {
+    const outcome = await call(base, 'POST', path, { client: null, raw: '' }).then(
+      (res) => `answered ${res.status}`,
+      (err: unknown) => `closed: ${(err as { code?: string }).code}`,
+    );
+    t.match(outcome, /^closed: UND_ERR_SOCKET$/, `${path}: no answer, the connection closed (${outcome})`);
+  }
+  release();
+  t.equal((await call(base, 'POST', '/ok', { client: null, raw: '' })).status, 200, 'still serving');
+  t.match(unanswered, [/may still land/, /Past the request timeout and 200 ms more/], 'each said once, with why');
+  t.equal(unanswered.length, 2);
 });
 
 t.test('webhook replay: applied once; a replay is ignored, even after a new start; past 300 s it is refused', async (t) => {

@@ -3,12 +3,14 @@
  * whose streams are gone: every endpoint that needs its state answers 503 `Storage
  * temporarily unavailable` with `Retry-After` (docs/api.md, Storage unavailable), never
  * 400, 404 or 500, nothing of such a request is stored, and the gateway serves again by
- * itself once NATS answers.
+ * itself once NATS answers. An ingest whose record write's outcome NATS leaves unknown gets no
+ * answer at all (docs/api.md, Storage unavailable): its write may still land.
  */
 import t, { type Test } from 'tap';
 import { request } from 'undici';
 import { loadConfig } from '../../src/config/config.js';
 import { until } from '../support/drills.js';
+import { freezingProxy } from '../support/freezing-proxy.js';
 import { API, call, clientOf, DEMO2, leasesLapsed, products, waitForStatus, yesterday, type Answer } from '../support/harness.js';
 import { startNats } from '../../testbed/nats.js';
 import { distributed, spawnGateway } from '../../testbed/processes.js';
@@ -86,6 +88,37 @@ t.test('NATS frozen (SIGSTOP): 503 with Retry-After on every endpoint, then 200 
   // Seen once, under three suites' load at once (22 rows: the 503's 7 stored, the slowest answer
   // 40 s in): what the gateway did, for the next time.
   if (!rows) t.comment(`slowest answer ${tookMs} ms; ingest ${ingest.status} ${ingest.text}; the gateway's log:\n${gw.output().split('\n').slice(-150).join('\n')}`);
+});
+
+t.test('NATS stops answering right after a queue commit was acknowledged: its record write waits in the socket, so the ingest gets no answer (not a 503), and a keyed retry gets the 200 once it landed', async (t) => {
+  const [nats, s3] = await Promise.all([startNats(t), startS3(t)]);
+  // What the gateway sends while frozen waits, as in a stopped server's socket, and lands at the thaw.
+  const proxy = await freezingProxy(t, nats.url);
+  t.teardown(() => proxy.thaw());
+  const base = distributed(proxy.url, s3);
+  const gw = await spawnGateway(t, { ...base, nats: { ...base.nats, requestTimeoutMs: 1000 } });
+  const demo = clientOf(gw);
+  const uuid = (await demo.init()).body.upload_uuid as string;
+  t.equal((await demo.ingest(uuid, 'products', products(3))).status, 200);
+
+  proxy.arm(/^INGEST\.c\./); // the package's queue commit
+  const keyed = () => call(gw.url, 'POST', `${API}/${uuid}/products`, { body: products(7, 100), headers: { 'idempotency-key': 'record-in-doubt' } });
+  const outcome = await keyed().then(
+    (res) => `answered ${res.status} ${res.text}`,
+    (err: unknown) => `closed: ${(err as { code?: string }).code}`,
+  );
+  t.match(outcome, /^closed: UND_ERR_SOCKET$/, `no answer: neither 200 nor 503 is known to be true (${outcome})`);
+
+  proxy.thaw();
+  // The record write lands at the thaw: a 503 would have been false.
+  const landed = await waitForStatus(gw, uuid, (s) => s.totals?.rows === 10, undefined, 30_000);
+  t.same([landed.totals.packages, landed.totals.rows], [2, 10], "the doubted package's rows are recorded");
+  const retry = await until200('the keyed retry', keyed);
+  t.same(retry.body, { status: 'success', message: '7 rows of products validated and queued for storage', rows_processed: 7 }, 'the retry with its key gets the 200');
+  const done = await waitForStatus(gw, uuid, (s) => s.upload_tasks_finished === true, undefined, 30_000);
+  t.same([done.totals.packages, done.totals.rows, done.totals.stored_packages], [2, 10, 2], 'stored once');
+  const loggedUnknown = /"code":"OUTCOME_UNKNOWN"[^\n]*"msg":"outcome unknown: connection closed without an answer"/;
+  t.match(gw.output(), loggedUnknown, 'the connection closed unanswered is logged, with its code');
 });
 
 t.test('a stream lost under a running gateway: 503, never 400 or 404, and said loudly', async (t) => {

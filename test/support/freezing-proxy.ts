@@ -2,7 +2,12 @@
  * A TCP proxy in front of a nats-server that freezes at a chosen moment of the protocol: once
  * armed, the first reply to a request published on a subject `request` matches is passed on,
  * then nothing more goes either way and new connections are dropped: a NATS that stopped
- * answering right after that reply, for good.
+ * answering right after that reply (a server stopped with SIGSTOP, a host that hangs).
+ *
+ * As with a stopped server, what clients send meanwhile is not lost: it waits, and `thaw`
+ * hands it to the server, in order (a connection its client closed meanwhile is then ended,
+ * as the kernel would hand the server the bytes and then the close), and the proxy passes
+ * everything again.
  */
 import { createServer, connect, type AddressInfo, type Socket } from 'node:net';
 
@@ -13,6 +18,8 @@ export interface FreezingProxy {
   arm(request: RegExp): void;
   /** Resolves once frozen. */
   readonly frozen: Promise<void>;
+  /** Hands the server what clients sent while frozen, then passes everything again. */
+  thaw(): void;
 }
 
 export async function freezingProxy(t: { teardown(fn: () => unknown): void }, target: string): Promise<FreezingProxy> {
@@ -23,6 +30,8 @@ export async function freezingProxy(t: { teardown(fn: () => unknown): void }, ta
   let onFrozen!: () => void;
   const frozen = new Promise<void>((resolve) => (onFrozen = resolve));
   const sockets = new Set<Socket>();
+  /** Per connection: what to do at `thaw`. */
+  const thawing = new Set<() => void>();
   const server = createServer((client) => {
     if (isFrozen) return void client.destroy();
     const upstream = connect(port, '127.0.0.1');
@@ -31,8 +40,11 @@ export async function freezingProxy(t: { teardown(fn: () => unknown): void }, ta
       s.on('close', () => sockets.delete(s));
     }
     let sent = '';
+    /** Sent by the client while frozen, for the server at `thaw`. */
+    const waiting: Buffer[] = [];
+    let clientGone = false;
     client.on('data', (d: Buffer) => {
-      if (isFrozen) return;
+      if (isFrozen) return void waiting.push(d);
       if (armed && inbox === null) {
         sent = (sent + d.toString('latin1')).slice(-65536);
         for (const m of sent.matchAll(/PUB (\S+) (_INBOX\.\S+) /g)) if (armed.test(m[1]!)) inbox = m[2]!;
@@ -54,14 +66,23 @@ export async function freezingProxy(t: { teardown(fn: () => unknown): void }, ta
       isFrozen = true;
       onFrozen();
     });
+    thawing.add(() => {
+      for (const d of waiting.splice(0)) upstream.write(d);
+      if (clientGone) upstream.end();
+    });
     const close = () => {
       client.destroy();
-      upstream.destroy();
+      // Frozen, the server has yet to read what the client sent: the connection stays for `thaw`.
+      if (isFrozen) clientGone = true;
+      else upstream.destroy();
     };
     client.on('error', close);
-    upstream.on('error', close);
+    upstream.on('error', () => {
+      client.destroy();
+      upstream.destroy();
+    });
     client.on('close', close);
-    upstream.on('close', close);
+    upstream.on('close', () => client.destroy());
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   t.teardown(() => {
@@ -72,5 +93,12 @@ export async function freezingProxy(t: { teardown(fn: () => unknown): void }, ta
     url: `nats://127.0.0.1:${(server.address() as AddressInfo).port}`,
     arm: (request) => void (armed = request),
     frozen,
+    thaw: () => {
+      isFrozen = false;
+      armed = null;
+      inbox = null;
+      for (const run of thawing) run();
+      thawing.clear();
+    },
   };
 }

@@ -32,9 +32,11 @@ const noConnector: Connector = {
  * (as a deposed NATS leader does for a moment after a partition heals), `absentNext` as
  * absent (such a leader, for a session created during the cut), `pointerNext` the next read
  * of an active pointer (such a leader's older pointer, or none); `stall` holds summary
- * writes until it resolves; `landed` resolves once the next summary write has.
+ * writes until it resolves; `landed` resolves once the next summary write has. `late`: the
+ * write fails at once as a timeout and lands once `stall` resolves, before the writes stalled
+ * after it (a publish waiting in the socket of a server that stopped answering).
  */
-type Failure = 'landed' | 'lost' | 'landed-conflict';
+type Failure = 'landed' | 'lost' | 'landed-conflict' | 'late';
 function counting(
   store: SessionStore,
 ): SessionStore & {
@@ -78,6 +80,13 @@ function counting(
       const fail = key.startsWith('session.') ? counted.failNext : null;
       counted.failNext = null;
       if (fail === 'lost') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      if (fail === 'late') {
+        void (counted.stall ?? Promise.resolve()).then(async () => {
+          await store.update(key, value, revision);
+          for (const resolve of onLanded.splice(0)) resolve();
+        });
+        throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      }
       if (key.startsWith('session.')) await counted.stall;
       const written = await store.update(key, value, revision);
       if (key.startsWith('session.')) for (const resolve of onLanded.splice(0)) resolve();
@@ -298,7 +307,7 @@ t.test("the uploader on a session that reads as absent: wait, and keep the objec
   t.equal(await sessionLive(sessions, uuid), 'gone');
 });
 
-t.test('a record write of unknown outcome still unsettled at the deadline: 503 then, while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {
+t.test('a record write of unknown outcome still unsettled at the deadline: no answer then (OUTCOME_UNKNOWN), while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {
   const { sessions, service } = await rig(t);
   const s = service(undefined, { resolveRecordMs: 50 });
   const { upload_uuid: uuid } = await s.initialize(client);
@@ -307,7 +316,7 @@ t.test('a record write of unknown outcome still unsettled at the deadline: 503 t
   sessions.stall = new Promise((resolve) => (unstall = resolve));
   sessions.failNext = 'lost';
   const err = await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
-  t.match(err, { code: 'STORE_UNAVAILABLE' }, 'answered 503 by the deadline, not when the stalled write comes back');
+  t.match(err, { code: 'OUTCOME_UNKNOWN' }, 'ended by the deadline, not when the stalled write comes back: neither 200 nor 503 is known to be true');
   t.ok(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.in_flight, 'the lease still stands: the attempt to settle it is stalled');
   const landed = sessions.landed();
   sessions.stall = null;
@@ -316,6 +325,24 @@ t.test('a record write of unknown outcome still unsettled at the deadline: 503 t
   const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
   t.notOk(id in after.in_flight, 'once the store answers, the attempt ends the lease: the package can never be recorded');
   t.notOk(id in after.recording);
+});
+
+t.test('a record write that lands after the deadline (sent to a store that stopped answering): the ingest is not told 503, and the package stands recorded', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service(undefined, { resolveRecordMs: 50 });
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  let unstall!: () => void;
+  sessions.stall = new Promise((resolve) => (unstall = resolve));
+  sessions.failNext = 'late';
+  const err = await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  t.match(err, { code: 'OUTCOME_UNKNOWN' }, 'no 503 ("nothing stored"): the write is still out');
+  const landed = sessions.landed();
+  sessions.stall = null;
+  unstall();
+  await landed;
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.ok(id in after.recording, 'the write landed ahead of the fence: recorded, as a retry with its key is told (200)');
 });
 
 t.test('a start that fails goes back to UPLOADING before its answer, also when storage fails that write the first time', async (t) => {
