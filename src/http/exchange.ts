@@ -240,11 +240,18 @@ export class Exchange {
     this.fail(errors.requestTimeout(), true);
   }
 
-  /** Closes the connection without an answer: any answer would claim an outcome nobody knows (`OutcomeUnknown`). `onAborted` runs. */
+  /**
+   * Closes the connection without an answer: any answer would claim an outcome nobody knows
+   * (`OutcomeUnknown`). Finished at once, so a handler that settles later is not answered.
+   */
   private unanswered(err: OutcomeUnknown): void {
     if (this.finished) return;
     this.opts.onUnanswered?.(err, this.req);
+    this.finished = true;
+    this.teardown(false);
+    this.observed('aborted');
     this.wire.destroy();
+    this.release();
   }
 
   fail(err: ServiceError, closeConnection: boolean): void {

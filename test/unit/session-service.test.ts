@@ -307,42 +307,44 @@ t.test("the uploader on a session that reads as absent: wait, and keep the objec
   t.equal(await sessionLive(sessions, uuid), 'gone');
 });
 
-t.test('a record write of unknown outcome still unsettled at the deadline: no answer then (OUTCOME_UNKNOWN), while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {
+/**
+ * A package whose record write fails as `failure` while the store stalls every later summary
+ * write: the ingest's error at the 50 ms deadline, then `thaw` (the stalled writes go on) and
+ * the summary once the first of them landed.
+ */
+async function recordInDoubt(t: Test, failure: Failure) {
   const { sessions, service } = await rig(t);
   const s = service(undefined, { resolveRecordMs: 50 });
   const { upload_uuid: uuid } = await s.initialize(client);
   const id = await s.beginIngest(client, uuid);
   let unstall!: () => void;
   sessions.stall = new Promise((resolve) => (unstall = resolve));
-  sessions.failNext = 'lost';
+  sessions.failNext = failure;
   const err = await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  const summary = async () => (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  const thaw = async () => {
+    const landed = sessions.landed();
+    sessions.stall = null;
+    unstall();
+    await landed;
+    return summary();
+  };
+  return { id, err, summary, thaw };
+}
+
+t.test('a record write of unknown outcome still unsettled at the deadline: no answer then (OUTCOME_UNKNOWN), while the attempt to settle it is still out; that attempt ends the lease afterwards', async (t) => {
+  const { id, err, summary, thaw } = await recordInDoubt(t, 'lost');
   t.match(err, { code: 'OUTCOME_UNKNOWN' }, 'ended by the deadline, not when the stalled write comes back: neither 200 nor 503 is known to be true');
-  t.ok(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.in_flight, 'the lease still stands: the attempt to settle it is stalled');
-  const landed = sessions.landed();
-  sessions.stall = null;
-  unstall();
-  await landed;
-  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.ok(id in (await summary()).in_flight, 'the lease still stands: the attempt to settle it is stalled');
+  const after = await thaw();
   t.notOk(id in after.in_flight, 'once the store answers, the attempt ends the lease: the package can never be recorded');
   t.notOk(id in after.recording);
 });
 
 t.test('a record write that lands after the deadline (sent to a store that stopped answering): the ingest is not told 503, and the package stands recorded', async (t) => {
-  const { sessions, service } = await rig(t);
-  const s = service(undefined, { resolveRecordMs: 50 });
-  const { upload_uuid: uuid } = await s.initialize(client);
-  const id = await s.beginIngest(client, uuid);
-  let unstall!: () => void;
-  sessions.stall = new Promise((resolve) => (unstall = resolve));
-  sessions.failNext = 'late';
-  const err = await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  const { id, err, thaw } = await recordInDoubt(t, 'late');
   t.match(err, { code: 'OUTCOME_UNKNOWN' }, 'no 503 ("nothing stored"): the write is still out');
-  const landed = sessions.landed();
-  sessions.stall = null;
-  unstall();
-  await landed;
-  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
-  t.ok(id in after.recording, 'the write landed ahead of the fence: recorded, as a retry with its key is told (200)');
+  t.ok(id in (await thaw()).recording, 'the write landed ahead of the fence: recorded, as a retry with its key is told (200)');
 });
 
 t.test('a start that fails goes back to UPLOADING before its answer, also when storage fails that write the first time', async (t) => {
