@@ -13,7 +13,7 @@ import { isDeepStrictEqual } from 'node:util';
 import type { Connector } from '../connector/types.js';
 import { errors, isServiceError, isStorageUnavailable, OutcomeUnknown, type ValidationIssue } from '../errors.js';
 import { activeKey, clientSessionKey, sessionKey } from '../store/keys.js';
-import { isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
+import { isNotWritten, isStoreConflict, isStoreError, type BatchQueue, type ObjectStore, type PackageLedger, type SessionStore, type Versioned } from '../store/ports.js';
 import { SessionCleanUps, type CleanUpDeps } from './clean-up.js';
 import { HeldLeases } from './leases.js';
 import { fromLedger, LedgerWriter, retryInBackground } from './ledger-writer.js';
@@ -354,6 +354,8 @@ export class SessionService {
     } catch (err) {
       // The decision refused (nothing written): the caller releases the lease.
       if (isServiceError(err)) throw err;
+      // The store refused the write for sure (ports.ts `notWritten`): nothing to settle.
+      if (isNotWritten(err)) throw errors.storageUnavailable(err);
       // A store failure (a timeout) may have landed: resolve it before anyone answers.
       if ((await this.resolveRecord(client, uploadUuid, pkg.id, err)) === 'fenced') throw errors.storageUnavailable(err);
     } finally {

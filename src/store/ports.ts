@@ -47,10 +47,22 @@ export type StoreErrorCode = (typeof STORE_ERROR_CODES)[number];
 export class StoreError extends Error {
   override readonly name: string = 'StoreError';
   readonly code: StoreErrorCode;
-  constructor(code: StoreErrorCode, message: string, options?: { cause?: unknown }) {
+  /**
+   * A write that failed with nothing of it stored, for sure: the store refused it (JetStream
+   * out of storage, with no earlier attempt in doubt), or rolled it back for good. Otherwise a
+   * failed write's outcome is unknown (a timeout: it may still land).
+   */
+  readonly notWritten: boolean;
+  constructor(code: StoreErrorCode, message: string, options?: { cause?: unknown; notWritten?: boolean }) {
     super(message, options);
     this.code = code;
+    this.notWritten = options?.notWritten ?? false;
   }
+}
+
+/** A write's failure that stored nothing of it, for sure (`StoreError.notWritten`). */
+export function isNotWritten(err: unknown): boolean {
+  return typeof err === 'object' && err !== null && (err as { notWritten?: unknown }).notWritten === true;
 }
 
 /** A `StoreError`, of `code` when given (by its code: errors that crossed a worker or a copy of this module count too). */

@@ -34,9 +34,10 @@ const noConnector: Connector = {
  * of an active pointer (such a leader's older pointer, or none); `stall` holds summary
  * writes until it resolves; `landed` resolves once the next summary write has. `late`: the
  * write fails at once as a timeout and lands once `stall` resolves, before the writes stalled
- * after it (a publish waiting in the socket of a server that stopped answering).
+ * after it (a publish waiting in the socket of a server that stopped answering). `refused`:
+ * refused for sure (`notWritten`: JetStream out of storage, a full disk's rolled-back commit).
  */
-type Failure = 'landed' | 'lost' | 'landed-conflict' | 'late';
+type Failure = 'landed' | 'lost' | 'landed-conflict' | 'late' | 'refused';
 function counting(
   store: SessionStore,
 ): SessionStore & {
@@ -80,6 +81,7 @@ function counting(
       const fail = key.startsWith('session.') ? counted.failNext : null;
       counted.failNext = null;
       if (fail === 'lost') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      if (fail === 'refused') throw new StoreError('STORE_UNAVAILABLE', 'insufficient storage', { notWritten: true });
       if (fail === 'late') {
         void (counted.stall ?? Promise.resolve()).then(async () => {
           await store.update(key, value, revision);
@@ -345,6 +347,19 @@ t.test('a record write that lands after the deadline (sent to a store that stopp
   const { id, err, thaw } = await recordInDoubt(t, 'late');
   t.match(err, { code: 'OUTCOME_UNKNOWN' }, 'no 503 ("nothing stored"): the write is still out');
   t.ok(id in (await thaw()).recording, 'the write landed ahead of the fence: recorded, as a retry with its key is told (200)');
+});
+
+t.test('a record write the store refused for sure (out of storage) is a 503 at once: nothing to settle, the store that said no is not asked again', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service(undefined, { resolveRecordMs: 60_000 });
+  const { upload_uuid: uuid } = await s.initialize(client);
+  const id = await s.beginIngest(client, uuid);
+  const before = sessions.updates;
+  sessions.failNext = 'refused';
+  const err = await s.recordIngest(client, uuid, { id, entity: 'stock', rows: 1, bytes: 1, object_bytes: 101 }).catch((e: unknown) => e);
+  t.match(err, { code: 'STORAGE_UNAVAILABLE', statusCode: 503 }, '503: nothing of it is stored');
+  t.equal(sessions.updates - before, 1, 'the refused write alone: no compare-and-set to settle it');
+  t.notOk(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.recording);
 });
 
 t.test('a start that fails goes back to UPLOADING before its answer, also when storage fails that write the first time', async (t) => {

@@ -51,7 +51,7 @@ export class StateDatabase {
       failed: (failure, cause, unsent) => {
         const { message, code, unknown } = failure ?? { message: `State database writer ${cause}`, code: undefined, unknown: !unsent };
         const outcome = unknown ? 'its outcome is unknown until the next commit' : 'nothing of it was written';
-        return new StoreError('STORE_UNAVAILABLE', `State database write failed (${outcome}): ${message}`, { cause: Object.assign(new Error(message), { code }) });
+        return new StoreError('STORE_UNAVAILABLE', `State database write failed (${outcome}): ${message}`, { cause: Object.assign(new Error(message), { code }), notWritten: !unknown });
       },
       blocked: (sent) =>
         new StoreError(
@@ -59,6 +59,7 @@ export class StateDatabase {
           sent
             ? `State database write failed (its outcome is unknown until the next commit): the disk did not answer within ${timeoutMs} ms`
             : `State database write failed (nothing of it was written): an earlier write has waited for the disk more than ${timeoutMs} ms`,
+          { notWritten: !sent },
         ),
     });
     // After the writer: it makes the file and its schema, which the reader needs.

@@ -133,7 +133,11 @@ function run(): void {
     db.exec('COMMIT');
   } catch (err) {
     rollback();
-    const unknown = !fence();
+    // A commit refused for want of space (SQLITE_FULL: a write of its frames failed) never wrote
+    // its commit frame, the last write before the log's fsync: nothing of it can come back at
+    // a restart, fenced or not (on a full disk the fence fails too). An fsync that failed
+    // (SQLITE_IOERR_FSYNC) may leave every frame there: then only the fence makes it definite.
+    const unknown = !fence() && (err as { code?: string }).code !== 'SQLITE_FULL';
     const failure = { message: (err as Error).message, code: (err as { code?: string }).code, unknown };
     for (const req of group) port.postMessage({ id: req.id, error: failure } satisfies WriterResponse);
     return;

@@ -5,7 +5,7 @@
  */
 import { Socket } from 'node:net';
 import { connect, headers, StorageType, type JetStreamClient, type JetStreamManager, type KV, type MsgHdrs, type NatsConnection, type PubAck, type StreamConfig } from 'nats';
-import { StoreError } from '../ports.js';
+import { isStoreError, StoreError } from '../ports.js';
 
 export interface NatsConnectOptions {
   /** Comma-separated server URLs; `nats://user:pass@host:port` or `nats://token@host:port` carry credentials. */
@@ -525,6 +525,8 @@ export async function publishOnce(
       }
     });
   } catch (err) {
+    // The server refused it (out of storage), and no earlier attempt is in doubt: nothing stored.
+    if (!unknown && isStoreError(err, 'STORE_UNAVAILABLE') && jsErrorCode(err) !== undefined) throw new StoreError('STORE_UNAVAILABLE', err.message, { cause: err.cause, notWritten: true });
     if (!unknown || opts.msgID === undefined || opts.lastSubjectSequence === undefined || !isWrongLastSequence(err)) throw err;
     const ours = await landedAs(ctx, opts.stream, subject, opts.lastSubjectSequence, opts.msgID, Math.max(deadline - Date.now(), ctx.requestTimeoutMs));
     if (ours) return ours;
