@@ -33,6 +33,7 @@ import {
   decideIngestTake,
   decideInitialize,
   decideStart,
+  decideStartAbandoned,
   decideStartFailed,
   decideStartLapsed,
   decideStartRenew,
@@ -45,6 +46,7 @@ import {
   statusView,
   type ActivePointer,
   type ClientRef,
+  type Decision,
   type PackageEntry,
   type SessionRecord,
   type StatusView,
@@ -460,9 +462,14 @@ export class SessionService {
     this.leases.dropSpares(uploadUuid);
     const leaseMs = this.deps.inFlightLeaseMs;
     const startId = randomUUID();
-    const started = await this.summaries.mutate(client, uploadUuid, 'active', (r) =>
-      decideStart(r, { dates, minDate: client.minDate, pendingBatches, packagesSeen: seen ? packageCount(seen.value) : 0, now: this.now(), leaseMs, startId }),
-    );
+    const started = await this.summaries
+      .mutate(client, uploadUuid, 'active', (r) => decideStart(r, { dates, minDate: client.minDate, pendingBatches, packagesSeen: seen ? packageCount(seen.value) : 0, now: this.now(), leaseMs, startId }))
+      .catch(async (err: unknown) => {
+        // A write of unknown outcome may have landed: a start no gateway holds, which the
+        // client's retry would meet as 409 until its hold lapsed. Put back before the 503.
+        if (isStorageUnavailable(err)) await this.rollBackStart(client, uploadUuid, (r) => decideStartAbandoned(r, startId, this.now()));
+        throw err;
+      });
     const startedAt = started.workflow!.started_at;
     // Held while this process works on it, as an ingest's lease: if it dies, the start lapses back to UPLOADING.
     const hold = setInterval(() => void this.renewStart(client, uploadUuid, startedAt, leaseMs), Math.max(1, Math.floor(leaseMs / 3)));
@@ -472,7 +479,7 @@ export class SessionService {
       answer = await this.deps.connector.start(await workflowStart(this.deps, this.folder, client, started));
     } catch (err) {
       clearInterval(hold);
-      await this.rollBackStart(client, uploadUuid, startedAt);
+      await this.rollBackStart(client, uploadUuid, (r) => decideStartFailed(r, startedAt, this.now()));
       throw err;
     }
     clearInterval(hold);
@@ -514,14 +521,15 @@ export class SessionService {
   }
 
   /**
-   * Puts a start that failed back to `UPLOADING` (`decideStartFailed`), before its answer where
+   * Puts a start that failed back to `UPLOADING` (`decide`: `decideStartFailed`, or
+   * `decideStartAbandoned` for a start whose own write's outcome is unknown), before its answer where
    * it can: storage that failed the start often fails this write too (on NATS, leaders are
    * elected for up to about 25 s after a majority comes back), and a session left `STARTED`
    * with no workflow answers 409 until its hold lapses. A failed attempt is tried again by `retryInBackground`,
    * which the answer waits for up to `START_ROLLBACK_MS`.
    */
-  private async rollBackStart(client: ClientRef, uploadUuid: string, startedAt: string): Promise<void> {
-    const rollBack = () => this.summaries.mutate(client, uploadUuid, 'any', (r) => decideStartFailed(r, startedAt, this.now()));
+  private async rollBackStart(client: ClientRef, uploadUuid: string, decide: (r: SessionRecord) => Decision): Promise<void> {
+    const rollBack = () => this.summaries.mutate(client, uploadUuid, 'any', decide);
     try {
       await rollBack();
     } catch (err) {

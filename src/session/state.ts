@@ -501,6 +501,14 @@ export function decideStartFailed(r: SessionRecord, startedAt: string, now: numb
   return ok(touch(rest, now, { status: 'UPLOADING' }));
 }
 
+/**
+ * A start whose own write's outcome was unknown (its answer a 503): put back if it landed, by
+ * its `startId` (no Connector was called for it), before a retry meets it as 409.
+ */
+export function decideStartAbandoned(r: SessionRecord, startId: string, now: number): Decision {
+  return r.status === 'STARTED' && r.workflow?.start_id === startId ? decideStartFailed(r, r.workflow.started_at, now) : ok(r);
+}
+
 export function decideTerminate(r: SessionRecord, now: number): Decision {
   if (r.status !== 'STARTED' || !r.workflow) return fail(errors.workflowNotRunning());
   return ok(touch(r, now, { workflow: { ...r.workflow, terminate_requested_at: new Date(now).toISOString() } }));

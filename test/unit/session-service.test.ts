@@ -383,6 +383,22 @@ t.test('a start that fails goes back to UPLOADING before its answer, also when s
   t.notOk(after.workflow, 'with no workflow');
 });
 
+t.test("a start-upload whose own write lands but is answered as failed (a timeout): 503, and the session is back to UPLOADING by then, so the client's retry starts (not 409 until the hold lapses)", async (t) => {
+  const { sessions, service } = await rig(t);
+  let calls = 0;
+  const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
+  const { uuid } = await recordedPackage(s);
+  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+  sessions.failNext = 'landed';
+  t.match(await s.start(client, uuid, dates).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503: its outcome was not known');
+  t.equal(calls, 0, 'no Connector call for it');
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(after.status, 'UPLOADING', 'the start that landed is put back before the answer');
+  t.notOk(after.workflow);
+  t.same(await s.start(client, uuid, dates), { workflow: 'w1' }, 'the retry starts');
+  t.equal(calls, 1);
+});
+
 t.test('start-upload: a committed package not yet acked is pending (409) until its object is marked stored in the ledger; then it starts', async (t) => {
   const { ledger, queue, service } = await rig(t);
   const s = service();
