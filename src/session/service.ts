@@ -174,7 +174,11 @@ export class SessionService {
 
       const uploadUuid = randomUUID();
       const record = newSession(uploadUuid, client.id, this.now(), decision.previous);
-      const revision = await this.deps.sessions.create(sessionKey(uploadUuid), record);
+      const revision = await this.deps.sessions.create(sessionKey(uploadUuid), record).catch((err: unknown) => {
+        // It may have landed unanswered: a summary no pointer or listing would ever name, taken back.
+        if (!isStoreConflict(err) && !isNotWritten(err)) void this.deps.sessions.delete(sessionKey(uploadUuid)).catch(() => undefined);
+        throw err;
+      });
       const indexed = clientSessionKey(client.id, uploadUuid, record.created_at);
       try {
         // Listed before the pointer names it: a session a client was told about is always listed.

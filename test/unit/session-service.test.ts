@@ -47,6 +47,7 @@ function counting(
   absentNext: boolean;
   pointerNext: Versioned<unknown> | null | undefined;
   stall: Promise<void> | null;
+  failNextCreate: boolean;
   landed: () => Promise<void>;
 } {
   const onLanded: (() => void)[] = [];
@@ -58,6 +59,8 @@ function counting(
     /** The next read of an active pointer answers this, as a stale read would (undefined: none). */
     pointerNext: undefined as Versioned<unknown> | null | undefined,
     stall: null as Promise<void> | null,
+    /** The next summary create lands, then fails as a timeout. */
+    failNextCreate: false,
     landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
     capabilities: store.capabilities,
     get: async <T>(key: string): Promise<Versioned<T> | null> => {
@@ -75,7 +78,13 @@ function counting(
       return (stale as Versioned<T> | null) ?? store.get<T>(key);
     },
     getConfirmed: store.getConfirmed.bind(store),
-    create: store.create.bind(store),
+    create: async <T>(key: string, value: T) => {
+      const fail = key.startsWith('session.') && counted.failNextCreate;
+      if (fail) counted.failNextCreate = false;
+      const revision = await store.create(key, value);
+      if (fail) throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
+      return revision;
+    },
     update: async <T>(key: string, value: T, revision: number) => {
       if (key.startsWith('session.')) counted.updates++;
       const fail = key.startsWith('session.') ? counted.failNext : null;
@@ -360,6 +369,18 @@ t.test('a record write the store refused for sure (out of storage) is a 503 at o
   t.match(err, { code: 'STORAGE_UNAVAILABLE', statusCode: 503 }, '503: nothing of it is stored');
   t.equal(sessions.updates - before, 1, 'the refused write alone: no compare-and-set to settle it');
   t.notOk(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.recording);
+});
+
+t.test('an initialize-session whose summary write lands but is answered as failed (a timeout): the summary is taken back, and the retry creates one session', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  sessions.failNextCreate = true;
+  t.match(await s.initialize(client).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503');
+  const { upload_uuid: uuid } = await s.initialize(client);
+  await t.resolveMatch(s.status(client, uuid), { session_status: 'UPLOADING' });
+  const summaries: string[] = [];
+  for await (const key of sessions.keys('session.')) summaries.push(key);
+  t.same(summaries, [sessionKey(uuid)], 'one summary: the one the client was told of (none left that no pointer or listing names)');
 });
 
 t.test('a start that fails goes back to UPLOADING before its answer, also when storage fails that write the first time', async (t) => {
