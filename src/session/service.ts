@@ -471,7 +471,7 @@ export class SessionService {
       .catch(async (err: unknown) => {
         // A write of unknown outcome may have landed: a start no gateway holds, which the
         // client's retry would meet as 409 until its hold lapsed. Put back before the 503.
-        if (isStorageUnavailable(err)) await this.rollBackStart(client, uploadUuid, (r) => decideStartAbandoned(r, startId, this.now()));
+        if (isStorageUnavailable(err) && !isNotWritten(err)) await this.rollBackStart(client, uploadUuid, (r) => decideStartAbandoned(r, startId, this.now()));
         throw err;
       });
     const startedAt = started.workflow!.started_at;

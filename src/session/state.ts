@@ -506,7 +506,8 @@ export function decideStartFailed(r: SessionRecord, startedAt: string, now: numb
  * its `startId` (no Connector was called for it), before a retry meets it as 409.
  */
 export function decideStartAbandoned(r: SessionRecord, startId: string, now: number): Decision {
-  return r.status === 'STARTED' && r.workflow?.start_id === startId ? decideStartFailed(r, r.workflow.started_at, now) : ok(r);
+  // Not there (yet): written anyway, as a fence (decideIngestFence), so the write in doubt can never land after.
+  return r.status === 'STARTED' && r.workflow?.start_id === startId ? decideStartFailed(r, r.workflow.started_at, now) : ok(touch(r, now, {}));
 }
 
 export function decideTerminate(r: SessionRecord, now: number): Decision {

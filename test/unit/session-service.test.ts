@@ -32,9 +32,10 @@ const noConnector: Connector = {
  * (as a deposed NATS leader does for a moment after a partition heals), `absentNext` as
  * absent (such a leader, for a session created during the cut), `pointerNext` the next read
  * of an active pointer (such a leader's older pointer, or none); `stall` holds summary
- * writes until it resolves; `landed` resolves once the next summary write has. `late`: the
+ * writes until it resolves; `landed` resolves once the next summary write has (a `late` one: landed or lost). `late`: the
  * write fails at once as a timeout and lands once `stall` resolves, before the writes stalled
- * after it (a publish waiting in the socket of a server that stopped answering). `refused`:
+ * after it (a publish waiting in the socket of a server that stopped answering), or once
+ * `lateGate` does where set, the writes after it going on. `refused`:
  * refused for sure (`notWritten`: JetStream out of storage, a full disk's rolled-back commit).
  */
 type Failure = 'landed' | 'lost' | 'landed-conflict' | 'late' | 'refused';
@@ -48,6 +49,7 @@ function counting(
   pointerNext: Versioned<unknown> | null | undefined;
   stall: Promise<void> | null;
   failNextCreate: boolean;
+  lateGate: Promise<void> | null;
   landed: () => Promise<void>;
 } {
   const onLanded: (() => void)[] = [];
@@ -59,6 +61,8 @@ function counting(
     /** The next read of an active pointer answers this, as a stale read would (undefined: none). */
     pointerNext: undefined as Versioned<unknown> | null | undefined,
     stall: null as Promise<void> | null,
+    /** Where set, what a `late` write waits for instead of `stall` (the writes after it go on). */
+    lateGate: null as Promise<void> | null,
     /** The next summary create lands, then fails as a timeout. */
     failNextCreate: false,
     landed: () => new Promise<void>((resolve) => onLanded.push(resolve)),
@@ -92,8 +96,11 @@ function counting(
       if (fail === 'lost') throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
       if (fail === 'refused') throw new StoreError('STORE_UNAVAILABLE', 'insufficient storage', { notWritten: true });
       if (fail === 'late') {
-        void (counted.stall ?? Promise.resolve()).then(async () => {
-          await store.update(key, value, revision);
+        void (counted.lateGate ?? counted.stall ?? Promise.resolve()).then(async () => {
+          // Lost to a newer revision (a fence) where one was written meanwhile: answered all the same.
+          await store.update(key, value, revision).catch((err: unknown) => {
+            if (!(err instanceof StoreConflictError)) throw err;
+          });
           for (const resolve of onLanded.splice(0)) resolve();
         });
         throw new StoreError('STORE_UNAVAILABLE', 'no answer in time');
@@ -369,6 +376,25 @@ t.test('a record write the store refused for sure (out of storage) is a 503 at o
   t.match(err, { code: 'STORAGE_UNAVAILABLE', statusCode: 503 }, '503: nothing of it is stored');
   t.equal(sessions.updates - before, 1, 'the refused write alone: no compare-and-set to settle it');
   t.notOk(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.recording);
+});
+
+t.test('a start-upload whose own write is answered as failed and lands only after its 503 (a write waiting in a frozen server\'s socket) can never make the session STARTED: the put-back is a fence', async (t) => {
+  const { sessions, service } = await rig(t);
+  let calls = 0;
+  const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
+  const { uuid } = await recordedPackage(s);
+  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+  let thaw!: () => void;
+  sessions.lateGate = new Promise((resolve) => (thaw = resolve));
+  sessions.failNext = 'late';
+  t.match(await s.start(client, uuid, dates).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503');
+  const landed = sessions.landed();
+  thaw();
+  await landed;
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.equal(after.status, 'UPLOADING', 'the late write lost to the fence');
+  t.equal(calls, 0);
+  t.same(await s.start(client, uuid, dates), { workflow: 'w1' }, 'the retry starts (409 before)');
 });
 
 t.test('an initialize-session whose summary write lands but is answered as failed (a timeout): the summary is taken back, and the retry creates one session', async (t) => {
