@@ -508,6 +508,9 @@ t.test('NATS + S3 on hosts of their own: cuts, pauses and kills, healed; every 2
   const sent = new Set(ingests.map((l) => l.pkg));
   t.ok([...stored.keys()].every((p) => sent.has(p)), 'every stored package was sent');
   t.same(summary(outside), {}, `every answer is 200 or 503 with Retry-After, none hangs past ${HANG_MS} ms`);
+  const closedUnanswered = ingests.filter((l) => kind(l) === 'error:UND_ERR_SOCKET').length;
+  const unknownLogged = gateways.reduce((n, gw) => n + logged(gw, 'error').filter((l) => l.includes('outcome unknown')).length, 0);
+  t.ok(closedUnanswered <= unknownLogged, `an ingest closed unanswered is one the gateway logged as of unknown outcome (${closedUnanswered} closed, ${unknownLogged} logged)`);
   // What the gateways logged of their internal errors, so a 500 names its cause in the test's output.
   if (outside.length > 0) {
     for (const [i, gw] of gateways.entries()) {
