@@ -299,8 +299,10 @@ export class SessionService {
         decideIngestBegin(r, packageId, this.now(), this.deps.inFlightLeaseMs, this.deps.maxPackages),
       );
     } catch (err) {
-      // A store failure leaves it unknown whether the lease was written: take it back.
-      if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId);
+      // A store failure leaves it unknown whether the lease was written: take it back, with a
+      // fence, so a write still out cannot land after it (a lease no ingest renews, holding
+      // `upload_tasks_finished` false until it lapses).
+      if (!isServiceError(err) || err.statusCode >= 500) void this.releaseIngest(client, uploadUuid, packageId, !isNotWritten(err));
       throw err;
     }
     this.leases.hold(client, uploadUuid, packageId);
@@ -436,11 +438,13 @@ export class SessionService {
   /**
    * Ends a failed ingest's lease. Never throws: when the store is unavailable (a failover,
    * often the very reason the ingest failed) it keeps trying in the background, since the
-   * lease would otherwise hold `upload_tasks_finished` false until it expires.
+   * lease would otherwise hold `upload_tasks_finished` false until it expires. `fence`: written
+   * even where the lease is not held (`decideIngestFence`).
    */
-  async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string): Promise<void> {
+  async releaseIngest(client: ClientRef, uploadUuid: string, packageId: string, fence = false): Promise<void> {
     this.leases.unhold(uploadUuid, packageId);
-    const release = () => this.summaries.mutate(client, uploadUuid, 'any', (r) => decideIngestRelease(r, [packageId], this.now()));
+    const decide = fence ? decideIngestFence : decideIngestRelease;
+    const release = () => this.summaries.mutate(client, uploadUuid, 'any', (r) => decide(r, [packageId], this.now()));
     try {
       await release();
     } catch (first) {

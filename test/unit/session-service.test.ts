@@ -397,6 +397,24 @@ t.test('a start-upload whose own write is answered as failed and lands only afte
   t.same(await s.start(client, uuid, dates), { workflow: 'w1' }, 'the retry starts (409 before)');
 });
 
+t.test('an ingest whose lease write is answered as failed and lands only after its 503 leaves no lease behind: the take-back is a fence', async (t) => {
+  const { sessions, service } = await rig(t);
+  const s = service();
+  const { upload_uuid: uuid } = await s.initialize(client);
+  let thaw!: () => void;
+  sessions.lateGate = new Promise((resolve) => (thaw = resolve));
+  sessions.failNext = 'late';
+  t.match(await s.beginIngest(client, uuid).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503');
+  // The take-back runs in the background; a decision queued behind it (terminate: 404, no write) settles after it.
+  t.match(await s.terminate(client, uuid).catch((e: unknown) => e), { statusCode: 404, message: 'Workflow is not running' });
+  const landed = sessions.landed();
+  thaw();
+  await landed;
+  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+  t.same(after.in_flight, {}, 'the late lease write lost to the fence (before: a lease no ingest renews, for its 60 s)');
+  await t.resolveMatch(s.status(client, uuid), { upload_tasks_finished: true });
+});
+
 t.test('an initialize-session whose summary write lands but is answered as failed (a timeout): the summary is taken back, and the retry creates one session', async (t) => {
   const { sessions, service } = await rig(t);
   const s = service();
