@@ -378,25 +378,6 @@ t.test('a record write the store refused for sure (out of storage) is a 503 at o
   t.notOk(id in (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value.recording);
 });
 
-t.test('a start-upload whose own write is answered as failed and lands only after its 503 (a write waiting in a frozen server\'s socket) can never make the session STARTED: the put-back is a fence', async (t) => {
-  const { sessions, service } = await rig(t);
-  let calls = 0;
-  const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
-  const { uuid } = await recordedPackage(s);
-  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
-  let thaw!: () => void;
-  sessions.lateGate = new Promise((resolve) => (thaw = resolve));
-  sessions.failNext = 'late';
-  t.match(await s.start(client, uuid, dates).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503');
-  const landed = sessions.landed();
-  thaw();
-  await landed;
-  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
-  t.equal(after.status, 'UPLOADING', 'the late write lost to the fence');
-  t.equal(calls, 0);
-  t.same(await s.start(client, uuid, dates), { workflow: 'w1' }, 'the retry starts (409 before)');
-});
-
 t.test('an ingest whose lease write is answered as failed and lands only after its 503 leaves no lease behind: the take-back is a fence', async (t) => {
   const { sessions, service } = await rig(t);
   const s = service();
@@ -448,21 +429,34 @@ t.test('a start that fails goes back to UPLOADING before its answer, also when s
   t.notOk(after.workflow, 'with no workflow');
 });
 
-t.test("a start-upload whose own write lands but is answered as failed (a timeout): 503, and the session is back to UPLOADING by then, so the client's retry starts (not 409 until the hold lapses)", async (t) => {
-  const { sessions, service } = await rig(t);
-  let calls = 0;
-  const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
-  const { uuid } = await recordedPackage(s);
-  const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
-  sessions.failNext = 'landed';
-  t.match(await s.start(client, uuid, dates).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503: its outcome was not known');
-  t.equal(calls, 0, 'no Connector call for it');
-  const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
-  t.equal(after.status, 'UPLOADING', 'the start that landed is put back before the answer');
-  t.notOk(after.workflow);
-  t.same(await s.start(client, uuid, dates), { workflow: 'w1' }, 'the retry starts');
-  t.equal(calls, 1);
-});
+const startInDoubt = {
+  landed: 'lands but is answered as failed (a timeout): put back before the answer',
+  late: "is answered as failed and lands only after its 503 (a write waiting in a frozen server's socket): the put-back is a fence it cannot land after",
+};
+for (const [failure, shape] of Object.entries(startInDoubt) as ['landed' | 'late', string][]) {
+  t.test(`a start-upload whose own write ${shape}; the session ends UPLOADING and the client's retry starts (409 before)`, async (t) => {
+    const { sessions, service } = await rig(t);
+    let calls = 0;
+    const s = service(undefined, { connector: { ...noConnector, start: async () => (calls++, { workflow: 'w1' }) } });
+    const { uuid } = await recordedPackage(s);
+    const dates = { date_from: '2024-01-01', date_to: '2024-12-31' };
+    let thaw = () => {};
+    if (failure === 'late') sessions.lateGate = new Promise((resolve) => (thaw = resolve));
+    sessions.failNext = failure;
+    t.match(await s.start(client, uuid, dates).catch((e: unknown) => e), { code: 'STORE_UNAVAILABLE' }, '503: its outcome was not known');
+    t.equal(calls, 0, 'no Connector call for it');
+    if (failure === 'late') {
+      const landed = sessions.landed();
+      thaw();
+      await landed;
+    }
+    const after = (await sessions.get<SessionRecord>(sessionKey(uuid)))!.value;
+    t.equal(after.status, 'UPLOADING');
+    t.notOk(after.workflow);
+    t.same(await s.start(client, uuid, dates), { workflow: 'w1' }, 'the retry starts');
+    t.equal(calls, 1);
+  });
+}
 
 t.test('start-upload: a committed package not yet acked is pending (409) until its object is marked stored in the ledger; then it starts', async (t) => {
   const { ledger, queue, service } = await rig(t);
