@@ -582,6 +582,31 @@ t.test('NatsBatchQueue: a commit acked above the ack floor is not pending, and l
   t.same(await Promise.all(['u-held', 'u-done'].map((u) => elsewhere.hasPending(u))), [false, false]);
 });
 
+t.test("NatsBatchQueue: a stored package whose ack lands but is answered as lost (a timeout) leaves the stream all the same: its session is not pending while another's package holds the ack floor", async (t) => {
+  const { h, stream, q, holder, release } = await heldFloor(t, 'ACKLOST');
+  // Every ack reaches the server; its answer is lost, as from a server frozen with the ack in its socket.
+  const nc = h.nc as unknown as { request: (subject: string, ...rest: unknown[]) => Promise<unknown> };
+  const request = nc.request.bind(h.nc);
+  let unanswered = 0;
+  nc.request = async (subject: string, ...rest: unknown[]) => {
+    if (!subject.startsWith('$JS.ACK.')) return request(subject, ...rest);
+    unanswered++;
+    await request(subject, ...rest);
+    throw Object.assign(new Error('TIMEOUT'), { code: 'TIMEOUT' });
+  };
+  t.same((await drain(t, q, 1)).map((d) => d.meta.package_id), ['p2']);
+  nc.request = request;
+  t.equal(unanswered, 3, 'each of its three acks answered as lost');
+  const info = await h.jsm.consumers.info(stream, 'uploader');
+  t.equal(info.num_ack_pending, 1, 'the server has p2 acked (never delivered again): only p1 in hand');
+  t.equal(await q.hasPending('u-done', { forAnswer: true }), false, 'p2 is done (pending before)');
+  const elsewhere = await openQueue(t, await connection(t), queueOpts(stream));
+  await until('p2 removed above the floor', () => elsewhere.hasPending('u-done', { forAnswer: true }), (pending) => !pending, 10_000, 20);
+  t.equal((await h.jsm.streams.info(stream)).state.messages, 1, 'only p1 is left');
+  release();
+  await holder.stop();
+});
+
 t.test('NatsBatchQueue: a process that stops takes the commits it acked above the ack floor out of the stream on its way (no round of its own comes later)', async (t) => {
   const { h, stream, q, holder, release } = await heldFloor(t, 'STOPS');
   // Another process (an uploader in a rolling restart) acks p2, then stops before its next round.

@@ -134,8 +134,13 @@ export class NatsConsumer implements QueueConsumer {
       clearInterval(heartbeat);
     }
     if (ok) {
+      // Stored and counted: its commit leaves the stream whether or not the ack was answered.
+      // An ack that landed unanswered is never delivered again, and its commit, kept above the
+      // ack floor, would read as pending (start-upload 409) while any other package held the
+      // floor. One not landed finds its commit gone at redelivery, and the server moves on.
+      if (!(await this.#ack(msg, streamSequence))) this.#o.acked(streamSequence);
       // One filtered purge of the package's own batch subject, however many batches it has.
-      if ((await this.#ack(msg, streamSequence)) && rec.batches.length > 0) {
+      if (rec.batches.length > 0) {
         await messages.deleteMatching(batchSubject, Math.max(...rec.batches)).catch((err: unknown) => onError(err, 'delete the batches of an uploaded package'));
       }
       return;
@@ -208,7 +213,8 @@ export class NatsConsumer implements QueueConsumer {
   }
 
   /**
-   * Acks and waits for the server to confirm; false (reported) when it never did. Not
+   * Acks and waits for the server to confirm; false (reported) when it never did (the ack may
+   * have landed all the same). Not
    * `JsMsg.ackAck()`: it marks the message acked before the server answers, so it cannot be
    * asked again after a timeout.
    */
@@ -221,7 +227,7 @@ export class NatsConsumer implements QueueConsumer {
         return true;
       } catch (err) {
         if (attempt === 2 || ctx.nc.isClosed()) {
-          this.#o.onError(err, `ack ${msg.subject} (it will be delivered again)`);
+          this.#o.onError(err, `ack ${msg.subject}: no answer`);
           return false;
         }
       }
