@@ -136,8 +136,8 @@ export class NatsConsumer implements QueueConsumer {
     if (ok) {
       // Stored and counted: its commit leaves the stream whether or not the ack was answered.
       // An ack that landed unanswered is never delivered again, and its commit, kept above the
-      // ack floor, would read as pending (start-upload 409) while any other package held the
-      // floor. One not landed finds its commit gone at redelivery, and the server moves on.
+      // ack floor, would read as pending in status (`upload_tasks_finished` false) while any
+      // other package held the floor. One not landed finds its commit gone at redelivery, and the server moves on.
       if (!(await this.#ack(msg, streamSequence))) this.#o.acked(streamSequence);
       // One filtered purge of the package's own batch subject, however many batches it has.
       if (rec.batches.length > 0) {
