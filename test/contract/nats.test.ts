@@ -343,6 +343,21 @@ t.test('a compare-and-set re-sent after it landed: refused by a single server, l
   t.equal((await h.jsm.streams.info(stream)).state.messages, 2, 'nothing written by the lookups');
 });
 
+t.test("a publish no stream takes (deleted under the service): no responders, so not written for sure, as a publish, and as a group whose batch got the same answer", async (t) => {
+  const h = await connection(t);
+  const stream = unique('GONE');
+  await h.jsm.streams.add({ name: stream, subjects: [`${stream}.>`], storage: StorageType.File, allow_atomic: true } as Partial<StreamConfig>);
+  await h.jsm.streams.delete(stream);
+  const err = await publishOnce(h, `${stream}.k`, Buffer.from('x'), { msgID: 'x', stream, budgetMs: 300, lastSubjectSequence: 0 }).then(
+    () => null,
+    (e: unknown) => e,
+  );
+  t.match(err, { code: 'STORE_UNAVAILABLE', notWritten: true }, 'a 503 at once for a record write, never one of unknown outcome (closed unanswered)');
+  const group = new GroupPublisher(h, stream, { atomic: true, budgetMs: 1000, maxRounds: 1 });
+  const writes = Array.from({ length: BATCH_MIN }, (_, i) => group.publish({ subject: `${stream}.k${i}`, data: Buffer.from('x'), msgID: `g${i}`, lastSubjectSequence: 0 }).then(() => null, (e: unknown) => e));
+  for (const e of await Promise.all(writes)) t.match(e, { code: 'STORE_UNAVAILABLE', notWritten: true });
+});
+
 t.test('NatsSessionStore: an update whose answer was lost (server paused past the request timeout) is answered as written when the re-send meets it', async (t) => {
   const own = await startNats(t);
   const h = await connectNats({ servers: own.url, name: 'contract-test', requestTimeoutMs: 300 });

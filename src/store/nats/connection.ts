@@ -215,6 +215,15 @@ export function isTransient(err: unknown): boolean {
 }
 
 /**
+ * NATS's own "no responders" (not a JetStream API error): nothing listened on the subject (no
+ * stream there: deleted, or the server lost its data), so the message was dropped, not stored.
+ */
+export function isNoResponders(err: unknown): boolean {
+  const e = err as { code?: unknown; api_error?: unknown } | null;
+  return e?.code === '503' && e.api_error === undefined;
+}
+
+/**
  * Reads from NATS in this process whose bytes were not what the service wrote: a value that does
  * not parse (`readJson`), a commit message that does not read as one, a package unlike its
  * CRC-32, a batch answered on another subject (batch-queue/consumer.ts). Each is read or
@@ -520,13 +529,13 @@ export async function publishOnce(
           ...(opts.headers ? { headers: opts.headers() } : {}),
         });
       } catch (err) {
-        if (isTransient(err)) unknown = true;
+        if (isTransient(err) && !isNoResponders(err)) unknown = true;
         throw err;
       }
     });
   } catch (err) {
-    // The server refused it (out of storage), and no earlier attempt is in doubt: nothing stored.
-    if (!unknown && isStoreError(err, 'STORE_UNAVAILABLE') && jsErrorCode(err) !== undefined) throw new StoreError('STORE_UNAVAILABLE', err.message, { cause: err.cause, notWritten: true });
+    // The server refused it (out of storage), or no stream took it, and no earlier attempt is in doubt: nothing stored.
+    if (!unknown && isStoreError(err, 'STORE_UNAVAILABLE') && (jsErrorCode(err) !== undefined || isNoResponders(err.cause))) throw new StoreError('STORE_UNAVAILABLE', err.message, { cause: err.cause, notWritten: true });
     if (!unknown || opts.msgID === undefined || opts.lastSubjectSequence === undefined || !isWrongLastSequence(err)) throw err;
     const ours = await landedAs(ctx, opts.stream, subject, opts.lastSubjectSequence, opts.msgID, Math.max(deadline - Date.now(), ctx.requestTimeoutMs));
     if (ours) return ours;

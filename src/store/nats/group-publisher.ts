@@ -28,7 +28,7 @@
  */
 import { headers as natsHeaders, nuid, type Msg, type MsgHdrs } from 'nats';
 import { StoreError } from '../ports.js';
-import { publishOnce, type NatsContext } from './connection.js';
+import { isNoResponders, publishOnce, type NatsContext } from './connection.js';
 
 /** Fewer waiting messages than this go out one by one: a batch costs about four syncs. */
 export const BATCH_MIN = 5;
@@ -129,10 +129,11 @@ export class GroupPublisher {
   /** `failed`: why the batch it was in did not land, the cause if its budget is spent now. */
   async #single(m: Waiting, failed?: unknown): Promise<void> {
     // A batch the server did not refuse (no answer in time) may have landed: a compare-and-set that loses now is looked up (publishOnce).
-    const maybeLanded = failed !== undefined && !(failed as { refused?: boolean }).refused;
+    const maybeLanded = failed !== undefined && !(failed as { refused?: boolean }).refused && !isNoResponders(failed);
     const left = m.deadline - Date.now();
     if (left < MIN_ATTEMPT_MS) {
-      m.reject(new StoreError('STORE_UNAVAILABLE', `NATS JetStream is unavailable: no acknowledgement within ${this.#budgetMs} ms`, { cause: failed }));
+      // Never sent, or in a batch the server refused or no stream took: not written for sure.
+      m.reject(new StoreError('STORE_UNAVAILABLE', `NATS JetStream is unavailable: no acknowledgement within ${this.#budgetMs} ms`, { cause: failed, notWritten: !maybeLanded }));
       return;
     }
     this.stats.single++;
