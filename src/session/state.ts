@@ -407,8 +407,15 @@ export function decideIngestRelease(r: SessionRecord, packageIds: readonly strin
  * lands only on the summary the record write would have to follow.
  */
 export function decideIngestFence(r: SessionRecord, packageIds: readonly string[], now: number): Decision {
-  const released = decideIngestRelease(r, packageIds, now);
-  return released.ok && released.next === r ? ok(touch(r, now, {})) : released;
+  return asFence(r, decideIngestRelease(r, packageIds, now), now);
+}
+
+/**
+ * `decision` on `r`, written even where it changes nothing: a compare-and-set that a write still
+ * in doubt, expecting `r`'s revision, can never land after.
+ */
+function asFence(r: SessionRecord, decision: Decision, now: number): Decision {
+  return decision.ok && decision.next === r ? ok(touch(r, now, {})) : decision;
 }
 
 export interface StartInput {
@@ -506,8 +513,8 @@ export function decideStartFailed(r: SessionRecord, startedAt: string, now: numb
  * its `startId` (no Connector was called for it), before a retry meets it as 409.
  */
 export function decideStartAbandoned(r: SessionRecord, startId: string, now: number): Decision {
-  // Not there (yet): written anyway, as a fence (decideIngestFence), so the write in doubt can never land after.
-  return r.status === 'STARTED' && r.workflow?.start_id === startId ? decideStartFailed(r, r.workflow.started_at, now) : ok(touch(r, now, {}));
+  // Not there (yet): written anyway, so the write in doubt can never land after.
+  return asFence(r, r.workflow?.start_id === startId ? decideStartFailed(r, r.workflow.started_at, now) : ok(r), now);
 }
 
 export function decideTerminate(r: SessionRecord, now: number): Decision {
