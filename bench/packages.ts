@@ -498,6 +498,9 @@ async function startIdleProcess(): Promise<{ ask: () => Promise<void> }> {
   const child = spawn(process.execPath, ['-e', server], { stdio: ['ignore', 'pipe', 'inherit'] });
   process.once('exit', () => child.kill());
   const [port] = (await once(child.stdout!, 'data')) as [Buffer];
+  // neither the child nor its pipe may keep this process alive once the run is done ('exit' kills it)
+  child.stdout!.destroy();
+  child.unref();
   const url = `http://127.0.0.1:${Number(String(port))}/`;
   return {
     ask: async () => {
