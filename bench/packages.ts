@@ -38,7 +38,9 @@
  * `ingest.inlineBytes` given: `32768,0` measures the short way of small packages against none),
  * --rounds N (1: every target N times in turn, A B A B, each a fresh service; medians and, for an
  * engine run beside its `:default-sync`, the ratio of each round's pair), --in-flight N (4: packages
- * in flight per session in `many`), --floors (status's two floors above). `BENCH_SERVER_FLAGS` adds Node flags to the service (as for
+ * in flight per session in `many`), --floors (status's two floors above), --pin-nats (a single
+ * nats-server on the last core, this bench and everything it starts on the others: a server
+ * with a core of its own, which a machine of two shared cores cannot otherwise show). `BENCH_SERVER_FLAGS` adds Node flags to the service (as for
  * `npm run bench`), e.g. `--cpu-prof --cpu-prof-dir=DIR`; `BENCH_NATS_SUBJECTS=FILE` writes
  * every message the NATS server carried, counted by subject shape.
  */
@@ -73,6 +75,7 @@ const { values } = parseArgs({
     rounds: { type: 'string', default: '1' },
     'in-flight': { type: 'string', default: '4' },
     floors: { type: 'boolean', default: false },
+    'pin-nats': { type: 'boolean', default: false },
   },
 });
 const ENGINES = values.engine!.split(',');
@@ -81,6 +84,11 @@ const DURATION_MS = Number(values.duration) * 1000;
 const GROW = Number(values.grow);
 const CLIENT_PROCS = Number(values.clients);
 const ROUNDS = Math.max(1, Number(values.rounds));
+/** --pin-nats: the last CPU, nats-server's alone (a single server: the cluster's three would share it). */
+const NATS_CPU = values['pin-nats'] ? String(cpus().length - 1) : undefined;
+if (NATS_CPU !== undefined && (Number(NATS_CPU) < 1 || ENGINES.some((e) => e.startsWith('nats-cluster')))) {
+  throw new Error('--pin-nats needs two CPUs or more and a single nats-server (not nats-cluster)');
+}
 /** Packages in flight per session in `many`. */
 const IN_FLIGHT = Math.max(1, Number(values['in-flight']));
 /** `ingest.inlineBytes` of the service, one measurement each (e.g. `32768,0`: the short way against none); empty: the default. */
@@ -413,7 +421,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
       natsUrl = (await startNatsCluster(t, 3)).urls;
       replicas = 3;
     } else {
-      const nats = await startNats(t, { ...natsOpts, countSyncs: true });
+      const nats = await startNats(t, { ...natsOpts, countSyncs: true, ...(NATS_CPU === undefined ? {} : { cpus: NATS_CPU }) });
       fsyncs = () => nats.fsyncs();
       natsUrl = engine === 'nats-distant' ? (await delayProxy(Number(new URL(nats.url).port), 1)).url : nats.url;
     }
@@ -520,6 +528,7 @@ try {
   const work = join(tmpdir(), `bench-packages-${process.pid}`);
   await mkdir(work, { recursive: true });
   process.once('exit', () => execFileSync('rm', ['-rf', work]));
+  if (NATS_CPU !== undefined) execFileSync('taskset', ['-a', '-p', '-c', `0-${Number(NATS_CPU) - 1}`, String(process.pid)], { stdio: 'ignore' });
   const idleProcess = values.floors ? await startIdleProcess() : undefined;
   const products = findEntity('products')!;
   const small = join(work, 'small.json');
@@ -534,7 +543,7 @@ try {
   }
   say(`# Per-package path (bench:packages)`);
   say('');
-  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes`);
+  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes${NATS_CPU === undefined ? '' : `, nats-server alone on CPU ${NATS_CPU}, the rest on ${NATS_CPU === '1' ? 'CPU 0' : `CPUs 0–${Number(NATS_CPU) - 1}`}`}`);
   say('');
   say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | stored/s | CPU ms/package until stored | packages |');
   say('|---|---|---:|---:|---:|---:|---:|---:|---:|');

@@ -94,6 +94,8 @@ export interface NatsOptions {
   accountMaxFile?: string;
   /** The server's `max_payload` in bytes (its default: 1 MiB). */
   maxPayload?: number;
+  /** The CPUs the server (and its strace) may run on, as `taskset -c` takes them: for the bench. */
+  cpus?: string;
 }
 
 export async function startNats(t: Teardown, opts: NatsOptions = {}): Promise<NatsServer> {
@@ -159,6 +161,7 @@ class Node implements NatsServer {
   readonly #syncLog: string | null;
   readonly #accountMaxFile: string | null;
   readonly #maxPayload: number | null;
+  readonly #cpus: string | null;
   #proc: ChildProcess | null = null;
   #exited: Promise<void> = Promise.resolve();
   #log: string[] = [];
@@ -169,7 +172,7 @@ class Node implements NatsServer {
     readonly port: number,
     dir: string,
     readonly cluster: { name: string; port: number; routes: string[] } | null,
-    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs' | 'accountMaxFile' | 'maxPayload'> = {},
+    opts: Pick<NatsOptions, 'storeDir' | 'syncInterval' | 'countSyncs' | 'accountMaxFile' | 'maxPayload' | 'cpus'> = {},
     /** On a host of its own: cluster.conf under a command prefix, instead of a config written here. */
     readonly net: NetLaunch | null = null,
   ) {
@@ -181,6 +184,7 @@ class Node implements NatsServer {
     this.#syncLog = opts.countSyncs ? join(dir, 'syncs.strace') : null;
     this.#accountMaxFile = opts.accountMaxFile ?? null;
     this.#maxPayload = opts.maxPayload ?? null;
+    this.#cpus = opts.cpus ?? null;
     // Registered the moment the directory has an owner: kill first, so nothing writes into it during the removal.
     t.teardown(async () => {
       await this.kill();
@@ -215,11 +219,10 @@ class Node implements NatsServer {
     const config = this.net ? CLUSTER_CONF : this.#config;
     if (!this.net) await writeFile(this.#config, this.#configText());
     const server = [natsServerBin(), '-c', config];
-    const [cmd, ...args] = this.net
-      ? [...this.net.wrap, ...server]
-      : this.#syncLog
-        ? ['strace', '-f', '-qq', '-y', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, ...server]
-        : server;
+    const local = this.#syncLog
+      ? ['strace', '-f', '-qq', '-y', '--seccomp-bpf', '-e', 'trace=fsync,fdatasync', '-e', 'signal=none', '-o', this.#syncLog, ...server]
+      : server;
+    const [cmd, ...args] = this.net ? [...this.net.wrap, ...server] : this.#cpus === null ? local : ['taskset', '-c', this.#cpus, ...local];
     const proc = spawn(cmd!, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...this.net?.env } });
     this.#proc = proc;
     this.#log = [];
