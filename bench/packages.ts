@@ -85,10 +85,12 @@ const GROW = Number(values.grow);
 const CLIENT_PROCS = Number(values.clients);
 const ROUNDS = Math.max(1, Number(values.rounds));
 /** --pin-nats: the last CPU, nats-server's alone (a single server: the cluster's three would share it). */
-const NATS_CPU = values['pin-nats'] ? String(cpus().length - 1) : undefined;
-if (NATS_CPU !== undefined && (Number(NATS_CPU) < 1 || ENGINES.some((e) => e.startsWith('nats-cluster')))) {
+const NATS_CPU = values['pin-nats'] ? cpus().length - 1 : undefined;
+if (NATS_CPU !== undefined && (NATS_CPU < 1 || ENGINES.some((e) => e.startsWith('nats-cluster')))) {
   throw new Error('--pin-nats needs two CPUs or more and a single nats-server (not nats-cluster)');
 }
+/** --pin-nats: every other CPU, as `taskset -c` takes them. */
+const REST_CPUS = NATS_CPU === 1 ? '0' : `0-${(NATS_CPU ?? 1) - 1}`;
 /** Packages in flight per session in `many`. */
 const IN_FLIGHT = Math.max(1, Number(values['in-flight']));
 /** `ingest.inlineBytes` of the service, one measurement each (e.g. `32768,0`: the short way against none); empty: the default. */
@@ -421,7 +423,7 @@ async function startService(spec: string, dir: string, inlineBytes?: number): Pr
       natsUrl = (await startNatsCluster(t, 3)).urls;
       replicas = 3;
     } else {
-      const nats = await startNats(t, { ...natsOpts, countSyncs: true, ...(NATS_CPU === undefined ? {} : { cpus: NATS_CPU }) });
+      const nats = await startNats(t, { ...natsOpts, countSyncs: true, ...(NATS_CPU === undefined ? {} : { cpus: String(NATS_CPU) }) });
       fsyncs = () => nats.fsyncs();
       natsUrl = engine === 'nats-distant' ? (await delayProxy(Number(new URL(nats.url).port), 1)).url : nats.url;
     }
@@ -528,7 +530,7 @@ try {
   const work = join(tmpdir(), `bench-packages-${process.pid}`);
   await mkdir(work, { recursive: true });
   process.once('exit', () => execFileSync('rm', ['-rf', work]));
-  if (NATS_CPU !== undefined) execFileSync('taskset', ['-a', '-p', '-c', `0-${Number(NATS_CPU) - 1}`, String(process.pid)], { stdio: 'ignore' });
+  if (NATS_CPU !== undefined) execFileSync('taskset', ['-a', '-p', '-c', REST_CPUS, String(process.pid)], { stdio: 'ignore' });
   const idleProcess = values.floors ? await startIdleProcess() : undefined;
   const products = findEntity('products')!;
   const small = join(work, 'small.json');
@@ -543,7 +545,7 @@ try {
   }
   say(`# Per-package path (bench:packages)`);
   say('');
-  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes${NATS_CPU === undefined ? '' : `, nats-server alone on CPU ${NATS_CPU}, the rest on ${NATS_CPU === '1' ? 'CPU 0' : `CPUs 0–${Number(NATS_CPU) - 1}`}`}`);
+  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes${NATS_CPU === undefined ? '' : `, nats-server alone on CPU ${NATS_CPU}, the rest on CPU${NATS_CPU === 1 ? '' : 's'} ${REST_CPUS}`}`);
   say('');
   say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | stored/s | CPU ms/package until stored | packages |');
   say('|---|---|---:|---:|---:|---:|---:|---:|---:|');

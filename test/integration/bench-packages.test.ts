@@ -52,7 +52,7 @@ t.test('--pin-nats: nats-server on a CPU of its own, said in the report', async 
   }
   t.equal(r.code, 0, r.output);
   const last = cpus().length - 1;
-  t.match(r.report ?? '', `nats-server alone on CPU ${last}, the rest on CPU${last === 1 ? ' 0' : `s 0–${last - 1}`}`);
+  t.match(r.report ?? '', `nats-server alone on CPU ${last}, the rest on CPU${last === 1 ? ' 0' : `s 0-${last - 1}`}`);
   t.ok(rate(r.report ?? '', 'nats') > 0, 'packages measured');
 });
 
