@@ -46,6 +46,7 @@
  */
 import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
 import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
 import { connect, createServer, type Server, type Socket } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
@@ -84,13 +85,31 @@ const DURATION_MS = Number(values.duration) * 1000;
 const GROW = Number(values.grow);
 const CLIENT_PROCS = Number(values.clients);
 const ROUNDS = Math.max(1, Number(values.rounds));
-/** --pin-nats: the last CPU, nats-server's alone (a single server: the cluster's three would share it). */
-const NATS_CPU = values['pin-nats'] ? cpus().length - 1 : undefined;
-if (NATS_CPU !== undefined && (NATS_CPU < 1 || ENGINES.some((e) => e.startsWith('nats-cluster')))) {
+/**
+ * The CPUs this process may run on (`Cpus_allowed_list`: a container's cpuset or a `taskset`
+ * around the bench), in order; every CPU of the machine where the list is not to be read.
+ */
+function allowedCpus(): number[] {
+  let list: string | undefined;
+  try {
+    list = /^Cpus_allowed_list:\s*(\S+)$/m.exec(readFileSync('/proc/self/status', 'utf8'))?.[1];
+  } catch {
+    // not Linux: taskset refuses below
+  }
+  if (!list) return cpus().map((_, i) => i);
+  return list.split(',').flatMap((part) => {
+    const [lo = 0, hi = lo] = part.split('-').map(Number);
+    return Array.from({ length: hi - lo + 1 }, (_, i) => lo + i);
+  });
+}
+/** --pin-nats: the last CPU allowed, nats-server's alone (a single server: the cluster's three would share it). */
+const ALLOWED = values['pin-nats'] ? allowedCpus() : [];
+const NATS_CPU = values['pin-nats'] ? ALLOWED.at(-1) : undefined;
+if (NATS_CPU !== undefined && (ALLOWED.length < 2 || ENGINES.some((e) => e.startsWith('nats-cluster')))) {
   throw new Error('--pin-nats needs two CPUs or more and a single nats-server (not nats-cluster)');
 }
-/** --pin-nats: every other CPU, as `taskset -c` takes them. */
-const REST_CPUS = NATS_CPU === 1 ? '0' : `0-${(NATS_CPU ?? 1) - 1}`;
+/** --pin-nats: every other CPU allowed, as `taskset -c` takes them. */
+const REST_CPUS = ALLOWED.slice(0, -1).join(',');
 /** Packages in flight per session in `many`. */
 const IN_FLIGHT = Math.max(1, Number(values['in-flight']));
 /** `ingest.inlineBytes` of the service, one measurement each (e.g. `32768,0`: the short way against none); empty: the default. */
@@ -504,12 +523,15 @@ function fmt(l: Load): string {
 
 /** --floors: a Node HTTP server with nothing else to do, in a process of its own, for the whole run. */
 async function startIdleProcess(): Promise<{ ask: () => Promise<void> }> {
-  const server = "const s = require('node:http').createServer((q, r) => r.end()).listen(0, '127.0.0.1', () => console.log(s.address().port));";
-  const child = spawn(process.execPath, ['-e', server], { stdio: ['ignore', 'pipe', 'inherit'] });
+  // It goes when its stdin ends: when this process exits, however it ends (SIGKILL too).
+  const server =
+    "process.stdin.on('end', () => process.exit()).resume(); const s = require('node:http').createServer((q, r) => r.end()).listen(0, '127.0.0.1', () => console.log(s.address().port));";
+  const child = spawn(process.execPath, ['-e', server], { stdio: ['pipe', 'pipe', 'inherit'] });
   process.once('exit', () => child.kill());
   const [port] = (await once(child.stdout!, 'data')) as [Buffer];
-  // neither the child nor its pipe may keep this process alive once the run is done ('exit' kills it)
+  // neither the child nor its pipes may keep this process alive once the run is done ('exit' kills it)
   child.stdout!.destroy();
+  (child.stdin as Socket).unref();
   child.unref();
   const url = `http://127.0.0.1:${Number(String(port))}/`;
   return {
@@ -545,7 +567,7 @@ try {
   }
   say(`# Per-package path (bench:packages)`);
   say('');
-  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes${NATS_CPU === undefined ? '' : `, nats-server alone on CPU ${NATS_CPU}, the rest on CPU${NATS_CPU === 1 ? '' : 's'} ${REST_CPUS}`}`);
+  say(`Node ${process.version}, ${cpus()[0]?.model ?? 'unknown CPU'} × ${cpus().length}, commit ${commit}, ${new Date().toISOString()}, load ${loadavg()[0]!.toFixed(2)}, ${CLIENT_PROCS} client processes${NATS_CPU === undefined ? '' : `, nats-server alone on CPU ${NATS_CPU}, the rest on CPU${ALLOWED.length === 2 ? '' : 's'} ${REST_CPUS}`}`);
   say('');
   say('| target | scenario | packages/s | p50 ms | p99 ms | server CPU ms/package | stored/s | CPU ms/package until stored | packages |');
   say('|---|---|---:|---:|---:|---:|---:|---:|---:|');
